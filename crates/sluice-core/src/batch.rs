@@ -1,0 +1,58 @@
+//! A batch: the unit in which events move between every stage.
+
+use crate::ack::AckSet;
+use crate::event::Event;
+
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub events: Vec<Event>,
+    pub acks: AckSet,
+    /// The bytes these events stand for (raw line lengths at the input), for queue limits.
+    pub bytes: usize,
+}
+
+impl Batch {
+    pub fn new(events: Vec<Event>, acks: AckSet, bytes: usize) -> Batch {
+        debug_assert!(acks.is_empty() || acks.covered() == events.len());
+        Batch { events, acks, bytes }
+    }
+
+    /// A batch whose events nobody waits for.
+    pub fn untracked(events: Vec<Event>, bytes: usize) -> Batch {
+        Batch { events, acks: AckSet::none(), bytes }
+    }
+
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Splits off the first `n` events (with their acks and a proportional share of bytes).
+    pub fn split_front(&mut self, n: usize) -> Batch {
+        let n = n.min(self.events.len());
+        let bytes = if self.events.is_empty() { 0 } else { self.bytes * n / self.events.len() };
+        let rest = self.events.split_off(n);
+        let front = std::mem::replace(&mut self.events, rest);
+        self.bytes -= bytes;
+        Batch { events: front, acks: self.acks.split_front(n), bytes }
+    }
+
+    /// Appends another batch's events after ours.
+    pub fn append(&mut self, mut other: Batch) {
+        if self.events.is_empty() {
+            std::mem::swap(&mut self.events, &mut other.events);
+        } else {
+            self.events.append(&mut other.events);
+        }
+        self.acks.append(other.acks);
+        self.bytes += other.bytes;
+    }
+
+    /// Marks every event of the batch handled, releasing the inputs' acknowledgements.
+    pub fn complete(self) {
+        self.acks.complete();
+    }
+}

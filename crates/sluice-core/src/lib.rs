@@ -1,0 +1,36 @@
+//! The vocabulary every Sluice component speaks.
+//!
+//! - [`Value`] and [`Map`]: a JSON-like value with an insertion-ordered object, cheap to build
+//!   from a parse and cheap to look up in (events have a dozen fields, so a vector beats a tree).
+//! - [`Event`]: one record, a root [`Map`]; `@timestamp` and `@metadata` live in it like in
+//!   Logstash, `@metadata` is never written out by outputs.
+//! - [`Batch`]: events travel in batches; a batch carries the [`AckSet`] of the input batches its
+//!   events came from, so an acknowledgement costs one atomic operation per input batch, never one
+//!   per event.
+//! - [`Queue`]: the interface between inputs and workers, implemented by the memory queue and the
+//!   persisted queue.
+//! - [`metrics`]: counters and histograms updated per batch, rendered at `/metrics` and `/stats`.
+//!
+//! ```
+//! use sluice_core::{AckSet, Acker, Batch, Event};
+//! let (acker, mut done) = Acker::with_notify(2);
+//! let batch = Batch::new(vec![Event::from_message("a"), Event::from_message("b")], AckSet::single(acker, 2), 2);
+//! batch.complete();
+//! assert!(done.try_recv().is_ok());
+//! ```
+
+pub mod ack;
+pub mod batch;
+pub mod bus;
+pub mod event;
+pub mod metrics;
+pub mod path;
+pub mod queue;
+pub mod value;
+
+pub use ack::{AckSet, Acker};
+pub use batch::Batch;
+pub use event::Event;
+pub use path::{FieldPath, PathError};
+pub use queue::{Queue, QueueClosed, QueueStats};
+pub use value::{Map, Str, Value};

@@ -1,0 +1,197 @@
+//! Counters, gauges and histograms for pipelines and their components.
+//!
+//! Everything here is updated once per batch (an atomic add), never once per event. The
+//! monitoring API reads these to render `/metrics` (Prometheus text) and `/stats` (JSON).
+
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+
+use crate::queue::Queue;
+
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Upper bounds (seconds) of the latency histogram buckets; the last bucket is +Inf.
+pub const LATENCY_BUCKETS: [f64; 12] =
+    [0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5];
+
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = LATENCY_BUCKETS.iter().position(|&b| secs <= b).unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bucket (Prometheus `le` semantics), the sum in seconds, the count.
+    pub fn snapshot(&self) -> (Vec<u64>, f64, u64) {
+        let mut acc = 0;
+        let cumulative = self
+            .buckets
+            .iter()
+            .map(|b| {
+                acc += b.load(Ordering::Relaxed);
+                acc
+            })
+            .collect();
+        (cumulative, self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9, self.count.load(Ordering::Relaxed))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComponentKind {
+    Input,
+    Processor,
+    Output,
+}
+
+impl ComponentKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComponentKind::Input => "input",
+            ComponentKind::Processor => "processor",
+            ComponentKind::Output => "output",
+        }
+    }
+}
+
+/// Counts for one input, processor or output.
+#[derive(Debug)]
+pub struct ComponentMetrics {
+    pub id: String,
+    pub kind: ComponentKind,
+    pub type_name: String,
+    pub events_in: Counter,
+    pub events_out: Counter,
+    /// Dropped on purpose (a `drop` processor, a condition).
+    pub dropped: Counter,
+    /// Failed: rejected for good by an output, unparsable at an input, given up after retries.
+    pub failed: Counter,
+    /// Time spent per batch in this component.
+    pub duration: Histogram,
+}
+
+impl ComponentMetrics {
+    pub fn new(id: &str, kind: ComponentKind, type_name: &str) -> ComponentMetrics {
+        ComponentMetrics {
+            id: id.to_string(),
+            kind,
+            type_name: type_name.to_string(),
+            events_in: Counter::default(),
+            events_out: Counter::default(),
+            dropped: Counter::default(),
+            failed: Counter::default(),
+            duration: Histogram::default(),
+        }
+    }
+}
+
+/// Counts for one pipeline and the components in it.
+pub struct PipelineMetrics {
+    pub name: String,
+    pub started: Instant,
+    pub workers: usize,
+    pub events_in: Counter,
+    pub events_out: Counter,
+    pub dropped: Counter,
+    pub failed: Counter,
+    /// Wall time of a worker's whole pass over one batch (processors and outputs).
+    pub batch_duration: Histogram,
+    /// Summed time workers spent on batches; divided by wall time and workers, utilisation.
+    pub worker_busy_nanos: Counter,
+    pub components: RwLock<Vec<Arc<ComponentMetrics>>>,
+    pub queue: OnceLock<Arc<dyn Queue>>,
+}
+
+impl std::fmt::Debug for PipelineMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PipelineMetrics").field("name", &self.name).finish()
+    }
+}
+
+impl PipelineMetrics {
+    pub fn new(name: &str, workers: usize) -> PipelineMetrics {
+        PipelineMetrics {
+            name: name.to_string(),
+            started: Instant::now(),
+            workers,
+            events_in: Counter::default(),
+            events_out: Counter::default(),
+            dropped: Counter::default(),
+            failed: Counter::default(),
+            batch_duration: Histogram::default(),
+            worker_busy_nanos: Counter::default(),
+            components: RwLock::new(Vec::new()),
+            queue: OnceLock::new(),
+        }
+    }
+
+    pub fn component(&self, id: &str, kind: ComponentKind, type_name: &str) -> Arc<ComponentMetrics> {
+        let m = Arc::new(ComponentMetrics::new(id, kind, type_name));
+        self.components.write().push(m.clone());
+        m
+    }
+}
+
+/// All pipelines of the process. Reloading a pipeline replaces its entry.
+#[derive(Debug, Default)]
+pub struct MetricsRegistry {
+    pipelines: RwLock<Vec<Arc<PipelineMetrics>>>,
+}
+
+impl MetricsRegistry {
+    pub fn register(&self, p: Arc<PipelineMetrics>) {
+        let mut all = self.pipelines.write();
+        all.retain(|q| q.name != p.name);
+        all.push(p);
+    }
+
+    pub fn unregister(&self, name: &str) {
+        self.pipelines.write().retain(|q| q.name != name);
+    }
+
+    pub fn pipelines(&self) -> Vec<Arc<PipelineMetrics>> {
+        self.pipelines.read().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(10));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(10));
+        let (b, sum, n) = h.snapshot();
+        assert_eq!(n, 3);
+        assert_eq!(b[0], 1);
+        assert_eq!(b[6], 2);
+        assert_eq!(*b.last().unwrap(), 3);
+        assert!((sum - 10.00301).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,43 @@
+//! The interface between inputs and workers.
+//!
+//! A queue takes batches from inputs and hands batches of at most `max_events` to workers. The
+//! memory queue passes the inputs' acknowledgements through to the workers, so an input hears
+//! about its events when they are delivered; the persisted queue acknowledges inputs once the
+//! batch is durable and gives workers batches that acknowledge its own read position instead.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::batch::Batch;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the queue is closed")]
+pub struct QueueClosed;
+
+/// A point-in-time view of a queue, for metrics.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct QueueStats {
+    pub kind: &'static str,
+    pub events: u64,
+    pub bytes: u64,
+    pub max_events: u64,
+    pub max_bytes: u64,
+    /// Total time producers spent blocked because the queue was full.
+    pub blocked_nanos: u64,
+}
+
+#[async_trait]
+pub trait Queue: Send + Sync {
+    /// Adds a batch, waiting while the queue is full. Fails only once the queue is closed.
+    async fn push(&self, batch: Batch) -> Result<(), QueueClosed>;
+
+    /// Takes up to `max_events`, waiting up to `delay` for the batch to fill once at least one
+    /// event is there. Returns `None` when the queue is closed and empty.
+    async fn pop(&self, max_events: usize, delay: Duration) -> Option<Batch>;
+
+    /// Refuses further pushes; pops drain what is left, then return `None`.
+    fn close(&self);
+
+    fn stats(&self) -> QueueStats;
+}
