@@ -59,10 +59,7 @@ impl FieldPath {
 
     /// A path of one top-level field, taken literally (no pointer parsing).
     pub fn field(name: &str) -> FieldPath {
-        FieldPath {
-            segments: vec![Str::new(name)],
-            text: format!("/{}", name.replace('~', "~0").replace('/', "~1")),
-        }
+        FieldPath { segments: vec![Str::new(name)], text: format!("/{}", name.replace('~', "~0").replace('/', "~1")) }
     }
 
     pub fn segments(&self) -> &[Str] {

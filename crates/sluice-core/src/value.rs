@@ -470,10 +470,7 @@ mod tests {
         assert_eq!(m.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["b", "a", "c", "d"]);
         assert_eq!(m.get("b"), Some(&Value::Int(1)));
         assert_eq!(m.get("a").and_then(Value::as_str), Some("x"));
-        assert_eq!(
-            serde_json::to_string(&v).unwrap(),
-            r#"{"b":1,"a":"x","c":[true,null,1.5],"d":{"e":-2}}"#
-        );
+        assert_eq!(serde_json::to_string(&v).unwrap(), r#"{"b":1,"a":"x","c":[true,null,1.5],"d":{"e":-2}}"#);
     }
 
     #[test]

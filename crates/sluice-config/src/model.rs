@@ -1,0 +1,522 @@
+//! The shape of a Sluice configuration file.
+//!
+//! ```yaml
+//! data_dir: ./data
+//! api: {enabled: true, address: 127.0.0.1:9600}
+//! log: {level: info, format: text}
+//! shutdown_timeout: 30s
+//! pipelines:
+//!   web:
+//!     workers: 2
+//!     batch: {size: 1000, delay: 50ms}
+//!     queue: {type: memory, max_events: 8192, max_bytes: 32MiB}
+//!     inputs:  [{type: tcp, address: 0.0.0.0:5000}]
+//!     processors: [{type: json, if: 'exists(/message)'}]
+//!     outputs: [{type: stdout}]
+//! ```
+//!
+//! This module checks the layout and the settings that belong to the engine; each component's
+//! own keys are left in [`ComponentSpec::settings`] for the component to read with
+//! [`ComponentSpec::settings`]. Every problem found is collected, so `sluice validate` can list
+//! them all at once.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::de::from_node;
+use crate::error::{ConfigError, ConfigErrors};
+use crate::node::{Mark, Node, NodeKind, parse_yaml};
+use crate::units::HumanDuration;
+
+#[derive(Debug, Clone)]
+pub struct RootConfig {
+    pub data_dir: PathBuf,
+    pub api: ApiConfig,
+    pub log: LogConfig,
+    pub shutdown_timeout: Duration,
+    pub pipelines: Vec<PipelineSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    pub enabled: bool,
+    pub address: String,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig { enabled: true, address: "127.0.0.1:9600".to_string() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A `tracing` filter: `info`, `debug`, `sluice_topology=debug,info`.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { level: "info".to_string(), format: LogFormat::Text }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchConfig {
+    /// Most events a worker takes at once.
+    pub size: usize,
+    /// Longest a worker waits for a batch to fill once it has one event.
+    pub delay: HumanDuration,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig { size: 1000, delay: HumanDuration(Duration::from_millis(50)) }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PipelineSpec {
+    pub name: String,
+    pub workers: usize,
+    pub batch: BatchConfig,
+    /// The `queue` section as a component (`type` defaults to `memory`).
+    pub queue: ComponentSpec,
+    pub inputs: Vec<ComponentSpec>,
+    pub processors: Vec<ComponentSpec>,
+    pub outputs: Vec<ComponentSpec>,
+    /// The pipeline's whole section, to tell on reload whether it changed.
+    pub node: Node,
+}
+
+impl PipelineSpec {
+    /// True when both were written the same way (places in the file do not count).
+    pub fn same_as(&self, other: &PipelineSpec) -> bool {
+        same_content(&self.node, &other.node)
+    }
+}
+
+/// One input, processor or output (or the queue): its `type`, `id` and `if`, and the rest.
+#[derive(Debug, Clone)]
+pub struct ComponentSpec {
+    pub type_name: String,
+    pub id: String,
+    /// The `if:` expression and where it was written.
+    pub condition: Option<(String, Mark)>,
+    /// Every key but `type`, `id` and `if`.
+    pub settings: Node,
+    /// `pipelines.web.outputs[1]`
+    pub path: String,
+    pub mark: Mark,
+}
+
+impl ComponentSpec {
+    /// Reads the component's own settings; unknown keys and wrong types name their place.
+    pub fn settings<T: DeserializeOwned>(&self) -> Result<T, ConfigError> {
+        from_node(&self.settings, &self.path)
+    }
+
+    /// An error about the component as a whole.
+    pub fn error(&self, message: impl Into<String>) -> ConfigError {
+        ConfigError::at(message, &self.path, self.mark.clone())
+    }
+
+    /// An error about one of its keys, at that key's value when it was written.
+    pub fn key_error(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        let path = format!("{}.{key}", self.path);
+        let mark = self.settings.get(key).map(|n| n.mark.clone()).unwrap_or_else(|| self.mark.clone());
+        ConfigError::at(message, &path, mark)
+    }
+}
+
+fn same_content(a: &Node, b: &Node) -> bool {
+    match (&a.kind, &b.kind) {
+        (NodeKind::Scalar { value: x, plain: p }, NodeKind::Scalar { value: y, plain: q }) => x == y && p == q,
+        (NodeKind::Seq(x), NodeKind::Seq(y)) => x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same_content(a, b)),
+        (NodeKind::Map(x), NodeKind::Map(y)) => {
+            x.len() == y.len()
+                && x.iter().zip(y).all(|((ka, va), (kb, vb))| same_content(ka, kb) && same_content(va, vb))
+        }
+        _ => false,
+    }
+}
+
+/// Reads and checks a config file.
+pub fn load_file(path: &std::path::Path) -> Result<RootConfig, ConfigErrors> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(format!("cannot read config file {}: {e}", path.display())))?;
+    load_str(&text, &path.display().to_string())
+}
+
+/// Reads and checks config text; `file` names it in messages.
+pub fn load_str(text: &str, file: &str) -> Result<RootConfig, ConfigErrors> {
+    let root = parse_yaml(text, file)?;
+    from_root(&root)
+}
+
+const ROOT_KEYS: &[&str] = &["data_dir", "api", "log", "shutdown_timeout", "pipelines"];
+const PIPELINE_KEYS: &[&str] = &["workers", "batch", "queue", "inputs", "processors", "outputs"];
+const COMPONENT_META_KEYS: &[&str] = &["type", "id", "if"];
+
+pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
+    let mut errors = ConfigErrors::default();
+    if root.as_map().is_none() {
+        errors.push(ConfigError::at(
+            format!("expected a mapping at the top, found {}", root.describe()),
+            "",
+            root.mark.clone(),
+        ));
+        return Err(errors);
+    }
+    check_keys(root, "", ROOT_KEYS, &mut errors);
+
+    let read = |key: &str| -> Option<&Node> { root.get(key).filter(|n| !n.is_null()) };
+    let data_dir = match read("data_dir") {
+        Some(n) => from_node::<PathBuf>(n, "data_dir").map_err(|e| errors.push(e)).unwrap_or_default(),
+        None => PathBuf::from("./data"),
+    };
+    let api = read("api").map(|n| from_node::<ApiConfig>(n, "api")).transpose().unwrap_or_else(|e| {
+        errors.push(e);
+        None
+    });
+    let log = read("log").map(|n| from_node::<LogConfig>(n, "log")).transpose().unwrap_or_else(|e| {
+        errors.push(e);
+        None
+    });
+    let shutdown_timeout = read("shutdown_timeout")
+        .map(|n| from_node::<HumanDuration>(n, "shutdown_timeout"))
+        .transpose()
+        .unwrap_or_else(|e| {
+            errors.push(e);
+            None
+        });
+
+    let mut pipelines = Vec::new();
+    match root.get("pipelines") {
+        None => errors.push(ConfigError::at(
+            "missing `pipelines`: a config defines at least one pipeline",
+            "pipelines",
+            root.mark.clone(),
+        )),
+        Some(node) => match node.as_map() {
+            Some(entries) if !entries.is_empty() => {
+                for (key, value) in entries {
+                    let name = key.as_str().unwrap_or_default();
+                    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                        errors.push(ConfigError::at(
+                            format!("pipeline name `{name}` may hold only letters, digits, `_` and `-`"),
+                            &format!("pipelines.{name}"),
+                            key.mark.clone(),
+                        ));
+                        continue;
+                    }
+                    if let Some(p) = read_pipeline(name, value, &mut errors) {
+                        pipelines.push(p);
+                    }
+                }
+            }
+            _ => errors.push(ConfigError::at(
+                format!("expected a mapping of pipeline names to pipelines, found {}", node.describe()),
+                "pipelines",
+                node.mark.clone(),
+            )),
+        },
+    }
+
+    errors.into_result(RootConfig {
+        data_dir,
+        api: api.unwrap_or_default(),
+        log: log.unwrap_or_default(),
+        shutdown_timeout: shutdown_timeout.map(|d| d.0).unwrap_or(Duration::from_secs(30)),
+        pipelines,
+    })
+}
+
+fn check_keys(node: &Node, path: &str, allowed: &[&str], errors: &mut ConfigErrors) {
+    for (key, _) in node.as_map().unwrap_or_default() {
+        let k = key.as_str().unwrap_or_default();
+        if !allowed.contains(&k) {
+            let place = if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
+            errors.push(ConfigError::at(
+                format!(
+                    "unknown key `{k}`, expected one of {}",
+                    allowed.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(", ")
+                ),
+                &place,
+                key.mark.clone(),
+            ));
+        }
+    }
+}
+
+fn default_workers() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+fn read_pipeline(name: &str, node: &Node, errors: &mut ConfigErrors) -> Option<PipelineSpec> {
+    let path = format!("pipelines.{name}");
+    if node.as_map().is_none() {
+        errors.push(ConfigError::at(
+            format!("expected a mapping, found {}", node.describe()),
+            &path,
+            node.mark.clone(),
+        ));
+        return None;
+    }
+    check_keys(node, &path, PIPELINE_KEYS, errors);
+
+    let workers = match node.get("workers").filter(|n| !n.is_null()) {
+        Some(n) => match from_node::<usize>(n, &format!("{path}.workers")) {
+            Ok(0) => {
+                errors.push(ConfigError::at(
+                    "at least one worker is needed",
+                    &format!("{path}.workers"),
+                    n.mark.clone(),
+                ));
+                1
+            }
+            Ok(w) => w,
+            Err(e) => {
+                errors.push(e);
+                1
+            }
+        },
+        None => default_workers(),
+    };
+    let batch = match node.get("batch").filter(|n| !n.is_null()) {
+        Some(n) => match from_node::<BatchConfig>(n, &format!("{path}.batch")) {
+            Ok(b) if b.size == 0 => {
+                errors.push(ConfigError::at("must be at least 1", &format!("{path}.batch.size"), n.mark.clone()));
+                b
+            }
+            Ok(b) => b,
+            Err(e) => {
+                errors.push(e);
+                BatchConfig::default()
+            }
+        },
+        None => BatchConfig::default(),
+    };
+
+    let queue_node = node.get("queue").cloned().unwrap_or_else(|| Node::empty_map(node.mark.clone()));
+    let queue = read_component(&queue_node, &format!("{path}.queue"), Some("memory"), errors);
+
+    let inputs = read_section(node, &path, "inputs", true, errors);
+    let processors = read_section(node, &path, "processors", false, errors);
+    let outputs = read_section(node, &path, "outputs", true, errors);
+
+    let mut seen: Vec<(&str, &str)> = Vec::new();
+    for c in inputs.iter().chain(&processors).chain(&outputs) {
+        if let Some((_, first)) = seen.iter().find(|(id, _)| *id == c.id) {
+            errors.push(ConfigError::at(
+                format!("duplicate component id `{}` (also used by {first})", c.id),
+                &format!("{}.id", c.path),
+                c.mark.clone(),
+            ));
+        } else {
+            seen.push((&c.id, &c.path));
+        }
+    }
+
+    Some(PipelineSpec {
+        name: name.to_string(),
+        workers,
+        batch,
+        queue: queue?,
+        inputs,
+        processors,
+        outputs,
+        node: node.clone(),
+    })
+}
+
+fn read_section(
+    pipeline: &Node,
+    path: &str,
+    section: &str,
+    required: bool,
+    errors: &mut ConfigErrors,
+) -> Vec<ComponentSpec> {
+    let place = format!("{path}.{section}");
+    let Some(node) = pipeline.get(section).filter(|n| !n.is_null()) else {
+        if required {
+            errors.push(ConfigError::at(
+                format!("missing `{section}`: a pipeline needs at least one"),
+                &place,
+                pipeline.mark.clone(),
+            ));
+        }
+        return Vec::new();
+    };
+    let Some(items) = node.as_seq() else {
+        errors.push(ConfigError::at(format!("expected a list, found {}", node.describe()), &place, node.mark.clone()));
+        return Vec::new();
+    };
+    if required && items.is_empty() {
+        errors.push(ConfigError::at(
+            format!("a pipeline needs at least one of its {section}"),
+            &place,
+            node.mark.clone(),
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, item)| read_component(item, &format!("{place}[{i}]"), None, errors))
+        .collect()
+}
+
+fn read_component(
+    node: &Node,
+    path: &str,
+    default_type: Option<&str>,
+    errors: &mut ConfigErrors,
+) -> Option<ComponentSpec> {
+    if node.as_map().is_none() {
+        errors.push(ConfigError::at(
+            format!("expected a mapping with a `type`, found {}", node.describe()),
+            path,
+            node.mark.clone(),
+        ));
+        return None;
+    }
+    let text = |key: &str| -> Result<Option<(String, Mark)>, ConfigError> {
+        match node.get(key) {
+            None => Ok(None),
+            Some(n) => match &n.kind {
+                NodeKind::Scalar { value, .. } if !value.is_empty() => Ok(Some((value.clone(), n.mark.clone()))),
+                _ => Err(ConfigError::at(
+                    format!("expected text, found {}", n.describe()),
+                    &format!("{path}.{key}"),
+                    n.mark.clone(),
+                )),
+            },
+        }
+    };
+    let mut ok = true;
+    let mut take = |key: &str| match text(key) {
+        Ok(v) => v,
+        Err(e) => {
+            errors.push(e);
+            ok = false;
+            None
+        }
+    };
+    let type_name = take("type").map(|(t, _)| t);
+    let id = take("id").map(|(t, _)| t);
+    let condition = take("if");
+    let type_name = match (type_name, default_type) {
+        (Some(t), _) => t,
+        (None, Some(d)) => d.to_string(),
+        (None, None) => {
+            if ok {
+                errors.push(ConfigError::at("missing `type`", path, node.mark.clone()));
+            }
+            return None;
+        }
+    };
+    if !ok {
+        return None;
+    }
+    let index = path.rsplit_once('[').map(|(_, i)| i.trim_end_matches(']')).unwrap_or("0");
+    Some(ComponentSpec {
+        id: id.unwrap_or_else(|| format!("{type_name}_{index}")),
+        type_name,
+        condition,
+        settings: node.without_keys(COMPONENT_META_KEYS),
+        path: path.to_string(),
+        mark: node.mark.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "\
+pipelines:
+  web:
+    workers: 3
+    batch: {size: 10, delay: 5ms}
+    inputs:
+      - type: tcp
+        address: 127.0.0.1:5000
+    processors:
+      - {type: json, if: 'exists(/message)'}
+    outputs:
+      - {type: stdout, id: out}
+";
+
+    #[test]
+    fn reads_a_pipeline() {
+        let c = load_str(GOOD, "g.yml").unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("./data"));
+        assert!(c.api.enabled);
+        let p = &c.pipelines[0];
+        assert_eq!((p.name.as_str(), p.workers, p.batch.size), ("web", 3, 10));
+        assert_eq!(p.queue.type_name, "memory");
+        assert_eq!(p.inputs[0].id, "tcp_0");
+        assert_eq!(p.inputs[0].settings.get("address").unwrap().as_str(), Some("127.0.0.1:5000"));
+        assert!(p.inputs[0].settings.get("type").is_none());
+        assert_eq!(p.processors[0].condition.as_ref().unwrap().0, "exists(/message)");
+        assert_eq!(p.outputs[0].id, "out");
+        assert_eq!(p.outputs[0].path, "pipelines.web.outputs[0]");
+    }
+
+    #[test]
+    fn collects_every_error_with_places() {
+        let text = "\
+dat_dir: x
+pipelines:
+  web:
+    workers: zero
+    inputs: []
+    outputs:
+      - {id: a}
+      - {type: stdout, id: a}
+      - {type: stdout, id: a}
+";
+        let errs = load_str(text, "b.yml").unwrap_err();
+        let all = errs.to_string();
+        assert!(all.contains("b.yml:1:1: dat_dir: unknown key `dat_dir`"), "{all}");
+        assert!(all.contains("b.yml:4:14: pipelines.web.workers: expected a whole number, found `zero`"), "{all}");
+        assert!(all.contains("pipelines.web.inputs: a pipeline needs at least one of its inputs"), "{all}");
+        assert!(all.contains("b.yml:7:9: pipelines.web.outputs[0]: missing `type`"), "{all}");
+        assert!(
+            all.contains(
+                "pipelines.web.outputs[2].id: duplicate component id `a` (also used by pipelines.web.outputs[1])"
+            ),
+            "{all}"
+        );
+    }
+
+    #[test]
+    fn missing_pipelines() {
+        let errs = load_str("api: {enabled: false}\n", "m.yml").unwrap_err();
+        assert!(errs.to_string().contains("missing `pipelines`"));
+    }
+
+    #[test]
+    fn sameness_ignores_places() {
+        let a = load_str(GOOD, "a.yml").unwrap();
+        let b = load_str(&format!("\n\n{GOOD}"), "a.yml").unwrap();
+        assert!(a.pipelines[0].same_as(&b.pipelines[0]));
+        let c = load_str(&GOOD.replace("workers: 3", "workers: 4"), "a.yml").unwrap();
+        assert!(!a.pipelines[0].same_as(&c.pipelines[0]));
+    }
+}
