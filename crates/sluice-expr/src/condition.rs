@@ -55,8 +55,16 @@ enum Expr {
     Or(Vec<Expr>),
     Call(Func, FieldPath),
     Compare(Operand, CmpOp, Operand),
-    Regex { left: Operand, re: Regex, negate: bool },
-    In { needle: Operand, haystack: Haystack, negate: bool },
+    Regex {
+        left: Operand,
+        re: Regex,
+        negate: bool,
+    },
+    In {
+        needle: Operand,
+        haystack: Haystack,
+        negate: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,9 +175,7 @@ impl Expr {
             },
             Expr::In { needle, haystack, negate } => {
                 let found = needle.resolve(event).is_some_and(|n| match haystack {
-                    Haystack::List(items) => {
-                        items.iter().any(|l| equal(n, View { v: &l.value, ts: l.ts }))
-                    }
+                    Haystack::List(items) => items.iter().any(|l| equal(n, View { v: &l.value, ts: l.ts })),
                     Haystack::Operand(op) => op.resolve(event).is_some_and(|h| member(n, h)),
                 });
                 found != *negate
@@ -195,9 +201,7 @@ fn equal(a: View, b: View) -> bool {
 fn order(a: View, b: View) -> Option<Ordering> {
     match (a.v, b.v) {
         (Value::Int(x), Value::Int(y)) => Some(x.cmp(y)),
-        (Value::Int(_) | Value::Float(_), Value::Int(_) | Value::Float(_)) => {
-            a.v.as_f64()?.partial_cmp(&b.v.as_f64()?)
-        }
+        (Value::Int(_) | Value::Float(_), Value::Int(_) | Value::Float(_)) => a.v.as_f64()?.partial_cmp(&b.v.as_f64()?),
         (Value::String(x), Value::String(y)) => Some(x.as_str().cmp(y.as_str())),
         (Value::Timestamp(x), Value::Timestamp(y)) => Some(x.cmp(y)),
         (Value::Timestamp(x), Value::String(_)) => Some(x.cmp(&b.ts?)),
@@ -327,7 +331,11 @@ impl<'s> Parser<'s> {
                     let msg = if close.tok == Tok::Eof {
                         "unclosed `(`".to_string()
                     } else {
-                        format!("expected `)` to close the `(` at column {}, found `{}`", t.start + 1, self.text(&close))
+                        format!(
+                            "expected `)` to close the `(` at column {}, found `{}`",
+                            t.start + 1,
+                            self.text(&close)
+                        )
                     };
                     let at = if close.tok == Tok::Eof { t.start } else { close.start };
                     return Err(self.err_at(msg, at));
@@ -810,10 +818,10 @@ mod tests {
     #[test]
     fn garbled_input_never_panics() {
         const PIECES: &[&str] = &[
-            "/", "/a", "/a/b", "~", "~0", "~1", " ", "(", ")", "[", "]", ",", "=", "==", "!=", "!",
-            "<", "<=", ">", ">=", "=~", "!~", "&", "&&", "|", "||", "and", "or", "not", "in", "\"",
-            "'", "\\", "\"x\"", "'^a'", "1", "-", "-2", "1.5", "1e3", "e", ".", "true", "null",
-            "exists", "exists(", "é", "💥", "\n", "\t", "%{", "}", "[1,2]", "(?", "*", "+",
+            "/", "/a", "/a/b", "~", "~0", "~1", " ", "(", ")", "[", "]", ",", "=", "==", "!=", "!", "<", "<=", ">",
+            ">=", "=~", "!~", "&", "&&", "|", "||", "and", "or", "not", "in", "\"", "'", "\\", "\"x\"", "'^a'", "1",
+            "-", "-2", "1.5", "1e3", "e", ".", "true", "null", "exists", "exists(", "é", "💥", "\n", "\t", "%{", "}",
+            "[1,2]", "(?", "*", "+",
         ];
         let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
         let mut next = move || {

@@ -199,11 +199,7 @@ fn lex_number(chars: &[char], start: usize, src: &str) -> Result<(Tok, usize), E
         match text.parse::<i64>() {
             Ok(i) => Tok::Int(i),
             Err(_) => {
-                return Err(ExprError::new(
-                    "integer out of range (64-bit signed)".into(),
-                    start,
-                    src,
-                ));
+                return Err(ExprError::new("integer out of range (64-bit signed)".into(), start, src));
             }
         }
     };

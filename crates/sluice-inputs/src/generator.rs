@@ -1,0 +1,128 @@
+//! `generator`: makes events, for benchmarks and tests — a fixed count or forever, at a rate or
+//! as fast as the pipeline takes them, from one message, a list of lines, or a file's lines,
+//! cycled.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use sluice_config::ConfigError;
+use sluice_config::model::ComponentSpec;
+use sluice_core::value::now_nanos;
+use sluice_core::{Batch, Value};
+
+use crate::codec::{Codec, Decoded};
+use crate::{Input, InputContext, InputError};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GeneratorConfig {
+    /// Events to make; 0 means forever.
+    #[serde(default)]
+    count: u64,
+    /// Events per second; 0 means as fast as the queue accepts them.
+    #[serde(default)]
+    rate: u64,
+    message: Option<String>,
+    lines: Option<Vec<String>>,
+    file: Option<PathBuf>,
+    #[serde(default)]
+    codec: Codec,
+    /// Adds a `sequence` field numbering the events from 0.
+    #[serde(default = "yes")]
+    sequence: bool,
+    #[serde(default = "default_batch")]
+    batch_size: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_batch() -> usize {
+    1000
+}
+
+struct Generator {
+    config: GeneratorConfig,
+}
+
+pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
+    let config: GeneratorConfig = spec.settings()?;
+    let sources = [config.message.is_some(), config.lines.is_some(), config.file.is_some()];
+    if sources.iter().filter(|s| **s).count() > 1 {
+        return Err(spec.error("give one of `message`, `lines` or `file`, not several"));
+    }
+    if config.lines.as_ref().is_some_and(|l| l.is_empty()) {
+        return Err(spec.key_error("lines", "needs at least one line"));
+    }
+    if let Some(f) = &config.file
+        && let Err(e) = std::fs::metadata(f)
+    {
+        return Err(spec.key_error("file", format!("cannot read {}: {e}", f.display())));
+    }
+    if config.batch_size == 0 {
+        return Err(spec.key_error("batch_size", "must be at least 1"));
+    }
+    Ok(Box::new(Generator { config }))
+}
+
+#[async_trait]
+impl Input for Generator {
+    async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
+        let c = self.config;
+        let lines: Vec<Vec<u8>> = if let Some(file) = &c.file {
+            let text = tokio::fs::read(file).await.map_err(|e| InputError::io(file.display(), e))?;
+            let lines: Vec<Vec<u8>> =
+                text.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
+            if lines.is_empty() {
+                return Err(InputError(format!("{} has no lines to generate from", file.display())));
+            }
+            lines
+        } else if let Some(lines) = c.lines {
+            lines.into_iter().map(String::into_bytes).collect()
+        } else {
+            vec![c.message.unwrap_or_else(|| "Hello world!".to_string()).into_bytes()]
+        };
+
+        let batch_size = if c.rate > 0 { c.batch_size.min((c.rate as usize / 10).max(1)) } else { c.batch_size };
+        let started = Instant::now();
+        let mut made: u64 = 0;
+        let mut next_line = 0usize;
+        while c.count == 0 || made < c.count {
+            if ctx.shutdown.is_cancelled() {
+                break;
+            }
+            if c.rate > 0 {
+                let due = started + Duration::from_secs_f64(made as f64 / c.rate as f64);
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due.into()) => {}
+                    _ = ctx.shutdown.cancelled() => break,
+                }
+            }
+            let n = if c.count == 0 { batch_size } else { batch_size.min((c.count - made) as usize) };
+            let ts = now_nanos();
+            let mut events = Vec::with_capacity(n);
+            let mut bytes = 0;
+            let mut failed = 0;
+            for i in 0..n {
+                let line = &lines[next_line];
+                next_line = if next_line + 1 == lines.len() { 0 } else { next_line + 1 };
+                bytes += line.len();
+                let (mut event, decoded) = c.codec.decode(line, false, ts);
+                failed += usize::from(decoded == Decoded::Failed);
+                if c.sequence {
+                    event.fields.insert("sequence", Value::Int((made + i as u64) as i64));
+                }
+                events.push(event);
+            }
+            ctx.metrics.failed.add(failed as u64);
+            if ctx.send(Batch::untracked(events, bytes)).await.is_err() {
+                break;
+            }
+            made += n as u64;
+        }
+        tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, events = made, "generator finished");
+        Ok(())
+    }
+}

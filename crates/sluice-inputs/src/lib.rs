@@ -1,0 +1,103 @@
+//! Inputs: where events enter a pipeline.
+//!
+//! An input is built from its config section (every setting checked before anything starts),
+//! then run as one task that pushes batches into its pipeline's queue through an
+//! [`InputContext`]. A full queue makes the push wait, which is how backpressure reaches a
+//! socket or a file. Inputs stop when the context's shutdown token is cancelled, after pushing
+//! what they have already read. Inputs that must answer their peer only once events are safe
+//! (HTTP) attach an [`sluice_core::Acker`] to each batch.
+//!
+//! Line-based inputs share [`framing::LineFramer`] (newline splitting with a length cap that
+//! truncates and tags instead of stalling) and [`codec::Codec`] (text or JSON lines).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sluice_config::ConfigError;
+use sluice_config::model::ComponentSpec;
+use sluice_core::bus::PipelineBus;
+use sluice_core::metrics::ComponentMetrics;
+use sluice_core::{Batch, Queue, QueueClosed};
+use tokio_util::sync::CancellationToken;
+
+pub mod codec;
+pub mod framing;
+mod generator;
+mod http;
+mod pipeline;
+mod stdin;
+mod tcp;
+
+/// Why an input stopped before it was asked to.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InputError(pub String);
+
+impl InputError {
+    pub fn io(what: impl std::fmt::Display, e: std::io::Error) -> InputError {
+        InputError(format!("{what}: {e}"))
+    }
+}
+
+#[async_trait]
+pub trait Input: Send {
+    /// Runs until the input is exhausted (a fixed count, end of stdin) or shutdown is asked.
+    async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError>;
+
+    /// True for inputs fed by other pipelines: the process ends when every other input has.
+    fn is_internal(&self) -> bool {
+        false
+    }
+}
+
+/// What a running input is given.
+#[derive(Clone)]
+pub struct InputContext {
+    pub pipeline: String,
+    pub id: String,
+    pub queue: Arc<dyn Queue>,
+    pub metrics: Arc<ComponentMetrics>,
+    pub shutdown: CancellationToken,
+    pub bus: Arc<PipelineBus>,
+    pub data_dir: PathBuf,
+}
+
+impl InputContext {
+    /// Pushes a batch into the pipeline's queue, waiting while it is full. A shutdown while
+    /// waiting gives the batch up (its acknowledgement reports it abandoned) and fails.
+    pub async fn send(&self, batch: Batch) -> Result<(), QueueClosed> {
+        let n = batch.len() as u64;
+        tokio::select! {
+            biased;
+            r = self.queue.push(batch) => r?,
+            _ = self.shutdown.cancelled() => return Err(QueueClosed),
+        }
+        self.metrics.events_in.add(n);
+        self.metrics.events_out.add(n);
+        Ok(())
+    }
+}
+
+/// The input types this build knows, for messages.
+pub const TYPES: &[&str] = &["generator", "http", "pipeline", "stdin", "tcp"];
+
+/// Builds an input from its config section; nothing is opened or bound until it runs.
+pub fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
+    match spec.type_name.as_str() {
+        "generator" => generator::build(spec),
+        "http" => http::build(spec),
+        "pipeline" => pipeline::build(spec),
+        "stdin" => stdin::build(spec),
+        "tcp" => tcp::build(spec),
+        other => Err(spec.error(format!(
+            "unknown input type `{other}`, expected one of {}",
+            TYPES.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// The address a `pipeline` input serves, if `spec` is one (for checking pipeline links).
+pub fn pipeline_address(spec: &ComponentSpec) -> Option<String> {
+    (spec.type_name == "pipeline").then(|| spec.settings.get("address")?.as_str().map(str::to_string)).flatten()
+}

@@ -1,0 +1,79 @@
+//! `stdin`: lines from standard input, until it ends.
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use sluice_config::model::ComponentSpec;
+use sluice_config::{ByteSize, ConfigError};
+use sluice_core::Batch;
+use sluice_core::value::now_nanos;
+use tokio::io::AsyncReadExt;
+
+use crate::codec::{Codec, Decoded};
+use crate::framing::LineFramer;
+use crate::{Input, InputContext, InputError};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StdinConfig {
+    #[serde(default)]
+    codec: Codec,
+    #[serde(default = "default_max_line")]
+    max_line_bytes: ByteSize,
+}
+
+fn default_max_line() -> ByteSize {
+    ByteSize(1 << 20)
+}
+
+struct Stdin {
+    config: StdinConfig,
+}
+
+pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
+    Ok(Box::new(Stdin { config: spec.settings()? }))
+}
+
+#[async_trait]
+impl Input for Stdin {
+    async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
+        let codec = self.config.codec;
+        let mut framer = LineFramer::new(self.config.max_line_bytes.as_usize());
+        let mut stdin = tokio::io::stdin();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut truncated = 0u64;
+        loop {
+            let n = tokio::select! {
+                r = stdin.read(&mut buf) => r.map_err(|e| InputError::io("reading stdin", e))?,
+                _ = ctx.shutdown.cancelled() => 0,
+            };
+            let ts = now_nanos();
+            let mut events = Vec::new();
+            let mut bytes = 0;
+            let mut failed = 0u64;
+            let mut take = |line: crate::framing::Line<'_>| {
+                bytes += line.bytes.len() + 1;
+                truncated += u64::from(line.truncated);
+                let (e, d) = codec.decode(line.bytes, line.truncated, ts);
+                failed += u64::from(d == Decoded::Failed);
+                events.push(e);
+            };
+            if n == 0 {
+                framer.finish(&mut take);
+            } else {
+                framer.feed(&buf[..n], &mut take);
+            }
+            ctx.metrics.failed.add(failed);
+            if !events.is_empty() && ctx.send(Batch::untracked(events, bytes)).await.is_err() {
+                break;
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        if truncated > 0 {
+            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, lines = truncated,
+                max_line_bytes = self.config.max_line_bytes.0, "stdin lines were longer than max_line_bytes and were cut (tagged _line_truncated)");
+        }
+        Ok(())
+    }
+}

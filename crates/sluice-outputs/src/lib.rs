@@ -1,0 +1,124 @@
+//! Outputs: where handled events leave a pipeline.
+//!
+//! One output instance serves every worker of its pipeline, so `send` takes `&self` and an
+//! output serialises internally only what must be serialised (a file handle, a socket).
+//! `send` returns once the events are delivered — or rejected for good, each with a reason,
+//! which the worker counts (and, later, hands to the dead letter queue). Retriable failures
+//! (timeouts, refused connections, HTTP 429 and 5xx) are retried inside the output with
+//! exponential backoff; an output gives up only when its configured retry limit is reached, and
+//! then reports the events rejected with the last error. [`Aborted`] means shutdown cut the
+//! send short: those events were not delivered and are not acknowledged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sluice_config::ConfigError;
+use sluice_config::model::ComponentSpec;
+use sluice_core::Event;
+use sluice_core::bus::PipelineBus;
+use sluice_core::metrics::ComponentMetrics;
+use tokio_util::sync::CancellationToken;
+
+mod blackhole;
+mod file;
+mod http;
+mod pipeline;
+pub mod retry;
+mod stdout;
+mod tcp;
+
+/// One event an output will never deliver, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// Index into the slice given to `send`.
+    pub index: usize,
+    pub reason: String,
+}
+
+/// What became of a `send`: everything not listed in `rejected` was delivered.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub rejected: Vec<Rejected>,
+}
+
+impl Delivery {
+    pub fn all_delivered() -> Delivery {
+        Delivery::default()
+    }
+
+    /// Every event rejected for the same reason.
+    pub fn all_rejected(count: usize, reason: &str) -> Delivery {
+        Delivery { rejected: (0..count).map(|index| Rejected { index, reason: reason.to_string() }).collect() }
+    }
+}
+
+/// Shutdown cut the send short; nothing in it counts as delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("send aborted by shutdown")]
+pub struct Aborted;
+
+#[async_trait]
+pub trait Output: Send + Sync {
+    async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted>;
+
+    /// Flushes buffers and closes connections at shutdown, after the last `send`.
+    async fn close(&self) {}
+}
+
+/// What an output is given when it is built.
+#[derive(Clone)]
+pub struct OutputContext {
+    pub pipeline: String,
+    pub id: String,
+    pub metrics: Arc<ComponentMetrics>,
+    pub bus: Arc<PipelineBus>,
+    /// Cancelled when the drain timeout of a shutdown runs out: retry loops give up then.
+    pub abort: CancellationToken,
+}
+
+/// The output types this build knows, for messages.
+pub const TYPES: &[&str] = &["blackhole", "file", "http", "pipeline", "stdout", "tcp"];
+
+/// Builds an output from its config section. Network outputs connect lazily, on first send.
+pub fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
+    match spec.type_name.as_str() {
+        "blackhole" => blackhole::build(spec, ctx),
+        "file" => file::build(spec, ctx),
+        "http" => http::build(spec, ctx),
+        "pipeline" => pipeline::build(spec, ctx),
+        "stdout" => stdout::build(spec, ctx),
+        "tcp" => tcp::build(spec, ctx),
+        other => Err(spec.error(format!(
+            "unknown output type `{other}`, expected one of {}",
+            TYPES.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// The addresses a `pipeline` output sends to, if `spec` is one (for checking pipeline links).
+pub fn pipeline_targets(spec: &ComponentSpec) -> Vec<String> {
+    if spec.type_name != "pipeline" {
+        return Vec::new();
+    }
+    match spec.settings.get("send_to") {
+        Some(n) => match (n.as_str(), n.as_seq()) {
+            (Some(s), _) => vec![s.to_string()],
+            (_, Some(items)) => items.iter().filter_map(|i| i.as_str().map(str::to_string)).collect(),
+            _ => Vec::new(),
+        },
+        None => Vec::new(),
+    }
+}
+
+/// Newline-delimited JSON of the events, for outputs that write lines.
+pub fn encode_json_lines(events: &[&Event], out: &mut Vec<u8>) {
+    for e in events {
+        e.write_json(out);
+        out.push(b'\n');
+    }
+}
+
+/// The default pause before the first retry, doubled each time up to the maximum.
+pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_millis(100);
+pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);

@@ -1,0 +1,99 @@
+//! `pipeline` output: sends events to the `pipeline` inputs at `send_to` and waits until the
+//! receiving pipelines have handled them, so the sender's acknowledgement covers the hop.
+//! While a receiver is not running (being reloaded), the output waits and retries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use sluice_config::ConfigError;
+use sluice_config::model::ComponentSpec;
+use sluice_core::ack::AckOutcome;
+use sluice_core::{AckSet, Acker, Batch, Event};
+
+use crate::{Aborted, Delivery, Output, OutputContext};
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PipelineOutputConfig {
+    send_to: OneOrMany,
+}
+
+struct PipelineOutput {
+    send_to: Vec<String>,
+    ctx: OutputContext,
+}
+
+pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
+    let c: PipelineOutputConfig = spec.settings()?;
+    let send_to = match c.send_to {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    };
+    if send_to.is_empty() || send_to.iter().any(String::is_empty) {
+        return Err(spec.key_error("send_to", "needs at least one address, and no empty ones"));
+    }
+    Ok(Arc::new(PipelineOutput { send_to, ctx }))
+}
+
+impl PipelineOutput {
+    async fn send_one(&self, address: &str, events: &[&Event]) -> Result<(), Aborted> {
+        let mut waited = false;
+        loop {
+            let Some(target) = self.ctx.bus.get(address) else {
+                if !waited {
+                    tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address,
+                        "no running pipeline serves this address; waiting for it");
+                    waited = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => continue,
+                    _ = self.ctx.abort.cancelled() => return Err(Aborted),
+                }
+            };
+            let copies: Vec<Event> = events.iter().map(|e| (*e).clone()).collect();
+            let n = copies.len();
+            let bytes = copies.iter().map(Event::estimated_bytes).sum();
+            let (acker, done) = Acker::with_notify(n);
+            let batch = Batch::new(copies, AckSet::single(acker, n), bytes);
+            let pushed = tokio::select! {
+                r = target.queue.push(batch) => r.is_ok(),
+                _ = self.ctx.abort.cancelled() => return Err(Aborted),
+            };
+            if pushed {
+                target.metrics.events_in.add(n as u64);
+                target.metrics.events_out.add(n as u64);
+                let outcome = tokio::select! {
+                    r = done => r.unwrap_or(AckOutcome::Abandoned),
+                    _ = self.ctx.abort.cancelled() => return Err(Aborted),
+                };
+                if outcome == AckOutcome::Handled {
+                    return Ok(());
+                }
+            }
+            // The receiver stopped before handling the batch (reload): send it again.
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = self.ctx.abort.cancelled() => return Err(Aborted),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Output for PipelineOutput {
+    async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
+        for address in &self.send_to {
+            self.send_one(address, events).await?;
+        }
+        Ok(Delivery::all_delivered())
+    }
+}

@@ -1,0 +1,73 @@
+//! Processors: what workers do to each batch between the queue and the outputs.
+//!
+//! Every processor is built once from its config section (patterns compiled, paths and
+//! templates parsed) and then applied to events by workers on many threads at once, so a
+//! processor is `Send + Sync` and keeps no lock on the per-event path. A processor decides per
+//! event through a [`Verdict`]: keep it, drop it on purpose (counted as handled for
+//! acknowledgements), or keep it and count a failure (the event is tagged, e.g.
+//! `_jsonparsefailure`). The `if:` condition common to all processors is applied by the worker,
+//! not here.
+//!
+//! ```
+//! use sluice_core::Event;
+//! let spec = sluice_processors::spec_from_yaml("type: mutate\nuppercase: [/message]\n").unwrap();
+//! let p = sluice_processors::build(&spec).unwrap();
+//! let mut e = Event::from_message("hello");
+//! assert_eq!(p.process(&mut e), sluice_processors::Verdict::Keep);
+//! assert_eq!(e.message(), Some("HELLO"));
+//! ```
+
+use std::sync::Arc;
+
+use sluice_config::ConfigError;
+use sluice_config::model::ComponentSpec;
+use sluice_core::Event;
+
+mod date;
+mod dissect;
+mod drop;
+mod grok;
+mod json;
+mod mutate;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Keep,
+    /// Dropped on purpose; the event counts as handled.
+    Drop,
+    /// Kept, but the processor failed on it (and tagged it); counted in `failed`.
+    Failed,
+}
+
+pub trait Processor: Send + Sync {
+    fn process(&self, event: &mut Event) -> Verdict;
+}
+
+/// The processor types this build knows, for messages.
+pub const TYPES: &[&str] = &["date", "dissect", "drop", "grok", "json", "mutate"];
+
+/// Builds a processor from its config section; every setting is checked here.
+pub fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
+    match spec.type_name.as_str() {
+        "date" => date::build(spec),
+        "dissect" => dissect::build(spec),
+        "drop" => drop::build(spec),
+        "grok" => grok::build(spec),
+        "json" => json::build(spec),
+        "mutate" => mutate::build(spec),
+        other => Err(spec.error(format!(
+            "unknown processor type `{other}`, expected one of {}",
+            TYPES.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// A component spec from a YAML snippet, for tests and examples.
+pub fn spec_from_yaml(yaml: &str) -> Result<ComponentSpec, sluice_config::ConfigErrors> {
+    let text = format!(
+        "pipelines:\n  p:\n    inputs: [{{type: stdin}}]\n    outputs: [{{type: stdout}}]\n    processors:\n      - {}\n",
+        yaml.trim_end().replace('\n', "\n        ")
+    );
+    let root = sluice_config::model::load_str(&text, "test.yml")?;
+    Ok(root.pipelines.into_iter().next().expect("one pipeline").processors.remove(0))
+}
