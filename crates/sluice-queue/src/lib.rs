@@ -1,0 +1,29 @@
+//! Queues between a pipeline's inputs and its workers.
+//!
+//! - [`memory::MemoryQueue`]: bounded by events and by bytes; a full queue makes inputs wait
+//!   (backpressure). Acknowledgements pass through it untouched, so with a memory queue an
+//!   input hears about its events when every output has handled them.
+//!
+//! [`build`] reads the `queue:` section of a pipeline.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use sluice_config::ConfigError;
+use sluice_config::model::ComponentSpec;
+use sluice_core::Queue;
+
+pub mod memory;
+
+pub const TYPES: &[&str] = &["memory"];
+
+/// Builds the queue a pipeline's `queue:` section describes.
+pub fn build(spec: &ComponentSpec, _pipeline: &str, _data_dir: &Path) -> Result<Arc<dyn Queue>, ConfigError> {
+    match spec.type_name.as_str() {
+        "memory" => Ok(Arc::new(memory::MemoryQueue::from_config(spec.settings()?).map_err(|m| spec.error(m))?)),
+        other => Err(spec.error(format!(
+            "unknown queue type `{other}`, expected one of {}",
+            TYPES.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}

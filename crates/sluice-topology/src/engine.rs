@@ -1,0 +1,169 @@
+//! All pipelines of the process: start, reload, shut down.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use sluice_config::ConfigErrors;
+use sluice_config::model::RootConfig;
+use sluice_core::bus::PipelineBus;
+use sluice_core::metrics::MetricsRegistry;
+use tokio::sync::{Mutex, Notify};
+
+use crate::build::{build_all, build_pipeline, check_links, upstream_first};
+use crate::pipeline::{PipelineSummary, RunningPipeline};
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub data_dir: PathBuf,
+    pub shutdown_timeout: Duration,
+}
+
+/// What a reload did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReloadReport {
+    pub started: Vec<String>,
+    pub restarted: Vec<String>,
+    pub stopped: Vec<String>,
+    pub unchanged: Vec<String>,
+}
+
+struct State {
+    config: RootConfig,
+    running: BTreeMap<String, RunningPipeline>,
+    feeds: BTreeMap<String, BTreeSet<String>>,
+    /// Summaries of pipelines stopped by reloads, reported again at shutdown.
+    stopped: Vec<PipelineSummary>,
+}
+
+pub struct Engine {
+    bus: Arc<PipelineBus>,
+    pub metrics: Arc<MetricsRegistry>,
+    state: Mutex<State>,
+    inputs_changed: Arc<Notify>,
+}
+
+impl Engine {
+    /// Builds every component of a config without starting anything.
+    pub fn validate(config: &RootConfig) -> Result<(), ConfigErrors> {
+        build_all(config, &Arc::new(PipelineBus::default())).map(|_| ())
+    }
+
+    /// Builds and starts every pipeline; nothing starts if anything fails to build.
+    pub async fn start(config: RootConfig) -> Result<Engine, ConfigErrors> {
+        let bus = Arc::new(PipelineBus::default());
+        let metrics = Arc::new(MetricsRegistry::default());
+        let inputs_changed = Arc::new(Notify::new());
+        let feeds = check_links(&config)?;
+        let built = build_all(&config, &bus)?;
+        let mut running = BTreeMap::new();
+        for b in built {
+            metrics.register(b.metrics.clone());
+            let name = b.spec.name.clone();
+            running.insert(name, RunningPipeline::start(b, &bus, &config.data_dir, inputs_changed.clone()));
+        }
+        Ok(Engine {
+            bus,
+            metrics,
+            state: Mutex::new(State { config, running, feeds, stopped: Vec::new() }),
+            inputs_changed,
+        })
+    }
+
+    /// Applies a new config: pipelines whose section changed are restarted, removed ones
+    /// stopped, new ones started, the rest left running. If anything in the new config is
+    /// wrong, nothing changes and the errors are returned.
+    pub async fn reload(&self, config: RootConfig) -> Result<ReloadReport, ConfigErrors> {
+        let mut state = self.state.lock().await;
+        let feeds = check_links(&config)?;
+        let mut errors = ConfigErrors::default();
+        let mut report = ReloadReport::default();
+        let mut fresh = Vec::new();
+        for spec in &config.pipelines {
+            match state.running.get(&spec.name) {
+                Some(r) if r.spec.same_as(spec) => report.unchanged.push(spec.name.clone()),
+                existing => {
+                    if let Some(b) = build_pipeline(spec, &self.bus, &config.data_dir, &mut errors) {
+                        if existing.is_some() {
+                            report.restarted.push(spec.name.clone());
+                        } else {
+                            report.started.push(spec.name.clone());
+                        }
+                        fresh.push(b);
+                    }
+                }
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors.into_result(()).unwrap_err());
+        }
+        report.stopped =
+            state.running.keys().filter(|n| !config.pipelines.iter().any(|p| &p.name == *n)).cloned().collect();
+
+        let timeout = config.shutdown_timeout;
+        let to_stop: BTreeSet<&String> = report.stopped.iter().chain(&report.restarted).collect();
+        for name in upstream_first(&state.feeds) {
+            if to_stop.contains(&name)
+                && let Some(p) = state.running.remove(&name)
+            {
+                let summary = p.stop(timeout).await;
+                self.metrics.unregister(&name);
+                state.stopped.push(summary);
+            }
+        }
+        for b in fresh {
+            self.metrics.register(b.metrics.clone());
+            let name = b.spec.name.clone();
+            let p = RunningPipeline::start(b, &self.bus, &config.data_dir, self.inputs_changed.clone());
+            state.running.insert(name, p);
+        }
+        if state.config.api != config.api || state.config.data_dir != config.data_dir {
+            tracing::warn!("changes to `api` and `data_dir` take effect at the next restart");
+        }
+        state.feeds = feeds;
+        state.config = config;
+        self.inputs_changed.notify_waiters();
+        Ok(report)
+    }
+
+    /// Resolves once every input not fed by another pipeline has ended (a generator with a
+    /// count, stdin at its end); the process then drains and exits as on SIGTERM.
+    pub async fn inputs_finished(&self) {
+        loop {
+            let notified = self.inputs_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let state = self.state.lock().await;
+                if state.running.values().all(|p| p.external_inputs.load(Ordering::SeqCst) == 0) {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Drains and stops every pipeline, upstream pipelines first, and returns their summaries.
+    pub async fn shutdown(&self) -> Vec<PipelineSummary> {
+        let mut state = self.state.lock().await;
+        let timeout = state.config.shutdown_timeout;
+        let mut summaries = std::mem::take(&mut state.stopped);
+        for name in upstream_first(&state.feeds) {
+            if let Some(p) = state.running.remove(&name) {
+                summaries.push(p.stop(timeout).await);
+            }
+        }
+        summaries
+    }
+
+    /// Summaries of the running pipelines, as they stand.
+    pub async fn summaries(&self) -> Vec<PipelineSummary> {
+        self.state.lock().await.running.values().map(RunningPipeline::summary).collect()
+    }
+
+    pub fn bus(&self) -> &Arc<PipelineBus> {
+        &self.bus
+    }
+}

@@ -1,0 +1,202 @@
+//! One running pipeline: its input tasks, its workers, and how it drains.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use sluice_config::model::PipelineSpec;
+use sluice_core::Queue;
+use sluice_core::bus::PipelineBus;
+use sluice_core::metrics::{ComponentKind, PipelineMetrics};
+use sluice_inputs::InputContext;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::build::{BuiltOutput, BuiltPipeline};
+use crate::worker::Worker;
+
+pub struct RunningPipeline {
+    pub spec: PipelineSpec,
+    pub metrics: Arc<PipelineMetrics>,
+    queue: Arc<dyn Queue>,
+    input_stop: CancellationToken,
+    inputs: Vec<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
+    outputs: Arc<Vec<BuiltOutput>>,
+    abort: CancellationToken,
+    /// Inputs still running that are not fed by other pipelines.
+    pub external_inputs: Arc<AtomicUsize>,
+    /// Inputs that stopped with an error.
+    pub input_errors: Arc<AtomicUsize>,
+}
+
+/// The one-line account of a pipeline printed at shutdown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PipelineSummary {
+    pub name: String,
+    /// Accepted from inputs.
+    pub events_in: u64,
+    /// Passed the processors and were handed to every output.
+    pub events_out: u64,
+    /// Dropped on purpose by processors.
+    pub dropped: u64,
+    /// Rejected for good by outputs (included in `events_out`).
+    pub failed: u64,
+    /// Accepted but not handled when the drain timeout ran out.
+    pub unfinished: u64,
+    pub seconds_millis: u64,
+    pub input_errors: usize,
+}
+
+impl fmt::Display for PipelineSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "pipeline {}: in={} out={} dropped={} failed={} unfinished={} seconds={}.{:03}",
+            self.name,
+            self.events_in,
+            self.events_out,
+            self.dropped,
+            self.failed,
+            self.unfinished,
+            self.seconds_millis / 1000,
+            self.seconds_millis % 1000
+        )
+    }
+}
+
+impl RunningPipeline {
+    pub fn start(
+        built: BuiltPipeline,
+        bus: &Arc<PipelineBus>,
+        data_dir: &std::path::Path,
+        inputs_changed: Arc<Notify>,
+    ) -> RunningPipeline {
+        let BuiltPipeline { spec, metrics, queue, inputs, processors, outputs, abort } = built;
+        let input_stop = CancellationToken::new();
+        let external_inputs = Arc::new(AtomicUsize::new(0));
+        let input_errors = Arc::new(AtomicUsize::new(0));
+
+        let mut input_tasks = Vec::new();
+        for i in inputs {
+            let external = !i.input.is_internal();
+            if external {
+                external_inputs.fetch_add(1, Ordering::SeqCst);
+            }
+            let ctx = InputContext {
+                pipeline: spec.name.clone(),
+                id: i.id.clone(),
+                queue: queue.clone(),
+                metrics: i.metrics.clone(),
+                shutdown: input_stop.clone(),
+                bus: bus.clone(),
+                data_dir: data_dir.to_path_buf(),
+            };
+            let (pipeline, id) = (spec.name.clone(), i.id.clone());
+            let (counter, errors, changed) = (external_inputs.clone(), input_errors.clone(), inputs_changed.clone());
+            input_tasks.push(tokio::spawn(async move {
+                if let Err(e) = i.input.run(ctx).await {
+                    tracing::error!(pipeline = %pipeline, input = %id, error = %e, "input stopped");
+                    errors.fetch_add(1, Ordering::SeqCst);
+                }
+                if external {
+                    counter.fetch_sub(1, Ordering::SeqCst);
+                }
+                changed.notify_waiters();
+            }));
+        }
+
+        let workers = (0..spec.workers)
+            .map(|index| {
+                let w = Worker {
+                    pipeline: spec.name.clone(),
+                    index,
+                    queue: queue.clone(),
+                    processors: processors.clone(),
+                    outputs: outputs.clone(),
+                    metrics: metrics.clone(),
+                    batch_size: spec.batch.size,
+                    batch_delay: spec.batch.delay.0,
+                };
+                tokio::spawn(w.run())
+            })
+            .collect();
+
+        tracing::info!(pipeline = %spec.name, workers = spec.workers, batch_size = spec.batch.size,
+            queue = %spec.queue.type_name, "pipeline started");
+        RunningPipeline {
+            spec,
+            metrics,
+            queue,
+            input_stop,
+            inputs: input_tasks,
+            workers,
+            outputs,
+            abort,
+            external_inputs,
+            input_errors,
+        }
+    }
+
+    /// Stops the inputs, lets the workers empty the queue through the outputs for at most
+    /// `timeout`, then closes the outputs.
+    pub async fn stop(mut self, timeout: Duration) -> PipelineSummary {
+        let name = self.spec.name.clone();
+        self.input_stop.cancel();
+        let inputs_done = tokio::time::timeout(timeout, async {
+            for h in &mut self.inputs {
+                let _ = h.await;
+            }
+        })
+        .await;
+        if inputs_done.is_err() {
+            tracing::warn!(pipeline = %name, "inputs did not stop in time; aborting them");
+            self.inputs.iter().for_each(JoinHandle::abort);
+        }
+        self.queue.close();
+        let drained = tokio::time::timeout(timeout, async {
+            for h in &mut self.workers {
+                let _ = h.await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            let left = self.queue.stats().events;
+            tracing::error!(pipeline = %name, timeout = ?timeout, events_left = left,
+                "drain timeout reached; aborting deliveries in progress");
+            self.abort.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                for h in &mut self.workers {
+                    let _ = h.await;
+                }
+            })
+            .await;
+            self.workers.iter().for_each(JoinHandle::abort);
+        }
+        for o in self.outputs.iter() {
+            o.output.close().await;
+        }
+        let summary = self.summary();
+        tracing::info!(pipeline = %name, "{summary}");
+        summary
+    }
+
+    pub fn summary(&self) -> PipelineSummary {
+        let m = &self.metrics;
+        let events_in: u64 =
+            m.components.read().iter().filter(|c| c.kind == ComponentKind::Input).map(|c| c.events_out.get()).sum();
+        let handled = m.events_out.get() + m.dropped.get();
+        PipelineSummary {
+            name: self.spec.name.clone(),
+            events_in,
+            events_out: m.events_out.get(),
+            dropped: m.dropped.get(),
+            failed: m.failed.get(),
+            unfinished: events_in.saturating_sub(handled),
+            seconds_millis: m.started.elapsed().as_millis() as u64,
+            input_errors: self.input_errors.load(Ordering::SeqCst),
+        }
+    }
+}

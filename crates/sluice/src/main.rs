@@ -1,0 +1,226 @@
+//! The `sluice` command: `run`, `validate`, `version`.
+//!
+//! `run` starts every pipeline of the config (or, without `-c`, an embedded default that reads
+//! stdin and writes JSON lines to stdout), serves the monitoring API, and then:
+//! - SIGTERM or SIGINT: stops the inputs, drains the queues through the outputs (bounded by
+//!   `shutdown_timeout`), prints one summary line per pipeline on stderr, and exits;
+//! - SIGHUP: reads the config file again; if it is valid, restarts only the pipelines whose
+//!   section changed; if not, logs every error and keeps running the old config;
+//! - when every input that has an end (a generator with a count, stdin) has ended, it drains
+//!   and exits as on SIGTERM.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use sluice_config::model::{LogFormat, RootConfig, load_file, load_str};
+use sluice_topology::Engine;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+const DEFAULT_CONFIG: &str = "\
+pipelines:
+  main:
+    inputs:
+      - type: stdin
+    outputs:
+      - type: stdout
+        codec: json
+";
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "A log and event pipeline that loses nothing and keeps up.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the pipelines of a config (without -c: stdin lines to stdout as JSON).
+    Run {
+        /// The YAML config file.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Overrides `log.level` (a tracing filter such as `debug` or `sluice_topology=debug,info`).
+        #[arg(long)]
+        log_level: Option<String>,
+    },
+    /// Checks a config: every key, type, condition, pattern and pipeline link. Exit 0 if valid.
+    Validate {
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Prints the version.
+    Version,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Version => {
+            println!("sluice {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Command::Validate { config } => validate(&config),
+        Command::Run { config, log_level } => match run(config.as_deref(), log_level) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn load(path: Option<&Path>) -> Result<RootConfig, sluice_config::ConfigErrors> {
+    match path {
+        Some(p) => load_file(p),
+        None => load_str(DEFAULT_CONFIG, "<embedded default>"),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sluice")
+        .build()
+        .context("starting the runtime")
+}
+
+fn validate(path: &Path) -> ExitCode {
+    let config = match load_file(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            eprintln!("{}: {} error(s)", path.display(), errors.0.len());
+            return ExitCode::from(2);
+        }
+    };
+    // Building the outputs needs a runtime (HTTP clients); nothing is started or bound.
+    let checked = match runtime() {
+        Ok(rt) => rt.block_on(async { Engine::validate(&config) }),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match checked {
+        Ok(()) => {
+            let names: Vec<&str> = config.pipelines.iter().map(|p| p.name.as_str()).collect();
+            println!("{}: valid ({} pipeline(s): {})", path.display(), names.len(), names.join(", "));
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            eprintln!("{}: {} error(s)", path.display(), errors.0.len());
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(config: &RootConfig, level: Option<String>) {
+    let filter = level.or_else(|| std::env::var("SLUICE_LOG").ok()).unwrap_or_else(|| config.log.level.clone());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
+        eprintln!("warning: log level `{filter}` is not a valid filter ({e}); using info");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match config.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn run(path: Option<&Path>, log_level: Option<String>) -> anyhow::Result<ExitCode> {
+    let config = match load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    init_logging(&config, log_level);
+    runtime()?.block_on(serve(path, config))
+}
+
+async fn serve(path: Option<&Path>, config: RootConfig) -> anyhow::Result<ExitCode> {
+    let api = config.api.clone();
+    let engine = match Engine::start(config).await {
+        Ok(e) => Arc::new(e),
+        Err(errors) => {
+            eprintln!("{errors}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let api_stop = CancellationToken::new();
+    if api.enabled {
+        let state = sluice_api::ApiState::new(engine.metrics.clone());
+        match sluice_api::serve(&api.address, state, api_stop.clone()).await {
+            Ok(addr) => tracing::info!(address = %addr, "monitoring API listening"),
+            Err(e) => {
+                tracing::error!(address = %api.address, error = %e, "cannot start the monitoring API; running without it")
+            }
+        }
+    }
+
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: draining"); break; }
+            _ = engine.inputs_finished() => { tracing::info!("every input has ended: draining"); break; }
+            _ = hup.recv() => reload(&engine, path).await,
+        }
+    }
+
+    // A second signal during the drain exits at once.
+    let drain = engine.shutdown();
+    let summaries = tokio::select! {
+        s = drain => s,
+        _ = term.recv() => { eprintln!("second signal: exiting without finishing the drain"); return Ok(ExitCode::from(130)); }
+        _ = int.recv() => { eprintln!("second signal: exiting without finishing the drain"); return Ok(ExitCode::from(130)); }
+    };
+    api_stop.cancel();
+    let mut failed = false;
+    for s in &summaries {
+        eprintln!("{s}");
+        failed |= s.input_errors > 0 || s.unfinished > 0;
+    }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+async fn reload(engine: &Engine, path: Option<&Path>) {
+    let Some(path) = path else {
+        tracing::warn!("SIGHUP: running the embedded default config; there is no file to reload");
+        return;
+    };
+    tracing::info!(config = %path.display(), "SIGHUP: reloading");
+    let config = match load_file(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in &errors.0 {
+                tracing::error!("{e}");
+            }
+            tracing::error!(errors = errors.0.len(), "the new config is invalid; keeping the running one");
+            return;
+        }
+    };
+    match engine.reload(config).await {
+        Ok(r) => tracing::info!(started = ?r.started, restarted = ?r.restarted, stopped = ?r.stopped,
+            unchanged = ?r.unchanged, "config reloaded"),
+        Err(errors) => {
+            for e in &errors.0 {
+                tracing::error!("{e}");
+            }
+            tracing::error!(errors = errors.0.len(), "the new config is invalid; keeping the running one");
+        }
+    }
+}
