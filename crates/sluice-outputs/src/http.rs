@@ -1,12 +1,296 @@
-//! `http` output: not built yet.
+//! `http` output: events POSTed (or PUT) to a URL as NDJSON or a JSON array, optionally gzipped.
+//!
+//! A worker's batch is sent in requests of at most `batch_max_events` events, one after the
+//! other; each body is encoded (and compressed) once and reused for every attempt. The server's
+//! answer decides each request's fate:
+//! - 2xx: delivered.
+//! - 429, 5xx, a timeout or a connection error: retried with exponential backoff (`retry`),
+//!   logged at warn with the attempt count. When `retry.max_retries` is reached, every event of
+//!   the request is rejected with the last error. Without a limit the output retries until the
+//!   server takes the events, which holds the pipeline back (backpressure).
+//! - Any other status: the server refused the events for good; all of them are rejected with
+//!   `HTTP <status>: <start of the response body>`, and one error is logged for the request.
+//!
+//! Delivery is at-least-once: a request that timed out may have been processed and is sent
+//! again. Shutdown's abort stops waiting for a request or a backoff at once.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use sluice_config::ConfigError;
+use async_trait::async_trait;
+use bytes::Bytes;
+use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, StatusCode, Url};
+use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
+use sluice_config::{ConfigError, HumanDuration};
+use sluice_core::Event;
 
-use crate::{Output, OutputContext};
+use crate::retry::{Backoff, RetryConfig};
+use crate::{Aborted, Delivery, Output, OutputContext, Rejected, encode_json_lines};
 
-pub(crate) fn build(spec: &ComponentSpec, _ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
-    Err(spec.error("the `http` output is not built yet"))
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum HttpMethod {
+    #[default]
+    Post,
+    Put,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum Format {
+    /// One JSON object per line (`application/x-ndjson`).
+    #[default]
+    Ndjson,
+    /// One JSON array of objects (`application/json`).
+    JsonArray,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum Compression {
+    #[default]
+    None,
+    Gzip,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpConfig {
+    url: String,
+    #[serde(default)]
+    method: HttpMethod,
+    #[serde(default)]
+    format: Format,
+    #[serde(default)]
+    compression: Compression,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    auth_token: Option<String>,
+    #[serde(default = "default_timeout")]
+    timeout: HumanDuration,
+    #[serde(default = "default_batch_max")]
+    batch_max_events: usize,
+    #[serde(default)]
+    retry: RetryConfig,
+}
+
+fn default_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+fn default_batch_max() -> usize {
+    1000
+}
+
+struct HttpOutput {
+    client: reqwest::Client,
+    url: Url,
+    method: Method,
+    format: Format,
+    compression: Compression,
+    batch_max_events: usize,
+    retry: RetryConfig,
+    ctx: OutputContext,
+}
+
+pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
+    let c: HttpConfig = spec.settings()?;
+    let url = Url::parse(&c.url).map_err(|e| spec.key_error("url", format!("`{}` is not a URL: {e}", c.url)))?;
+    if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
+        return Err(spec.key_error("url", format!("`{}` must be an http:// or https:// URL with a host", c.url)));
+    }
+    if c.batch_max_events == 0 {
+        return Err(spec.key_error("batch_max_events", "must be at least 1"));
+    }
+    if c.timeout.0.is_zero() {
+        return Err(spec.key_error("timeout", "must be more than 0"));
+    }
+    let mut headers = HeaderMap::new();
+    for (name, value) in &c.headers {
+        let n = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| spec.key_error("headers", format!("`{name}` is not a valid header name")))?;
+        let v = HeaderValue::from_str(value)
+            .map_err(|_| spec.key_error("headers", format!("the value of `{name}` is not a valid header value")))?;
+        headers.insert(n, v);
+    }
+    if let Some(token) = &c.auth_token {
+        let mut v = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| spec.key_error("auth_token", "is not valid in a header"))?;
+        v.set_sensitive(true);
+        headers.insert(header::AUTHORIZATION, v);
+    }
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(match c.format {
+            Format::Ndjson => "application/x-ndjson",
+            Format::JsonArray => "application/json",
+        }),
+    );
+    if c.compression == Compression::Gzip {
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+    // reqwest is built without a default crypto provider; install ring once for https.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .timeout(c.timeout.0)
+        .connect_timeout(c.timeout.0.min(Duration::from_secs(10)))
+        .default_headers(headers)
+        .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| spec.error(format!("cannot build the HTTP client: {e}")))?;
+    Ok(Arc::new(HttpOutput {
+        client,
+        url,
+        method: match c.method {
+            HttpMethod::Post => Method::POST,
+            HttpMethod::Put => Method::PUT,
+        },
+        format: c.format,
+        compression: c.compression,
+        batch_max_events: c.batch_max_events,
+        retry: c.retry,
+        ctx,
+    }))
+}
+
+/// What one attempt came to.
+enum Attempt {
+    Delivered,
+    Retriable(String),
+    Refused(String),
+}
+
+/// How much of an error response's body goes into the reason.
+const BODY_EXCERPT: usize = 200;
+
+impl HttpOutput {
+    fn encode(&self, events: &[&Event]) -> Bytes {
+        let mut buf = Vec::with_capacity(events.len() * 256 + 2);
+        match self.format {
+            Format::Ndjson => encode_json_lines(events, &mut buf),
+            Format::JsonArray => {
+                buf.push(b'[');
+                for (i, e) in events.iter().enumerate() {
+                    if i > 0 {
+                        buf.push(b',');
+                    }
+                    e.write_json(&mut buf);
+                }
+                buf.push(b']');
+            }
+        }
+        match self.compression {
+            Compression::None => Bytes::from(buf),
+            Compression::Gzip => {
+                use std::io::Write;
+                let mut enc =
+                    flate2::write::GzEncoder::new(Vec::with_capacity(buf.len() / 4 + 64), flate2::Compression::fast());
+                // Writing into a Vec cannot fail.
+                let _ = enc.write_all(&buf);
+                Bytes::from(enc.finish().unwrap_or_default())
+            }
+        }
+    }
+
+    async fn attempt(&self, body: Bytes) -> Attempt {
+        let response = match self.client.request(self.method.clone(), self.url.clone()).body(body).send().await {
+            Ok(r) => r,
+            Err(e) if e.is_builder() => return Attempt::Refused(format!("cannot build the request: {e}")),
+            Err(e) => return Attempt::Retriable(describe(&e)),
+        };
+        let status = response.status();
+        if status.is_success() {
+            // Read the answer to the end so the connection can be used again.
+            let _ = response.bytes().await;
+            return Attempt::Delivered;
+        }
+        let reason = format!("HTTP {}: {}", status.as_u16(), excerpt(response).await);
+        if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+            Attempt::Retriable(reason)
+        } else {
+            Attempt::Refused(reason)
+        }
+    }
+
+    /// Sends one request's events until delivered, refused, or out of retries.
+    async fn send_request(
+        &self,
+        events: &[&Event],
+        offset: usize,
+        rejected: &mut Vec<Rejected>,
+    ) -> Result<(), Aborted> {
+        let body = self.encode(events);
+        let mut backoff = Backoff::new(self.retry);
+        loop {
+            let outcome = tokio::select! {
+                a = self.attempt(body.clone()) => a,
+                _ = self.ctx.abort.cancelled() => return Err(Aborted),
+            };
+            match outcome {
+                Attempt::Delivered => return Ok(()),
+                Attempt::Refused(reason) => {
+                    tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
+                        events = events.len(), reason = %reason, "the server refused the events; they are rejected");
+                    reject_all(rejected, offset, events.len(), &reason);
+                    return Ok(());
+                }
+                Attempt::Retriable(reason) => {
+                    tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
+                        attempt = backoff.failures() + 1, error = %reason, "http request failed; retrying");
+                    if !backoff.retry(&self.ctx.abort).await? {
+                        tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
+                            events = events.len(), attempts = backoff.failures(), error = %reason,
+                            "http output gave up after max_retries; the events are rejected");
+                        reject_all(rejected, offset, events.len(), &reason);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn reject_all(rejected: &mut Vec<Rejected>, offset: usize, count: usize, reason: &str) {
+    rejected.extend((offset..offset + count).map(|index| Rejected { index, reason: reason.to_string() }));
+}
+
+/// A reqwest error with its causes, which name the actual problem (refused, reset, timeout).
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = if e.is_timeout() { format!("timed out: {e}") } else { e.to_string() };
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// The first bytes of an error response's body, as text.
+async fn excerpt(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < BODY_EXCERPT {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(BODY_EXCERPT);
+    String::from_utf8_lossy(&body).trim().to_string()
+}
+
+#[async_trait]
+impl Output for HttpOutput {
+    async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
+        let mut rejected = Vec::new();
+        for (i, chunk) in events.chunks(self.batch_max_events).enumerate() {
+            self.send_request(chunk, i * self.batch_max_events, &mut rejected).await?;
+        }
+        Ok(Delivery { rejected })
+    }
 }

@@ -1,12 +1,183 @@
-//! `tcp` output: not built yet.
+//! `tcp` output: events as lines (JSON or `message` text) over one kept-open TCP connection.
+//!
+//! The connection is made on the first send and kept. Workers take turns on it, each writing its
+//! whole batch at once, so lines never interleave. Before each write the output checks whether
+//! the server has closed the connection, and reconnects if so. When connecting or writing fails,
+//! it reconnects with exponential backoff (`retry`) and writes the whole batch again; when
+//! `retry.max_retries` is reached the batch is rejected with the last error.
+//!
+//! Delivery is at-least-once and no more: a batch that failed part-way is sent again in full, so
+//! its first lines can arrive twice. TCP itself has no acknowledgement of what the server read,
+//! so lines written just before a server dies can be lost without any error being seen.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use sluice_config::ConfigError;
+use async_trait::async_trait;
+use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
+use sluice_config::{ConfigError, HumanDuration};
+use sluice_core::Event;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
-use crate::{Output, OutputContext};
+use crate::retry::{Backoff, RetryConfig};
+use crate::{Aborted, Delivery, Output, OutputContext};
 
-pub(crate) fn build(spec: &ComponentSpec, _ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
-    Err(spec.error("the `tcp` output is not built yet"))
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum TcpCodec {
+    /// One JSON object per line.
+    #[default]
+    Json,
+    /// The `message` field (or the event as JSON when it has none), one per line.
+    Text,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TcpConfig {
+    address: String,
+    #[serde(default)]
+    codec: TcpCodec,
+    #[serde(default = "default_connect_timeout")]
+    connect_timeout: HumanDuration,
+    #[serde(default)]
+    retry: RetryConfig,
+}
+
+fn default_connect_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+
+struct TcpOutput {
+    address: String,
+    codec: TcpCodec,
+    connect_timeout: Duration,
+    retry: RetryConfig,
+    conn: tokio::sync::Mutex<Option<TcpStream>>,
+    ctx: OutputContext,
+}
+
+pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
+    let c: TcpConfig = spec.settings()?;
+    match c.address.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => {}
+        _ => {
+            return Err(spec.key_error("address", format!("`{}` is not a `host:port` address", c.address)));
+        }
+    }
+    if c.connect_timeout.0.is_zero() {
+        return Err(spec.key_error("connect_timeout", "must be more than 0"));
+    }
+    Ok(Arc::new(TcpOutput {
+        address: c.address,
+        codec: c.codec,
+        connect_timeout: c.connect_timeout.0,
+        retry: c.retry,
+        conn: tokio::sync::Mutex::new(None),
+        ctx,
+    }))
+}
+
+/// True when the server has closed its side (or the connection broke). Data the server sent
+/// is read and thrown away: this output does not expect any.
+fn peer_closed(stream: &TcpStream) -> bool {
+    let mut scratch = [0u8; 1024];
+    loop {
+        match stream.try_read(&mut scratch) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+impl TcpOutput {
+    fn encode(&self, events: &[&Event]) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(events.len() * 256);
+        for e in events {
+            match self.codec {
+                TcpCodec::Json => e.write_json(&mut buf),
+                TcpCodec::Text => match e.message() {
+                    Some(m) => buf.extend_from_slice(m.as_bytes()),
+                    None => e.write_json(&mut buf),
+                },
+            }
+            buf.push(b'\n');
+        }
+        buf
+    }
+
+    async fn connect(&self) -> Result<TcpStream, String> {
+        match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address)).await {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address = %self.address, "tcp output connected");
+                Ok(s)
+            }
+            Ok(Err(e)) => Err(format!("cannot connect to {}: {e}", self.address)),
+            Err(_) => Err(format!("cannot connect to {}: timed out after {:?}", self.address, self.connect_timeout)),
+        }
+    }
+
+    /// One attempt: (re)connects when needed and writes everything.
+    async fn write(&self, conn: &mut Option<TcpStream>, data: &[u8]) -> Result<(), String> {
+        if conn.as_ref().is_some_and(peer_closed) {
+            tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address = %self.address,
+                "the server closed the connection; reconnecting");
+            *conn = None;
+        }
+        if conn.is_none() {
+            *conn = Some(self.connect().await?);
+        }
+        let stream = conn.as_mut().expect("connected above");
+        match stream.write_all(data).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                *conn = None;
+                Err(format!("cannot write to {}: {e}", self.address))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Output for TcpOutput {
+    async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
+        let data = self.encode(events);
+        let mut backoff = Backoff::new(self.retry);
+        let mut conn = tokio::select! {
+            c = self.conn.lock() => c,
+            _ = self.ctx.abort.cancelled() => return Err(Aborted),
+        };
+        loop {
+            let attempt = tokio::select! {
+                r = self.write(&mut conn, &data) => r,
+                _ = self.ctx.abort.cancelled() => {
+                    // Part of the batch may be on the wire: start the next one on a new line.
+                    *conn = None;
+                    return Err(Aborted);
+                }
+            };
+            let reason = match attempt {
+                Ok(()) => return Ok(Delivery::all_delivered()),
+                Err(reason) => reason,
+            };
+            tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, attempt = backoff.failures() + 1,
+                error = %reason, "tcp output failed; reconnecting and sending the batch again");
+            if !backoff.retry(&self.ctx.abort).await? {
+                tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, events = events.len(),
+                    error = %reason, "tcp output gave up after max_retries; the events are rejected");
+                return Ok(Delivery::all_rejected(events.len(), &reason));
+            }
+        }
+    }
+
+    async fn close(&self) {
+        if let Some(mut stream) = self.conn.lock().await.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), stream.shutdown()).await;
+        }
+    }
 }

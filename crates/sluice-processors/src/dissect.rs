@@ -1,12 +1,532 @@
-//! `dissect`: not built yet.
+//! `dissect`: splits a string field on the literal text between `%{...}` fields, like Logstash's
+//! dissect filter. No regular expressions: each delimiter is searched with a precompiled
+//! `memchr::memmem` finder, left to right, first occurrence.
+//!
+//! Fields of a pattern such as `%{ts} %{+ts} %{level} [%{?thread}] %{&thread} %{msg}`:
+//!
+//! - `%{name}`: stores the text up to the next delimiter; the last field takes the rest of the
+//!   line (text after a trailing delimiter is ignored);
+//! - `%{}` and `%{?name}`: match and skip;
+//! - `%{+name}`: appends to `name`, joined with `append_separator` (default one space);
+//!   `%{+name/2}` sets the order of the parts (a plain `%{name}` and unnumbered parts count as
+//!   0; equal numbers keep their place);
+//! - `%{name->}`: right padding, skips repeats of the delimiter that follows the field;
+//! - `%{?key}` (or `%{*key}`) with `%{&key}`: the text of `?key` names a top-level field and the
+//!   text of `&key` is its value;
+//! - names may be nested: `[a][b]`, `a.b` or `/a/b` all write `/a/b`.
+//!
+//! The pattern is compiled at build time into a leading literal and a list of (field, following
+//! delimiter) steps; two fields with nothing between them are a config error. If the text does
+//! not match (the leading literal or a delimiter is missing, or the source is missing or not a
+//! string), nothing is written, the event is tagged with `tag_on_failure` (default
+//! `_dissectfailure`) and counted as [`Verdict::Failed`]. With several `mapping` entries each is
+//! matched on its own; one failing fails the event. `convert_datatype: {name: int|float}`
+//! converts a field after a match; a value that does not convert stays text and the event is
+//! tagged `_dissectconversionfailure` (and counted as failed).
 
 use std::sync::Arc;
 
+use memchr::memmem::Finder;
+use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
+use sluice_core::{Event, FieldPath, Str, Value};
+use smallvec::SmallVec;
 
-use crate::Processor;
+use crate::common::{NumType, OrderedMap, add_tags, capture_target, str_value};
+use crate::{Processor, Verdict};
+
+const CONVERSION_FAILURE: &str = "_dissectconversionfailure";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DissectConfig {
+    mapping: OrderedMap<FieldPath, String>,
+    #[serde(default)]
+    convert_datatype: OrderedMap<String, String>,
+    #[serde(default = "default_separator")]
+    append_separator: String,
+    #[serde(default = "default_tags")]
+    tag_on_failure: Vec<String>,
+}
+
+fn default_separator() -> String {
+    " ".to_string()
+}
+
+fn default_tags() -> Vec<String> {
+    vec!["_dissectfailure".to_string()]
+}
+
+/// What one `%{...}` does with the text it spans.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    Skip,
+    /// Written by an [`Output`].
+    Field,
+    /// `?key` / `*key`: names the field of the `&key` step.
+    RefKey(String),
+    /// `&key`: the value; the index of its key step.
+    RefValue(usize),
+}
+
+#[derive(Debug)]
+struct Step {
+    kind: Kind,
+    /// The literal after this field; `None` for a last field, which takes the rest.
+    delimiter: Option<Finder<'static>>,
+    pad: bool,
+}
+
+/// One field write, planned at build time.
+#[derive(Debug)]
+enum Output {
+    /// The text of these steps (one, or an append group in order), joined.
+    Field { steps: Vec<usize>, target: FieldPath, convert: Option<NumType> },
+    /// A `?key`/`&key` pair: (key step, value step).
+    Reference(usize, usize),
+}
+
+#[derive(Debug)]
+struct Pattern {
+    prefix: String,
+    steps: Vec<Step>,
+    outputs: Vec<Output>,
+}
+
+struct Dissect {
+    mappings: Vec<(FieldPath, Pattern)>,
+    separator: String,
+    tag_on_failure: Vec<String>,
+}
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
-    Err(spec.error("the `dissect` processor is not built yet"))
+    let c: DissectConfig = spec.settings()?;
+    if c.mapping.0.is_empty() {
+        return Err(spec.key_error("mapping", "give at least one `field: pattern`"));
+    }
+    let mut conversions = Vec::new();
+    for (name, ty) in &c.convert_datatype.0 {
+        let target = capture_target(name).map_err(|e| spec.key_error("convert_datatype", e))?;
+        let ty = NumType::from_name(ty).ok_or_else(|| {
+            spec.key_error("convert_datatype", format!("`{name}`: unknown type `{ty}`, expected `int` or `float`"))
+        })?;
+        conversions.push((name.as_str(), target, ty));
+    }
+    let mut mappings = Vec::new();
+    for (field, text) in c.mapping.0 {
+        let pattern = Pattern::compile(&text, &conversions)
+            .map_err(|e| spec.key_error("mapping", format!("pattern for {field}: {e}")))?;
+        mappings.push((field, pattern));
+    }
+    for (name, target, _) in &conversions {
+        let used = mappings
+            .iter()
+            .any(|(_, p)| p.outputs.iter().any(|o| matches!(o, Output::Field { target: t, .. } if t == target)));
+        if !used {
+            return Err(spec.key_error("convert_datatype", format!("`{name}` is not a field of any mapping pattern")));
+        }
+    }
+    Ok(Arc::new(Dissect { mappings, separator: c.append_separator, tag_on_failure: c.tag_on_failure }))
+}
+
+impl Pattern {
+    fn compile(text: &str, conversions: &[(&str, FieldPath, NumType)]) -> Result<Pattern, String> {
+        let mut prefix = None;
+        let mut steps: Vec<Step> = Vec::new();
+        // (target, order, step) for every written field, in pattern order.
+        let mut writes: Vec<(FieldPath, u32, usize)> = Vec::new();
+        let mut rest = text;
+        loop {
+            let (literal, after) = match rest.find("%{") {
+                Some(i) => (&rest[..i], Some(&rest[i + 2..])),
+                None => (rest, None),
+            };
+            match steps.last_mut() {
+                None => prefix = Some(literal.to_string()),
+                Some(last) if !literal.is_empty() => last.delimiter = Some(Finder::new(literal).into_owned()),
+                Some(_) if after.is_some() => {
+                    return Err("two fields with no text between them cannot be told apart".to_string());
+                }
+                Some(_) => {}
+            }
+            let Some(after) = after else { break };
+            let Some(end) = after.find('}') else {
+                return Err("unterminated `%{` (missing `}`)".to_string());
+            };
+            let body = &after[..end];
+            rest = &after[end + 1..];
+            let (body, pad) = match body.strip_suffix("->") {
+                Some(b) => (b, true),
+                None => (body, false),
+            };
+            let index = steps.len();
+            let kind = match body.as_bytes().first() {
+                None => Kind::Skip,
+                Some(b'?' | b'*') => {
+                    let name = &body[1..];
+                    if name.is_empty() { Kind::Skip } else { Kind::RefKey(name.to_string()) }
+                }
+                Some(b'&') => {
+                    let name = &body[1..];
+                    let key = steps
+                        .iter()
+                        .position(|s| s.kind == Kind::RefKey(name.to_string()))
+                        .ok_or_else(|| format!("`%{{&{name}}}` needs a `%{{?{name}}}` before it"))?;
+                    Kind::RefValue(key)
+                }
+                Some(b'+') => {
+                    let name = &body[1..];
+                    let (name, order) = match name.rsplit_once('/') {
+                        Some((n, o)) if !n.is_empty() && !o.is_empty() && o.bytes().all(|c| c.is_ascii_digit()) => {
+                            (n, o.parse().map_err(|_| format!("append order `{o}` is too large"))?)
+                        }
+                        _ => (name, 0),
+                    };
+                    writes.push((capture_target(name)?, order, index));
+                    Kind::Field
+                }
+                Some(_) => {
+                    writes.push((capture_target(body)?, 0, index));
+                    Kind::Field
+                }
+            };
+            steps.push(Step { kind, delimiter: None, pad });
+        }
+        if steps.is_empty() {
+            return Err("the pattern has no `%{field}`".to_string());
+        }
+        // Group writes to the same field (an append group), in order, first place first.
+        let mut outputs = Vec::new();
+        let mut done = vec![false; writes.len()];
+        for i in 0..writes.len() {
+            if done[i] {
+                continue;
+            }
+            let mut group: Vec<(u32, usize)> = Vec::new();
+            for j in i..writes.len() {
+                if writes[j].0 == writes[i].0 {
+                    done[j] = true;
+                    group.push((writes[j].1, writes[j].2));
+                }
+            }
+            group.sort_by_key(|&(order, _)| order);
+            let target = writes[i].0.clone();
+            let convert = conversions.iter().find(|(_, t, _)| *t == target).map(|(_, _, ty)| *ty);
+            outputs.push(Output::Field { steps: group.into_iter().map(|(_, s)| s).collect(), target, convert });
+        }
+        for (i, s) in steps.iter().enumerate() {
+            if let Kind::RefValue(key) = s.kind {
+                outputs.push(Output::Reference(key, i));
+            }
+        }
+        Ok(Pattern { prefix: prefix.unwrap_or_default(), steps, outputs })
+    }
+
+    /// The byte range of each step in `text`, or `None` when the text does not match.
+    fn spans(&self, text: &str, spans: &mut SmallVec<[(usize, usize); 16]>) -> Option<()> {
+        let bytes = text.as_bytes();
+        let mut pos = self.prefix.len();
+        if !bytes.starts_with(self.prefix.as_bytes()) {
+            return None;
+        }
+        for step in &self.steps {
+            match &step.delimiter {
+                None => {
+                    spans.push((pos, bytes.len()));
+                    pos = bytes.len();
+                }
+                Some(finder) => {
+                    let at = pos + finder.find(&bytes[pos..])?;
+                    spans.push((pos, at));
+                    let delim = finder.needle();
+                    pos = at + delim.len();
+                    if step.pad {
+                        while bytes[pos..].starts_with(delim) {
+                            pos += delim.len();
+                        }
+                    }
+                }
+            }
+        }
+        Some(())
+    }
+}
+
+/// Where a matched value goes: a planned path, or a field named by the text (`&key`).
+enum Dest<'a> {
+    Path(&'a FieldPath),
+    Key(Str),
+}
+
+impl Dissect {
+    /// Matches one mapping and queues its writes; false when it does not match.
+    fn extract<'a>(
+        &'a self,
+        pattern: &'a Pattern,
+        text: &str,
+        out: &mut SmallVec<[(Dest<'a>, Value, bool); 16]>,
+    ) -> bool {
+        let mut spans = SmallVec::new();
+        if pattern.spans(text, &mut spans).is_none() {
+            return false;
+        }
+        // Matched spans always fall on char boundaries (the delimiters are UTF-8 text), so
+        // `get` only guards against the impossible.
+        let span = |i: usize| text.get(spans[i].0..spans[i].1).unwrap_or_default();
+        for o in &pattern.outputs {
+            match o {
+                Output::Field { steps, target, convert } => {
+                    let value = match steps.as_slice() {
+                        [one] => str_value(span(*one)),
+                        many => {
+                            let mut joined = String::new();
+                            for (n, s) in many.iter().enumerate() {
+                                if n > 0 {
+                                    joined.push_str(&self.separator);
+                                }
+                                joined.push_str(span(*s));
+                            }
+                            Value::String(Str::from(joined))
+                        }
+                    };
+                    let (value, ok) = match convert {
+                        None => (value, true),
+                        Some(ty) => match ty.convert(value.as_str().unwrap_or_default()) {
+                            Some(v) => (v, true),
+                            None => (value, false),
+                        },
+                    };
+                    out.push((Dest::Path(target), value, ok));
+                }
+                Output::Reference(key, value) => {
+                    let name = span(*key);
+                    if !name.is_empty() {
+                        out.push((Dest::Key(Str::new(name)), str_value(span(*value)), true));
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
+impl Processor for Dissect {
+    fn process(&self, event: &mut Event) -> Verdict {
+        let mut out: SmallVec<[(Dest<'_>, Value, bool); 16]> = SmallVec::new();
+        let mut matched = true;
+        for (field, pattern) in &self.mappings {
+            let before = out.len();
+            let ok = match event.get(field) {
+                Some(Value::String(s)) => self.extract(pattern, s, &mut out),
+                _ => false,
+            };
+            if !ok {
+                out.truncate(before);
+                matched = false;
+            }
+        }
+        let mut converted = true;
+        for (dest, value, ok) in out {
+            converted &= ok;
+            match dest {
+                Dest::Path(p) => {
+                    let _ = event.insert(p, value);
+                }
+                Dest::Key(k) => {
+                    event.fields.insert(k, value);
+                }
+            }
+        }
+        if !matched {
+            add_tags(event, &self.tag_on_failure);
+        }
+        if !converted {
+            event.add_tag(CONVERSION_FAILURE);
+        }
+        if matched && converted { Verdict::Keep } else { Verdict::Failed }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::{build_err, build_yaml, get, loghub, tags};
+
+    fn run(yaml: &str, line: &str) -> (Verdict, Event) {
+        let p = build_yaml(yaml);
+        let mut e = Event::from_message_at(line, 0);
+        let v = p.process(&mut e);
+        (v, e)
+    }
+
+    fn s(e: &Event, path: &str) -> Option<String> {
+        get(e, path).map(|v| v.to_text())
+    }
+
+    #[test]
+    fn apache_error_log_every_line() {
+        let p = build_yaml("type: dissect\nmapping: {/message: '[%{ts}] [%{level}] %{msg}'}");
+        let text = loghub("Apache_2k.log");
+        let mut levels = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let mut e = Event::from_message_at(line, 0);
+            assert_eq!(p.process(&mut e), Verdict::Keep, "{line}");
+            let ts_end = line.find(']').unwrap();
+            assert_eq!(s(&e, "/ts").as_deref(), Some(&line[1..ts_end]));
+            let rest = &line[ts_end + 3..];
+            let level_end = rest.find(']').unwrap();
+            assert_eq!(s(&e, "/level").as_deref(), Some(&rest[..level_end]));
+            assert_eq!(s(&e, "/msg").as_deref(), Some(&rest[level_end + 2..]));
+            assert_eq!(e.message(), Some(line));
+            *levels.entry(s(&e, "/level").unwrap()).or_insert(0) += 1;
+        }
+        assert_eq!(levels.values().sum::<i32>(), 2000);
+        assert_eq!(levels.keys().collect::<Vec<_>>(), ["error", "notice"]);
+        let (_, e) = run(
+            "type: dissect\nmapping: {/message: '[%{ts}] [%{level}] %{msg}'}",
+            "[Sun Dec 04 04:47:44 2005] [notice] workerEnv.init() ok /etc/httpd/conf/workers2.properties",
+        );
+        assert_eq!(s(&e, "/ts").as_deref(), Some("Sun Dec 04 04:47:44 2005"));
+        assert_eq!(s(&e, "/level").as_deref(), Some("notice"));
+        assert_eq!(s(&e, "/msg").as_deref(), Some("workerEnv.init() ok /etc/httpd/conf/workers2.properties"));
+    }
+
+    #[test]
+    fn dissect_then_date_on_apache() {
+        let d = build_yaml("type: dissect\nmapping: {/message: '[%{ts}] [%{level}] %{msg}'}");
+        let date = build_yaml("type: date\nsource: /ts\nformats: ['EEE MMM dd HH:mm:ss yyyy']");
+        let mut e = Event::from_message_at("[Sun Dec 04 04:47:44 2005] [error] mod_jk child init 1 -2", 0);
+        assert_eq!(d.process(&mut e), Verdict::Keep);
+        assert_eq!(date.process(&mut e), Verdict::Keep);
+        assert_eq!(e.timestamp_nanos(), Some(1_133_671_664_000_000_000));
+    }
+
+    #[test]
+    fn zookeeper_padding_and_append() {
+        let p = build_yaml("type: dissect\nmapping:\n  /message: '%{ts} %{+ts} - %{level->} %{}[%{thread}] - %{msg}'");
+        let text = loghub("Zookeeper_2k.log");
+        for line in text.lines() {
+            let mut e = Event::from_message_at(line, 0);
+            assert_eq!(p.process(&mut e), Verdict::Keep, "{line}");
+            assert_eq!(s(&e, "/ts").as_deref(), Some(&line[..23]), "{line}");
+            let level = s(&e, "/level").unwrap();
+            assert!(["INFO", "WARN", "ERROR", "DEBUG"].contains(&level.as_str()), "{line}: {level:?}");
+        }
+        let (v, e) = run(
+            "type: dissect\nmapping:\n  /message: '%{ts} %{+ts} - %{level->} %{}[%{thread}] - %{msg}'",
+            "2015-07-29 19:04:29,071 - WARN  [SendWorker:188978561024:QuorumCnxManager$SendWorker@688] - Send worker leaving thread",
+        );
+        assert_eq!(v, Verdict::Keep);
+        assert_eq!(s(&e, "/ts").as_deref(), Some("2015-07-29 19:04:29,071"));
+        assert_eq!(s(&e, "/level").as_deref(), Some("WARN"));
+        assert_eq!(s(&e, "/thread").as_deref(), Some("SendWorker:188978561024:QuorumCnxManager$SendWorker@688"));
+        assert_eq!(s(&e, "/msg").as_deref(), Some("Send worker leaving thread"));
+    }
+
+    #[test]
+    fn skips_references_and_nested_names() {
+        let (v, e) = run(
+            "type: dissect\nmapping: {/message: '%{ts} %{+ts} %{level} [%{?thread}] %{&thread} %{}: %{[log][msg]}'}",
+            "Jun 14 INFO [worker] busy x: all good",
+        );
+        assert_eq!(v, Verdict::Keep);
+        assert_eq!(s(&e, "/ts").as_deref(), Some("Jun 14"));
+        assert_eq!(s(&e, "/level").as_deref(), Some("INFO"));
+        assert_eq!(s(&e, "/worker").as_deref(), Some("busy"));
+        assert_eq!(s(&e, "/log/msg").as_deref(), Some("all good"));
+        assert_eq!(get(&e, "/thread"), None);
+        let (_, e) = run("type: dissect\nmapping: {/message: '%{*k}=%{&k} %{a.b} %{/c/d}'}", "user=bob 1 2");
+        assert_eq!(s(&e, "/user").as_deref(), Some("bob"));
+        assert_eq!(s(&e, "/a/b").as_deref(), Some("1"));
+        assert_eq!(s(&e, "/c/d").as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn append_order_and_separator() {
+        let (_, e) = run(
+            "type: dissect\nmapping: {/message: '%{+name/2} %{+name/4} %{+name/3} %{+name/1}'}",
+            "john jacob jingleheimer schmidt",
+        );
+        assert_eq!(s(&e, "/name").as_deref(), Some("schmidt john jingleheimer jacob"));
+        let (_, e) = run("type: dissect\nappend_separator: '-'\nmapping: {/message: '%{d} %{+d} %{+d}'}", "2026 11 21");
+        assert_eq!(s(&e, "/d").as_deref(), Some("2026-11-21"));
+    }
+
+    #[test]
+    fn trailing_delimiter_and_empty_fields() {
+        let (v, e) = run("type: dissect\nmapping: {/message: '<%{pri}>%{rest}'}", "<13>hello <x>");
+        assert_eq!(v, Verdict::Keep);
+        assert_eq!((s(&e, "/pri").as_deref(), s(&e, "/rest").as_deref()), (Some("13"), Some("hello <x>")));
+        let (v, e) = run("type: dissect\nmapping: {/message: '%{a}|%{b}|'}", "|x|ignored");
+        assert_eq!(v, Verdict::Keep);
+        assert_eq!((s(&e, "/a").as_deref(), s(&e, "/b").as_deref()), (Some(""), Some("x")));
+        let (v, e) = run("type: dissect\nmapping: {/message: '%{a}'}", "");
+        assert_eq!(v, Verdict::Keep);
+        assert_eq!(s(&e, "/a").as_deref(), Some(""));
+        let (v, e) = run("type: dissect\nmapping: {/message: 'a=%{a}, b=%{b}'}", "a=é→, b=ü");
+        assert_eq!(v, Verdict::Keep);
+        assert_eq!((s(&e, "/a").as_deref(), s(&e, "/b").as_deref()), (Some("é→"), Some("ü")));
+    }
+
+    #[test]
+    fn convert_datatype() {
+        let yaml =
+            "type: dissect\nmapping: {/message: '%{n} %{f} %{[x][y]}'}\nconvert_datatype: {n: int, f: float, x.y: int}";
+        let (v, e) = run(yaml, "42 2.5 -7");
+        assert_eq!(v, Verdict::Keep);
+        assert_eq!(get(&e, "/n"), Some(&Value::Int(42)));
+        assert_eq!(get(&e, "/f"), Some(&Value::Float(2.5)));
+        assert_eq!(get(&e, "/x/y"), Some(&Value::Int(-7)));
+        let (v, e) = run(yaml, "many 2.5 -7");
+        assert_eq!(v, Verdict::Failed);
+        assert_eq!(get(&e, "/n"), Some(&Value::from("many")));
+        assert_eq!(get(&e, "/f"), Some(&Value::Float(2.5)));
+        assert_eq!(tags(&e), ["_dissectconversionfailure"]);
+    }
+
+    #[test]
+    fn failures() {
+        let yaml = "type: dissect\nmapping: {/message: '[%{ts}] [%{level}] %{msg}'}\ntag_on_failure: [nope]";
+        for line in ["no brackets", "[ts only", "[ts] level] x", "[ts] [level"] {
+            let (v, e) = run(yaml, line);
+            assert_eq!(v, Verdict::Failed, "{line}");
+            assert_eq!(tags(&e), ["nope"]);
+            assert_eq!(get(&e, "/ts"), None, "{line}");
+        }
+        let p = build_yaml(yaml);
+        let mut e = Event::default();
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        let mut e = Event::default();
+        e.fields.insert("message", Value::Int(3));
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        // Two mappings: the one that matches is written, the event still fails.
+        let p = build_yaml("type: dissect\nmapping: {/message: '%{a} %{b}', /other: '%{c}-%{d}'}");
+        let mut e = Event::from_message_at("1 2", 0);
+        e.fields.insert("other", Value::from("no dash"));
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        assert_eq!((s(&e, "/a").as_deref(), s(&e, "/c")), (Some("1"), None));
+        assert_eq!(tags(&e), ["_dissectfailure"]);
+        e.fields.insert("other", Value::from("3-4"));
+        e.fields.remove("tags");
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(s(&e, "/d").as_deref(), Some("4"));
+    }
+
+    #[test]
+    fn config_errors() {
+        let e = build_err("type: dissect\nmapping: {/message: '%{a}%{b}'}");
+        assert!(e.contains("mapping: pattern for /message: two fields with no text between them"), "{e}");
+        assert!(build_err("type: dissect\nmapping: {/message: '%{a'}").contains("unterminated"));
+        assert!(build_err("type: dissect\nmapping: {/message: 'text'}").contains("no `%{field}`"));
+        assert!(build_err("type: dissect\nmapping: {/message: '%{&k} %{?k}'}").contains("needs a `%{?k}` before"));
+        assert!(build_err("type: dissect\nmapping: {}").contains("at least one"));
+        assert!(build_err("type: dissect\nmapping: {/message: '%{[a][b}'}").contains("does not end with"));
+        let e = build_err("type: dissect\nmapping: {/message: '%{a}'}\nconvert_datatype: {a: bool}");
+        assert!(e.contains("convert_datatype: `a`: unknown type `bool`"), "{e}");
+        let e = build_err("type: dissect\nmapping: {/message: '%{a}'}\nconvert_datatype: {b: int}");
+        assert!(e.contains("`b` is not a field of any mapping pattern"), "{e}");
+        let e = build_err("type: dissect\nmapping: {/message: '%{a}'}\nfield_split: ','");
+        assert!(e.contains("unknown field `field_split`"), "{e}");
+    }
 }

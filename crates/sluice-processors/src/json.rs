@@ -1,12 +1,266 @@
-//! `json`: not built yet.
+//! `json`: parses a string field as JSON.
+//!
+//! Without `target`, the parsed object's fields are merged into the event root, replacing fields
+//! of the same name; with `target`, the parsed value (of any JSON type) is stored there. When
+//! merging, an `@timestamp` that is an RFC 3339 string becomes a real timestamp (as Logstash
+//! does); one that does not parse stays a string and the event is tagged
+//! `_timestampparsefailure` (and counted as failed).
+//!
+//! `remove_source` removes the source field after a successful parse and before the merge, so a
+//! parsed field of the same name survives. On any failure (source missing, not a string, not
+//! JSON, or a non-object with no `target` to put it in) the event is left as it was, tagged with
+//! `tag_on_failure`, and the verdict is [`Verdict::Failed`].
+//!
+//! The source text is parsed in place (borrowed, never copied) straight into Sluice values.
 
 use std::sync::Arc;
 
+use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
+use sluice_core::event::TIMESTAMP;
+use sluice_core::{Event, FieldPath, Value};
 
-use crate::Processor;
+use crate::common::add_tags;
+use crate::date::parse_iso8601;
+use crate::{Processor, Verdict};
+
+const TIMESTAMP_FAILURE: &str = "_timestampparsefailure";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonConfig {
+    #[serde(default = "default_source")]
+    source: FieldPath,
+    #[serde(default)]
+    target: Option<FieldPath>,
+    #[serde(default)]
+    remove_source: bool,
+    #[serde(default = "default_tags")]
+    tag_on_failure: Vec<String>,
+}
+
+fn default_source() -> FieldPath {
+    FieldPath::field("message")
+}
+
+fn default_tags() -> Vec<String> {
+    vec!["_jsonparsefailure".to_string()]
+}
+
+struct Json {
+    source: FieldPath,
+    target: Option<FieldPath>,
+    remove_source: bool,
+    tag_on_failure: Vec<String>,
+}
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
-    Err(spec.error("the `json` processor is not built yet"))
+    let c: JsonConfig = spec.settings()?;
+    Ok(Arc::new(Json {
+        source: c.source,
+        target: c.target,
+        remove_source: c.remove_source,
+        tag_on_failure: c.tag_on_failure,
+    }))
+}
+
+impl Json {
+    fn fail(&self, event: &mut Event) -> Verdict {
+        add_tags(event, &self.tag_on_failure);
+        Verdict::Failed
+    }
+}
+
+impl Processor for Json {
+    fn process(&self, event: &mut Event) -> Verdict {
+        let parsed = match event.get(&self.source) {
+            Some(Value::String(s)) => serde_json::from_str::<Value>(s),
+            _ => return self.fail(event),
+        };
+        let parsed = match (parsed, &self.target) {
+            (Ok(v), Some(_)) => v,
+            (Ok(Value::Object(m)), None) => Value::Object(m),
+            _ => return self.fail(event),
+        };
+        if self.remove_source {
+            event.remove(&self.source);
+        }
+        match (&self.target, parsed) {
+            (Some(target), value) => {
+                if event.insert(target, value).is_err() {
+                    return self.fail(event);
+                }
+                Verdict::Keep
+            }
+            (None, Value::Object(map)) => {
+                let mut verdict = Verdict::Keep;
+                for (key, mut value) in map {
+                    if key == TIMESTAMP
+                        && let Value::String(s) = &value
+                    {
+                        match parse_iso8601(s, 0) {
+                            Some(ns) => value = Value::Timestamp(ns),
+                            None => verdict = Verdict::Failed,
+                        }
+                    }
+                    event.fields.insert(key, value);
+                }
+                if verdict == Verdict::Failed {
+                    event.add_tag(TIMESTAMP_FAILURE);
+                }
+                verdict
+            }
+            // Non-objects without a target were turned away above.
+            (None, _) => self.fail(event),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::{build_err, build_yaml, get, loghub, tags};
+
+    fn msg(text: &str) -> Event {
+        Event::from_message_at(text, 7)
+    }
+
+    #[test]
+    fn merges_into_root_and_overwrites() {
+        let p = build_yaml("type: json");
+        let mut e = msg(r#"{"a":1,"b":{"c":[true,null,1.5]},"message":"inner","s":"x"}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(get(&e, "/a"), Some(&Value::Int(1)));
+        assert_eq!(get(&e, "/b/c/0"), Some(&Value::Bool(true)));
+        assert_eq!(get(&e, "/b/c/1"), Some(&Value::Null));
+        assert_eq!(get(&e, "/b/c/2"), Some(&Value::Float(1.5)));
+        assert_eq!(e.message(), Some("inner"));
+        assert_eq!(e.timestamp_nanos(), Some(7));
+        assert_eq!(
+            e.to_json_string(),
+            r#"{"message":"inner","@timestamp":"1970-01-01T00:00:00.000000007Z","a":1,"b":{"c":[true,null,1.5]},"s":"x"}"#
+        );
+    }
+
+    #[test]
+    fn remove_source_only_on_success() {
+        let p = build_yaml("type: json\nremove_source: true");
+        let mut e = msg(r#"{"a":"b"}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(e.message(), None);
+        assert_eq!(get(&e, "/a"), Some(&Value::from("b")));
+        let mut e = msg(r#"{"message":"again"}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(e.message(), Some("again"), "a parsed field of the source's name survives");
+        let mut e = msg("{not json");
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        assert_eq!(e.message(), Some("{not json"));
+        assert_eq!(tags(&e), ["_jsonparsefailure"]);
+    }
+
+    #[test]
+    fn target_takes_any_value() {
+        let p = build_yaml("type: json\nsource: /raw\ntarget: /parsed/doc\nremove_source: true");
+        for (text, want) in [
+            (r#"{"x":1}"#, Value::Object([("x".into(), Value::Int(1))].into_iter().collect())),
+            ("[1,2]", Value::Array(vec![Value::Int(1), Value::Int(2)])),
+            ("3.5", Value::Float(3.5)),
+            (r#""s""#, Value::from("s")),
+            ("null", Value::Null),
+        ] {
+            let mut e = Event::default();
+            e.fields.insert("raw", Value::from(text));
+            assert_eq!(p.process(&mut e), Verdict::Keep, "{text}");
+            assert_eq!(get(&e, "/parsed/doc"), Some(&want));
+            assert_eq!(get(&e, "/raw"), None);
+        }
+        // A target under a scalar cannot be written; the source stays.
+        let p = build_yaml("type: json\ntarget: /message/x");
+        let mut e = msg("1");
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        assert_eq!(e.message(), Some("1"));
+        assert_eq!(tags(&e), ["_jsonparsefailure"]);
+    }
+
+    #[test]
+    fn failures_keep_the_event_and_tag_it() {
+        let p = build_yaml("type: json\ntag_on_failure: [bad, worse]");
+        for text in ["", "{", r#"{"a":1}x"#, "[1,2]", "42", r#""str""#, "nul", r#"{"a":"\ud800"}"#] {
+            let mut e = msg(text);
+            let before = e.fields.clone();
+            assert_eq!(p.process(&mut e), Verdict::Failed, "{text:?}");
+            assert_eq!(tags(&e), ["bad", "worse"]);
+            e.fields.remove("tags");
+            assert_eq!(e.fields, before, "{text:?}");
+        }
+        // Missing or non-string source.
+        let mut e = Event::default();
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        assert_eq!(tags(&e), ["bad", "worse"]);
+        let mut e = Event::default();
+        e.fields.insert("message", Value::Int(1));
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+    }
+
+    #[test]
+    fn timestamp_field_is_converted() {
+        let p = build_yaml("type: json");
+        let mut e = msg(r#"{"@timestamp":"2026-11-21T07:00:00.123Z","a":1}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(e.timestamp_nanos(), Some(1_795_244_400_123_000_000));
+        let mut e = msg(r#"{"@timestamp":"2026-11-21T09:00:00+02:00"}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(e.timestamp_nanos(), Some(1_795_244_400_000_000_000));
+        let mut e = msg(r#"{"@timestamp":"last tuesday","a":1}"#);
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        assert_eq!(get(&e, "/@timestamp"), Some(&Value::from("last tuesday")));
+        assert_eq!(get(&e, "/a"), Some(&Value::Int(1)));
+        assert_eq!(tags(&e), ["_timestampparsefailure"]);
+        // A numeric @timestamp is left alone; under a target nothing is converted.
+        let mut e = msg(r#"{"@timestamp":5}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(get(&e, "/@timestamp"), Some(&Value::Int(5)));
+        let p = build_yaml("type: json\ntarget: /doc");
+        let mut e = msg(r#"{"@timestamp":"2026-11-21T07:00:00Z"}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(get(&e, "/doc/@timestamp"), Some(&Value::from("2026-11-21T07:00:00Z")));
+        assert_eq!(e.timestamp_nanos(), Some(7));
+    }
+
+    #[test]
+    fn config_errors() {
+        let e = build_err("type: json\nsorce: /x");
+        assert!(e.contains("unknown field `sorce`"), "{e}");
+        let e = build_err("type: json\ntarget: 'a//b'");
+        assert!(e.contains("target: invalid field path"), "{e}");
+        let e = build_err("type: json\nremove_source: maybe");
+        assert!(e.contains("remove_source: expected true or false"), "{e}");
+    }
+
+    /// Real log lines wrapped in JSON (as a shipper would send them) round-trip exactly.
+    #[test]
+    fn generated_lines_from_loghub() {
+        let p = build_yaml("type: json\nremove_source: true");
+        let text = loghub("Linux_2k.log");
+        for (i, line) in text.lines().enumerate() {
+            let doc = serde_json::json!({
+                "@timestamp": "2026-11-21T07:00:00Z",
+                "seq": i,
+                "ratio": i as f64 / 4.0,
+                "host": {"name": "combo", "ip": "10.0.0.1"},
+                "line": line,
+                "ok": i % 2 == 0,
+            });
+            let mut e = msg(&doc.to_string());
+            assert_eq!(p.process(&mut e), Verdict::Keep, "{line}");
+            assert_eq!(get(&e, "/line").and_then(Value::as_str), Some(line));
+            assert_eq!(get(&e, "/seq"), Some(&Value::Int(i as i64)));
+            assert_eq!(get(&e, "/ratio"), Some(&Value::Float(i as f64 / 4.0)));
+            assert_eq!(get(&e, "/host/name"), Some(&Value::from("combo")));
+            assert_eq!(get(&e, "/ok"), Some(&Value::Bool(i % 2 == 0)));
+            assert_eq!(e.timestamp_nanos(), Some(1_795_244_400_000_000_000));
+            assert_eq!(e.message(), None);
+        }
+    }
 }

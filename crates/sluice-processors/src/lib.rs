@@ -23,6 +23,7 @@ use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::Event;
 
+mod common;
 mod date;
 mod dissect;
 mod drop;

@@ -1,12 +1,536 @@
-//! `mutate`: not built yet.
+//! `mutate`: renames, copies, adds, removes, converts and reshapes fields, and edits tags.
+//!
+//! The operations run in this fixed order, whatever the order of the keys in the config (inside
+//! one operation, entries run in the order written):
+//!
+//! 1. `rename`: `{from: to}`, moves the value (missing `from`: nothing happens);
+//! 2. `copy`: `{from: to}`, copies it;
+//! 3. `add`: `{field: template}`, sets the field to the rendered template, replacing any value
+//!    (a template that is exactly one `%{/field}` keeps that field's type), creating parent
+//!    objects as needed;
+//! 4. `remove`: `[paths]`;
+//! 5. `convert`: `{field: int|float|bool|string}` (`integer` and `boolean` also read), arrays
+//!    element by element;
+//! 6. `lowercase`, 7. `uppercase`: `[paths]`, strings and arrays of strings;
+//! 8. `split`: `{field: separator}`, a string becomes an array of strings;
+//! 9. `merge`: `{dest: src}` with Logstash's semantics: two objects merge key by key (`src`
+//!    wins), anything else concatenates as arrays (a scalar or missing `dest` becomes an array
+//!    first); a missing `src` changes nothing;
+//! 10. `add_tag`: `[templates]`, 11. `remove_tag`: `[tags]`.
+//!
+//! Paths, templates and separators are parsed once at build time. A failing step (a value
+//! that does not convert, a destination under a scalar, `split` of a non-string, merging an
+//! object with a non-object) leaves that value alone, the other steps still run, and the event
+//! is tagged with `tag_on_failure` (default `_mutate_error`) and counted as
+//! [`Verdict::Failed`].
 
 use std::sync::Arc;
 
+use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
+use sluice_core::event::TAGS;
+use sluice_core::{Event, FieldPath, Str, Value};
+use sluice_expr::Template;
 
-use crate::Processor;
+use crate::common::{OrderedMap, add_tags, float_to_int, str_value, text_to_float, text_to_int};
+use crate::{Processor, Verdict};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MutateConfig {
+    #[serde(default)]
+    rename: OrderedMap<FieldPath, FieldPath>,
+    #[serde(default)]
+    copy: OrderedMap<FieldPath, FieldPath>,
+    #[serde(default)]
+    add: OrderedMap<FieldPath, Template>,
+    #[serde(default)]
+    remove: Vec<FieldPath>,
+    #[serde(default)]
+    convert: OrderedMap<FieldPath, Conversion>,
+    #[serde(default)]
+    lowercase: Vec<FieldPath>,
+    #[serde(default)]
+    uppercase: Vec<FieldPath>,
+    #[serde(default)]
+    split: OrderedMap<FieldPath, String>,
+    #[serde(default)]
+    merge: OrderedMap<FieldPath, FieldPath>,
+    #[serde(default)]
+    add_tag: Vec<Template>,
+    #[serde(default)]
+    remove_tag: Vec<String>,
+    #[serde(default = "default_tags")]
+    tag_on_failure: Vec<String>,
+}
+
+fn default_tags() -> Vec<String> {
+    vec!["_mutate_error".to_string()]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Conversion {
+    #[serde(alias = "integer")]
+    Int,
+    Float,
+    #[serde(alias = "boolean")]
+    Bool,
+    String,
+}
+
+/// A tag to add: text known at build time, or a template rendered per event.
+enum TagTemplate {
+    Constant(String),
+    Dynamic(Template),
+}
+
+struct Mutate {
+    rename: Vec<(FieldPath, FieldPath)>,
+    copy: Vec<(FieldPath, FieldPath)>,
+    add: Vec<(FieldPath, Template)>,
+    remove: Vec<FieldPath>,
+    convert: Vec<(FieldPath, Conversion)>,
+    lowercase: Vec<FieldPath>,
+    uppercase: Vec<FieldPath>,
+    split: Vec<(FieldPath, String)>,
+    merge: Vec<(FieldPath, FieldPath)>,
+    add_tag: Vec<TagTemplate>,
+    remove_tag: Vec<String>,
+    tag_on_failure: Vec<String>,
+}
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
-    Err(spec.error("the `mutate` processor is not built yet"))
+    let c: MutateConfig = spec.settings()?;
+    if let Some((field, _)) = c.split.0.iter().find(|(_, sep)| sep.is_empty()) {
+        return Err(spec.key_error("split", format!("the separator for {field} is empty")));
+    }
+    Ok(Arc::new(Mutate {
+        rename: c.rename.0,
+        copy: c.copy.0,
+        add: c.add.0,
+        remove: c.remove,
+        convert: c.convert.0,
+        lowercase: c.lowercase,
+        uppercase: c.uppercase,
+        split: c.split.0,
+        merge: c.merge.0,
+        add_tag: c
+            .add_tag
+            .into_iter()
+            .map(
+                |t| {
+                    if t.is_constant() {
+                        TagTemplate::Constant(t.source().to_string())
+                    } else {
+                        TagTemplate::Dynamic(t)
+                    }
+                },
+            )
+            .collect(),
+        remove_tag: c.remove_tag,
+        tag_on_failure: c.tag_on_failure,
+    }))
+}
+
+impl Processor for Mutate {
+    fn process(&self, event: &mut Event) -> Verdict {
+        let mut ok = true;
+        for (from, to) in &self.rename {
+            if let Some(v) = event.remove(from)
+                && let Err(v) = event.insert(to, v)
+            {
+                // Put it back where it was: a failed rename loses nothing.
+                let _ = event.insert(from, v);
+                ok = false;
+            }
+        }
+        for (from, to) in &self.copy {
+            if let Some(v) = event.get(from).cloned() {
+                ok &= event.insert(to, v).is_ok();
+            }
+        }
+        for (field, template) in &self.add {
+            let v = template.render_value(event);
+            ok &= event.insert(field, v).is_ok();
+        }
+        for field in &self.remove {
+            event.remove(field);
+        }
+        for (field, conversion) in &self.convert {
+            if let Some(v) = event.get_mut(field) {
+                ok &= convert(v, *conversion);
+            }
+        }
+        for field in &self.lowercase {
+            if let Some(v) = event.get_mut(field) {
+                change_case(v, false);
+            }
+        }
+        for field in &self.uppercase {
+            if let Some(v) = event.get_mut(field) {
+                change_case(v, true);
+            }
+        }
+        for (field, sep) in &self.split {
+            match event.get_mut(field) {
+                Some(v @ Value::String(_)) => {
+                    let parts = v.as_str().unwrap_or_default().split(sep.as_str()).map(str_value).collect();
+                    *v = Value::Array(parts);
+                }
+                None | Some(Value::Array(_)) => {}
+                Some(_) => ok = false,
+            }
+        }
+        for (dest, src) in &self.merge {
+            ok &= merge(event, dest, src);
+        }
+        for tag in &self.add_tag {
+            match tag {
+                TagTemplate::Constant(t) => event.add_tag(t),
+                TagTemplate::Dynamic(t) => {
+                    let t = t.render_string(event);
+                    if !t.is_empty() {
+                        event.add_tag(&t);
+                    }
+                }
+            }
+        }
+        if !self.remove_tag.is_empty() {
+            remove_tags(event, &self.remove_tag);
+        }
+        if ok {
+            Verdict::Keep
+        } else {
+            add_tags(event, &self.tag_on_failure);
+            Verdict::Failed
+        }
+    }
+}
+
+/// Converts in place; false (leaving the value as it was) when it cannot be converted.
+/// Null stays null.
+fn convert(v: &mut Value, to: Conversion) -> bool {
+    if let Value::Array(items) = v {
+        let mut ok = true;
+        for item in items {
+            ok &= convert(item, to);
+        }
+        return ok;
+    }
+    if v.is_null() {
+        return true;
+    }
+    let new = match (to, &*v) {
+        (Conversion::Int, Value::Int(_))
+        | (Conversion::Float, Value::Float(_))
+        | (Conversion::Bool, Value::Bool(_))
+        | (Conversion::String, Value::String(_)) => return true,
+        (Conversion::Int, Value::Float(f)) => float_to_int(*f).map(Value::Int),
+        (Conversion::Int, Value::Bool(b)) => Some(Value::Int(i64::from(*b))),
+        (Conversion::Int, Value::String(s)) => text_to_int(s).map(Value::Int),
+        (Conversion::Float, Value::Int(i)) => Some(Value::Float(*i as f64)),
+        (Conversion::Float, Value::Bool(b)) => Some(Value::Float(if *b { 1.0 } else { 0.0 })),
+        (Conversion::Float, Value::String(s)) => text_to_float(s).map(Value::Float),
+        (Conversion::Bool, Value::Int(0)) => Some(Value::Bool(false)),
+        (Conversion::Bool, Value::Int(1)) => Some(Value::Bool(true)),
+        (Conversion::Bool, Value::String(s)) => text_to_bool(s).map(Value::Bool),
+        (Conversion::String, other) => Some(Value::String(Str::from(other.to_text()))),
+        _ => None,
+    };
+    match new {
+        Some(n) => {
+            *v = n;
+            true
+        }
+        None => false,
+    }
+}
+
+fn text_to_bool(s: &str) -> Option<bool> {
+    const TRUE: &[&str] = &["true", "yes", "1", "t", "y"];
+    const FALSE: &[&str] = &["false", "no", "0", "f", "n"];
+    let s = s.trim();
+    if TRUE.iter().any(|t| t.eq_ignore_ascii_case(s)) {
+        Some(true)
+    } else if FALSE.iter().any(|f| f.eq_ignore_ascii_case(s)) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+fn change_case(v: &mut Value, upper: bool) {
+    match v {
+        Value::String(s) if s.is_ascii() => {
+            if upper {
+                s.as_mut_str().make_ascii_uppercase();
+            } else {
+                s.as_mut_str().make_ascii_lowercase();
+            }
+        }
+        Value::String(s) => *s = Str::from(if upper { s.to_uppercase() } else { s.to_lowercase() }),
+        Value::Array(items) => items.iter_mut().for_each(|i| change_case(i, upper)),
+        _ => {}
+    }
+}
+
+fn into_array(v: Value) -> Vec<Value> {
+    match v {
+        Value::Array(a) => a,
+        Value::Null => Vec::new(),
+        other => vec![other],
+    }
+}
+
+fn merge(event: &mut Event, dest: &FieldPath, src: &FieldPath) -> bool {
+    let Some(added) = event.get(src).cloned() else {
+        return true;
+    };
+    match event.get_mut(dest) {
+        None => event.insert(dest, Value::Array(into_array(added))).is_ok(),
+        Some(Value::Object(d)) => match added {
+            Value::Object(s) => {
+                d.extend(s);
+                true
+            }
+            _ => false,
+        },
+        Some(_) if matches!(added, Value::Object(_)) => false,
+        Some(d) => {
+            let mut items = into_array(std::mem::take(d));
+            items.extend(into_array(added));
+            *d = Value::Array(items);
+            true
+        }
+    }
+}
+
+fn remove_tags(event: &mut Event, remove: &[String]) {
+    match event.fields.get_mut(TAGS) {
+        Some(Value::Array(tags)) => tags.retain(|t| !t.as_str().is_some_and(|t| remove.iter().any(|r| r == t))),
+        Some(Value::String(t)) if remove.iter().any(|r| r == t) => {
+            event.fields.remove(TAGS);
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::{build_err, build_yaml, get, loghub, tags};
+
+    fn obj(json: &str) -> Event {
+        match Value::from_json_slice(json.as_bytes()).unwrap() {
+            Value::Object(m) => Event::new(m),
+            _ => panic!("not an object"),
+        }
+    }
+
+    fn json(e: &Event) -> String {
+        e.to_json_string()
+    }
+
+    #[test]
+    fn rename_moves_and_keeps_order_of_entries() {
+        let p = build_yaml("type: mutate\nrename: {/a: /b, /b: /c/d, /missing: /x}");
+        let mut e = obj(r#"{"a":1,"z":2}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(json(&e), r#"{"z":2,"c":{"d":1}}"#);
+        // Into a scalar's child: the value stays where it was and the event is tagged.
+        let p = build_yaml("type: mutate\nrename: {/a: /z/y}");
+        let mut e = obj(r#"{"a":1,"z":2}"#);
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        assert_eq!(json(&e), r#"{"z":2,"a":1,"tags":["_mutate_error"]}"#);
+    }
+
+    #[test]
+    fn copy_clones() {
+        let p = build_yaml("type: mutate\ncopy: {/a: /b/c, /nope: /x, /a/k: /z/q}");
+        let mut e = obj(r#"{"a":{"k":[1]},"z":3}"#);
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        assert_eq!(json(&e), r#"{"a":{"k":[1]},"z":3,"b":{"c":{"k":[1]}},"tags":["_mutate_error"]}"#);
+    }
+
+    #[test]
+    fn add_renders_templates_and_keeps_types() {
+        let p = build_yaml(
+            "type: mutate\nadd:\n  /n2: '%{/n}'\n  /info/text: 'n=%{/n} host=%{/host}'\n  /const: hello\n  /gone: '%{/nope}'",
+        );
+        let mut e = obj(r#"{"n":5,"host":"web-1"}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(
+            json(&e),
+            r#"{"n":5,"host":"web-1","n2":5,"info":{"text":"n=5 host=web-1"},"const":"hello","gone":null}"#
+        );
+    }
+
+    #[test]
+    fn remove_paths() {
+        let p = build_yaml("type: mutate\nremove: [/a/b, /c, /nothing/here]");
+        let mut e = obj(r#"{"a":{"b":1,"k":2},"c":3,"d":4}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(json(&e), r#"{"a":{"k":2},"d":4}"#);
+    }
+
+    #[test]
+    fn convert_every_type() {
+        let p = build_yaml(
+            "type: mutate\nconvert: {/i: int, /f: float, /b: boolean, /s: string, /arr: integer, /t: string, /n: int}",
+        );
+        let mut e = obj(r#"{"i":"-42","f":"2.5","b":"Yes","s":12.0,"arr":["1","2.9",3.1,true],"n":null}"#);
+        e.fields.insert("t", Value::Timestamp(0));
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(
+            json(&e),
+            r#"{"i":-42,"f":2.5,"b":true,"s":"12.0","arr":[1,2,3,1],"n":null,"t":"1970-01-01T00:00:00.000Z"}"#
+        );
+        for (text, want) in [("TRUE", true), ("t", true), ("1", true), ("no", false), ("F", false), ("0", false)] {
+            assert_eq!(text_to_bool(text), Some(want), "{text}");
+        }
+        assert_eq!(text_to_bool("maybe"), None);
+        let p = build_yaml("type: mutate\nconvert: {/a: float, /b: int}");
+        let mut e = obj(r#"{"a":true,"b":false}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(json(&e), r#"{"a":1.0,"b":0}"#);
+        let p = build_yaml("type: mutate\nconvert: {/a: bool, /b: bool}");
+        let mut e = obj(r#"{"a":0,"b":1}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(json(&e), r#"{"a":false,"b":true}"#);
+    }
+
+    #[test]
+    fn failed_conversion_tags_and_continues() {
+        let p = build_yaml(
+            "type: mutate\nconvert: {/a: int, /b: float, /c: bool, /d: int, /e: int}\nuppercase: [/u]\n\
+             tag_on_failure: [conv_failed]",
+        );
+        let mut e = obj(r#"{"a":"x1","b":"nan","c":"perhaps","d":["1","z"],"e":{"k":1},"u":"up"}"#);
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        assert_eq!(
+            json(&e),
+            r#"{"a":"x1","b":"nan","c":"perhaps","d":[1,"z"],"e":{"k":1},"u":"UP","tags":["conv_failed"]}"#
+        );
+        let p = build_yaml("type: mutate\nconvert: {/a: bool, /b: int}");
+        let mut e = obj(r#"{"a":7,"b":1e300}"#);
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+    }
+
+    #[test]
+    fn case_changes() {
+        let p = build_yaml("type: mutate\nlowercase: [/a, /arr, /n]\nuppercase: [/b, /missing]");
+        let mut e = obj(r#"{"a":"MiXeD ÄÖ","arr":["X","Ÿ",1],"n":5,"b":"straße"}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(json(&e), r#"{"a":"mixed äö","arr":["x","ÿ",1],"n":5,"b":"STRASSE"}"#);
+    }
+
+    #[test]
+    fn split_strings() {
+        let p = build_yaml("type: mutate\nsplit: {/csv: ',', /words: ' ', /arr: ',', /n: ','}");
+        let mut e = obj(r#"{"csv":"a,b,,c","words":"one","arr":["x,y"]}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(json(&e), r#"{"csv":["a","b","","c"],"words":["one"],"arr":["x,y"]}"#);
+        let mut e = obj(r#"{"n":5}"#);
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        assert_eq!(tags(&e), ["_mutate_error"]);
+    }
+
+    #[test]
+    fn merge_like_logstash() {
+        let p = build_yaml("type: mutate\nmerge: {/a: /b, /s: /t, /new: /b, /o: /p, /keep: /missing}");
+        let mut e = obj(r#"{"a":[1],"b":[2,3],"s":"x","t":"y","o":{"k":1,"j":1},"p":{"k":2},"keep":4}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(
+            json(&e),
+            r#"{"a":[1,2,3],"b":[2,3],"s":["x","y"],"t":"y","o":{"k":2,"j":1},"p":{"k":2},"keep":4,"new":[2,3]}"#
+        );
+        let p = build_yaml("type: mutate\nmerge: {/a: /o, /o: /a}");
+        let mut e = obj(r#"{"a":[1],"o":{"k":1}}"#);
+        assert_eq!(p.process(&mut e), Verdict::Failed);
+        assert_eq!(json(&e), r#"{"a":[1],"o":{"k":1},"tags":["_mutate_error"]}"#);
+    }
+
+    #[test]
+    fn tags_add_and_remove() {
+        let p = build_yaml("type: mutate\nadd_tag: [seen, 'host_%{/host}', '%{/none}']\nremove_tag: [old, seen]");
+        let mut e = obj(r#"{"host":"a","tags":["old","keep"]}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(tags(&e), ["keep", "host_a"]);
+        let p = build_yaml("type: mutate\nremove_tag: [solo]");
+        let mut e = obj(r#"{"tags":"solo"}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(json(&e), "{}");
+        let mut e = obj(r#"{"tags":"other"}"#);
+        p.process(&mut e);
+        assert_eq!(json(&e), r#"{"tags":"other"}"#);
+    }
+
+    #[test]
+    fn operations_run_in_fixed_order() {
+        // Written in reverse order; still renamed, copied, added, removed, converted, cased,
+        // split, merged, then tagged.
+        let p = build_yaml(
+            "type: mutate\nremove_tag: [t1]\nadd_tag: [t1, t2]\nmerge: {/parts: /extra}\nsplit: {/parts: '-'}\n\
+             uppercase: [/parts]\nlowercase: [/parts]\nconvert: {/num: int}\nremove: [/tmp]\n\
+             add: {/num: '%{/copied}', /extra: z}\ncopy: {/renamed: /copied}\nrename: {/orig: /renamed}",
+        );
+        let mut e = obj(r#"{"orig":"7","parts":"a-b","tmp":1}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(json(&e), r#"{"parts":["A","B","z"],"renamed":"7","copied":"7","num":7,"extra":"z","tags":["t2"]}"#);
+    }
+
+    #[test]
+    fn config_errors() {
+        let e = build_err("type: mutate\nrename: {'a//b': /c}");
+        assert!(e.contains("rename.a//b: invalid field path `a//b`"), "{e}");
+        let e = build_err("type: mutate\nconvert: {/a: number}");
+        assert!(e.contains("convert./a: unknown variant `number`"), "{e}");
+        let e = build_err("type: mutate\nsplit: {/a: ''}");
+        assert!(e.contains("split: the separator for /a is empty"), "{e}");
+        let e = build_err("type: mutate\nadd: {/a: '%{/b'}");
+        assert!(e.contains("unterminated"), "{e}");
+        let e = build_err("type: mutate\nreplace: {/a: b}");
+        assert!(e.contains("unknown field `replace`"), "{e}");
+        let e = build_err("type: mutate\nremove: /a");
+        assert!(e.contains("remove: expected a list"), "{e}");
+    }
+
+    /// Every line of HDFS_2k.log (`081109 203615 148 INFO dfs.DataNode$PacketResponder: ...`):
+    /// split into words, the pid converted, the level lowercased.
+    #[test]
+    fn hdfs_lines() {
+        // Two processors, since `split` runs after `add` in one.
+        let first = build_yaml("type: mutate\ncopy: {/message: /words}\nsplit: {/words: ' '}");
+        let second = build_yaml(
+            "type: mutate\nadd: {/pid: '%{/words/2}', /level: '%{/words/3}'}\nconvert: {/pid: int}\n\
+             lowercase: [/level]\nremove: [/words]",
+        );
+        let p = Chain(first, second);
+        let text = loghub("HDFS_2k.log");
+        for line in text.lines() {
+            let mut e = Event::from_message_at(line, 0);
+            assert_eq!(p.process(&mut e), Verdict::Keep, "{line}");
+            let words: Vec<&str> = line.split(' ').collect();
+            assert_eq!(get(&e, "/pid"), Some(&Value::Int(words[2].parse().unwrap())), "{line}");
+            assert_eq!(get(&e, "/level").and_then(Value::as_str), Some(words[3].to_lowercase().as_str()));
+            assert_eq!(get(&e, "/words"), None);
+        }
+        let mut e = Event::from_message_at("081109 203615 148 INFO dfs.DataNode$PacketResponder: x", 0);
+        p.process(&mut e);
+        assert_eq!(get(&e, "/pid"), Some(&Value::Int(148)));
+        assert_eq!(get(&e, "/level"), Some(&Value::from("info")));
+    }
+
+    struct Chain(Arc<dyn Processor>, Arc<dyn Processor>);
+
+    impl Processor for Chain {
+        fn process(&self, event: &mut Event) -> Verdict {
+            match self.0.process(event) {
+                Verdict::Keep => self.1.process(event),
+                other => other,
+            }
+        }
+    }
 }

@@ -1,0 +1,57 @@
+//! Per-event cost of the parsing processors on typical lines. Each iteration gets a fresh event
+//! (cloned outside the timed part), as a worker would.
+
+use std::hint::black_box;
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use sluice_core::Event;
+use sluice_processors::{Verdict, build, spec_from_yaml};
+
+/// 12 fields, 250 bytes: what a shipper typically sends.
+const JSON_LINE: &str = r#"{"@timestamp":"2026-11-21T07:00:00.123Z","host":"web-01.example.com","service":"checkout","level":"info","status":200,"bytes":5120,"duration_ms":12.5,"method":"GET","path":"/api/v1/cart/items","client":"10.0.0.7","user":"u-1842","ok":true}"#;
+
+const SSH_LINE: &str = "Dec 10 06:55:46 LabSZ sshd[24200]: Invalid user webmaster from 173.234.31.186";
+const SSH_PATTERN: &str =
+    r"'%{SYSLOGTIMESTAMP:ts} %{HOSTNAME:host} %{DATA:program}(?:\[%{POSINT:pid}\])?: %{GREEDYDATA:msg}'";
+
+const APACHE_LINE: &str = "[Sun Dec 04 04:47:44 2005] [notice] workerEnv.init() ok /etc/httpd/conf/workers2.properties";
+
+fn run(c: &mut Criterion, name: &str, yaml: &str, line: &str) {
+    let p = build(&spec_from_yaml(yaml).unwrap()).unwrap();
+    let event = Event::from_message_at(line, 0);
+    let mut probe = event.clone();
+    assert_eq!(p.process(&mut probe), Verdict::Keep, "{name} must match its line");
+    c.bench_function(name, |b| {
+        b.iter_batched(|| event.clone(), |mut e| black_box(p.process(black_box(&mut e))), BatchSize::SmallInput)
+    });
+}
+
+fn bench(c: &mut Criterion) {
+    assert_eq!(JSON_LINE.len(), 250);
+    run(c, "json_250b_12_fields", "type: json", JSON_LINE);
+    run(c, "json_250b_12_fields_remove_source", "type: json\nremove_source: true", JSON_LINE);
+    run(c, "grok_openssh", &format!("type: grok\nmatch: {{/message: {SSH_PATTERN}}}"), SSH_LINE);
+    run(
+        c,
+        "grok_simple_regex_engine",
+        "type: grok\nmatch: {/message: '%{WORD:a} %{WORD:b} %{GREEDYDATA:rest}'}",
+        SSH_LINE,
+    );
+    run(c, "dissect_apache", "type: dissect\nmapping: {/message: '[%{ts}] [%{level}] %{msg}'}", APACHE_LINE);
+    run(
+        c,
+        "date_joda_apache",
+        "type: date\nsource: /message\nformats: ['[EEE MMM dd HH:mm:ss yyyy]']",
+        &APACHE_LINE[..26],
+    );
+    run(c, "date_iso8601", "type: date\nsource: /message\nformats: [ISO8601]", "2026-11-21T07:00:00.123+02:00");
+    run(
+        c,
+        "mutate_mixed",
+        "type: mutate\nrename: {/message: /msg}\nadd: {/svc: checkout}\nuppercase: [/msg]\nadd_tag: [seen]",
+        APACHE_LINE,
+    );
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,213 @@
+//! Runs the real `sluice` binary for integration tests: writes a config, starts the process
+//! with stderr captured to a file, finds the monitoring API's port in the log, talks HTTP to it
+//! with a plain socket, and stops the process with a signal.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+pub fn loghub(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/loghub").join(name);
+    assert!(
+        p.exists(),
+        "sample log {} is missing: the tests need ../shared/data/loghub beside the checkout",
+        p.display()
+    );
+    p
+}
+
+pub struct Sluice {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Sluice {
+    /// Starts `sluice run` on a config; `{dir}` in the text is replaced by a fresh temp dir.
+    pub fn start(config: &str) -> Sluice {
+        Self::start_with(config, Stdio::null())
+    }
+
+    pub fn start_with(config: &str, stdin: Stdio) -> Sluice {
+        let dir = tempfile::tempdir().unwrap();
+        let text = config.replace("{dir}", dir.path().to_str().unwrap());
+        let path = dir.path().join("sluice.yml");
+        std::fs::write(&path, text).unwrap();
+        let stderr = dir.path().join("stderr.log");
+        let child = Command::new(BIN)
+            .args(["run", "-c", path.to_str().unwrap()])
+            .env("SLUICE_LOG", "info")
+            .stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        Sluice { child, dir, config: path, stderr }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle`; panics with the log after `timeout`.
+    pub fn wait_log(&mut self, needle: &str, timeout: Duration) {
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            if self.log().contains(needle) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("sluice exited ({status}) before logging `{needle}`:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("sluice did not log `{needle}` within {timeout:?}:\n{}", self.log());
+    }
+
+    /// The monitoring API's address, read from the log.
+    pub fn api(&mut self) -> String {
+        self.wait_log("monitoring API listening", Duration::from_secs(20));
+        let log = self.log();
+        let line = log.lines().find(|l| l.contains("monitoring API listening")).unwrap();
+        let at = line.find("address=").expect("address in the log line") + "address=".len();
+        line[at..].split_whitespace().next().unwrap().to_string()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args(["-s", sig, &self.child.id().to_string()]).status().unwrap().success();
+        assert!(ok, "kill -s {sig} failed");
+    }
+
+    /// Waits for the process to exit on its own; returns its status and log.
+    pub fn wait(&mut self, timeout: Duration) -> (ExitStatus, String) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status, self.log());
+            }
+            if started.elapsed() > timeout {
+                let _ = self.child.kill();
+                panic!("sluice did not exit within {timeout:?}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then wait for the drain to finish.
+    pub fn stop(&mut self) -> (ExitStatus, String) {
+        self.signal("TERM");
+        self.wait(Duration::from_secs(60))
+    }
+
+    pub fn stdout(&mut self) -> String {
+        let mut s = String::new();
+        self.child.stdout.take().unwrap().read_to_string(&mut s).unwrap();
+        s
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A summary line's numbers: `pipeline web: in=1 out=1 dropped=0 failed=0 unfinished=0 seconds=0.1`.
+pub fn summary(log: &str, pipeline: &str) -> std::collections::HashMap<String, u64> {
+    let prefix = format!("pipeline {pipeline}: ");
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no summary line for pipeline {pipeline} in:\n{log}"));
+    line[prefix.len()..]
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse::<f64>().ok()? as u64)))
+        .collect()
+}
+
+/// A plain HTTP/1.1 request; returns (status, body).
+pub fn http(address: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(address).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = match text.split_once("\r\n\r\n") {
+        Some((head, b)) if head.to_ascii_lowercase().contains("transfer-encoding: chunked") => dechunk(b),
+        Some((_, b)) => b.to_string(),
+        None => String::new(),
+    };
+    (status, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+pub fn get_json(api: &str, path: &str) -> serde_json::Value {
+    let (status, body) = http(api, "GET", path, &[], b"");
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+}
+
+/// A metric's value from Prometheus text, by exact name-and-labels prefix.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no series `{series}` in:\n{text}"))
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn validate(config: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("check.yml");
+    std::fs::write(&path, config.replace("{dir}", dir.path().to_str().unwrap())).unwrap();
+    let out = Command::new(BIN).args(["validate", "-c", path.to_str().unwrap()]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text.replace(path.to_str().unwrap(), "check.yml"))
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !f() {
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
