@@ -116,6 +116,8 @@ impl PipelineSpec {
 pub struct ComponentSpec {
     pub type_name: String,
     pub id: String,
+    /// False when `id` was made up from the type and position.
+    pub id_given: bool,
     /// The `if:` expression and where it was written.
     pub condition: Option<(String, Mark)>,
     /// Every key but `type`, `id` and `if`.
@@ -320,6 +322,18 @@ fn read_pipeline(name: &str, node: &Node, errors: &mut ConfigErrors) -> Option<P
     let processors = read_section(node, &path, "processors", false, errors);
     let outputs = read_section(node, &path, "outputs", true, errors);
 
+    let (mut inputs, mut processors, mut outputs) = (inputs, processors, outputs);
+    // A made-up id that another component already has gets its section added.
+    let mut taken: Vec<String> = Vec::new();
+    for (section, list) in [("input", &mut inputs), ("processor", &mut processors), ("output", &mut outputs)] {
+        for c in list.iter_mut() {
+            if !c.id_given && taken.contains(&c.id) {
+                let index = c.path.rsplit_once('[').map(|(_, i)| i.trim_end_matches(']')).unwrap_or("0");
+                c.id = format!("{}_{section}_{index}", c.type_name);
+            }
+            taken.push(c.id.clone());
+        }
+    }
     let mut seen: Vec<(&str, &str)> = Vec::new();
     for c in inputs.iter().chain(&processors).chain(&outputs) {
         if let Some((_, first)) = seen.iter().find(|(id, _)| *id == c.id) {
@@ -435,6 +449,7 @@ fn read_component(
     }
     let index = path.rsplit_once('[').map(|(_, i)| i.trim_end_matches(']')).unwrap_or("0");
     Some(ComponentSpec {
+        id_given: id.is_some(),
         id: id.unwrap_or_else(|| format!("{type_name}_{index}")),
         type_name,
         condition,
