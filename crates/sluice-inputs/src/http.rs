@@ -163,7 +163,7 @@ async fn handle(State(s): State<Arc<Shared>>, request: Request) -> Response {
     }
     let gzip = match content_encoding(&parts.headers) {
         Ok(g) => g,
-        Err(r) => return r,
+        Err(reason) => return error(StatusCode::UNSUPPORTED_MEDIA_TYPE, reason),
     };
     let shutdown = &s.ctx.shutdown;
     if shutdown.is_cancelled() {
@@ -231,22 +231,18 @@ async fn handle(State(s): State<Arc<Shared>>, request: Request) -> Response {
     }
 }
 
-/// Whether the body is gzip-compressed; other encodings are refused with 415.
-#[allow(clippy::result_large_err)]
-fn content_encoding(headers: &HeaderMap) -> Result<bool, Response> {
+/// Whether the body is gzip-compressed; other encodings are refused (415) with the reason.
+fn content_encoding(headers: &HeaderMap) -> Result<bool, String> {
     let mut gzip = false;
     for value in headers.get_all(header::CONTENT_ENCODING) {
         for coding in value.to_str().unwrap_or("?").split(',').map(str::trim).filter(|c| !c.is_empty()) {
             if coding.eq_ignore_ascii_case("gzip") || coding.eq_ignore_ascii_case("x-gzip") {
                 if gzip {
-                    return Err(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "gzip applied twice is not supported"));
+                    return Err("gzip applied twice is not supported".to_string());
                 }
                 gzip = true;
             } else if !coding.eq_ignore_ascii_case("identity") {
-                return Err(error(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    format!("Content-Encoding `{coding}` is not supported (use gzip or none)"),
-                ));
+                return Err(format!("Content-Encoding `{coding}` is not supported (use gzip or none)"));
             }
         }
     }

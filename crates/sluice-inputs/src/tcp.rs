@@ -466,6 +466,7 @@ pub(crate) mod tests {
         }
     }
 
+    /// One client, 250-byte lines, the input alone (`READ_BUFFER=64KiB` to try another size):
     /// `cargo test --release -p sluice-inputs tcp::tests::throughput -- --ignored --nocapture`
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "a measurement, not a check"]
@@ -475,7 +476,9 @@ pub(crate) mod tests {
         let (mut ctx, _rx) = context();
         let counter = Arc::new(CountingQueue(std::sync::atomic::AtomicU64::new(0)));
         ctx.queue = counter.clone();
-        let task = tokio::spawn(serve(config("{type: tcp, address: 'x:0'}"), listener, ctx.clone()));
+        let read_buffer = std::env::var("READ_BUFFER").unwrap_or_else(|_| "256KiB".into());
+        let cfg = config(&format!("{{type: tcp, address: 'x:0', read_buffer: {read_buffer}}}"));
+        let task = tokio::spawn(serve(cfg, listener, ctx.clone()));
         let line = format!("{}\n", "a".repeat(249));
         let chunk = line.repeat(4096);
         let total_lines = 10_000_000usize;

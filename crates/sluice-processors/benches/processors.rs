@@ -8,7 +8,7 @@ use sluice_core::Event;
 use sluice_processors::{Verdict, build, spec_from_yaml};
 
 /// 12 fields, 250 bytes: what a shipper typically sends.
-const JSON_LINE: &str = r#"{"@timestamp":"2026-11-21T07:00:00.123Z","host":"web-01.example.com","service":"checkout","level":"info","status":200,"bytes":5120,"duration_ms":12.5,"method":"GET","path":"/api/v1/cart/items","client":"10.0.0.7","user":"u-1842","ok":true}"#;
+const JSON_LINE: &str = r#"{"@timestamp":"2026-11-21T07:00:00.123Z","host":"web-01.example.com","service":"checkout","level":"info","status":200,"bytes":5120,"duration_ms":12.5,"method":"GET","path":"/api/v1/cart/items","client":"10.0.100.217","user":"u-1842-euwest","ok":true}"#;
 
 const SSH_LINE: &str = "Dec 10 06:55:46 LabSZ sshd[24200]: Invalid user webmaster from 173.234.31.186";
 const SSH_PATTERN: &str =
@@ -54,4 +54,23 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+criterion_main!(benches, exp);
+
+#[allow(dead_code)]
+fn experiments(c: &mut Criterion) {
+    c.bench_function("x_parse_value_only", |b| {
+        b.iter(|| black_box(serde_json::from_str::<sluice_core::Value>(black_box(JSON_LINE)).unwrap()))
+    });
+    c.bench_function("x_parse_serde_value_only", |b| {
+        b.iter(|| black_box(serde_json::from_str::<serde_json::Value>(black_box(JSON_LINE)).unwrap()))
+    });
+    c.bench_function("x_clone_event", |b| {
+        let e = Event::from_message_at(JSON_LINE, 0);
+        b.iter(|| black_box(e.clone()))
+    });
+    c.bench_function("x_noop", |b| {
+        let e = Event::from_message_at(JSON_LINE, 0);
+        b.iter_batched(|| e.clone(), |e| black_box(e.fields.len()), BatchSize::SmallInput)
+    });
+}
+criterion_group!(exp, experiments);

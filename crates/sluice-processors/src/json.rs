@@ -11,15 +11,19 @@
 //! JSON, or a non-object with no `target` to put it in) the event is left as it was, tagged with
 //! `tag_on_failure`, and the verdict is [`Verdict::Failed`].
 //!
-//! The source text is parsed in place (borrowed, never copied) straight into Sluice values.
+//! The source text is never copied: it is parsed where it is, and when merging, the object's
+//! fields go straight into the event (no intermediate map); a parse that fails half-way is rolled
+//! back so the event is exactly as it was.
 
+use std::fmt;
 use std::sync::Arc;
 
 use serde::Deserialize;
+use serde::de::{MapAccess, Visitor};
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::event::TIMESTAMP;
-use sluice_core::{Event, FieldPath, Value};
+use sluice_core::{Event, FieldPath, Map, Str, Value};
 
 use crate::common::add_tags;
 use crate::date::parse_iso8601;
@@ -74,46 +78,131 @@ impl Json {
 
 impl Processor for Json {
     fn process(&self, event: &mut Event) -> Verdict {
+        match &self.target {
+            Some(target) => self.parse_into(event, target),
+            None => self.merge(event),
+        }
+    }
+}
+
+impl Json {
+    /// Parses the whole value and stores it at `target`.
+    fn parse_into(&self, event: &mut Event, target: &FieldPath) -> Verdict {
         let parsed = match event.get(&self.source) {
             Some(Value::String(s)) => serde_json::from_str::<Value>(s),
             _ => return self.fail(event),
         };
-        let parsed = match (parsed, &self.target) {
-            (Ok(v), Some(_)) => v,
-            (Ok(Value::Object(m)), None) => Value::Object(m),
-            _ => return self.fail(event),
+        let Ok(value) = parsed else {
+            return self.fail(event);
         };
+        // Insert first: if the target cannot be written, the source is still there.
+        if event.insert(target, value).is_err() {
+            return self.fail(event);
+        }
         if self.remove_source {
             event.remove(&self.source);
         }
-        match (&self.target, parsed) {
-            (Some(target), value) => {
-                if event.insert(target, value).is_err() {
-                    return self.fail(event);
+        Verdict::Keep
+    }
+
+    /// Parses an object straight into the event root, with no intermediate map. The source text
+    /// is moved out of the event for the parse (not copied) and moved back after; if the parse
+    /// fails half-way, the fields it added or replaced are rolled back.
+    fn merge(&self, event: &mut Event) -> Verdict {
+        let text = match event.get_mut(&self.source) {
+            Some(Value::String(s)) => std::mem::take(s),
+            _ => return self.fail(event),
+        };
+        let source_key = self.source.segments()[0].as_str();
+        let original_len = event.fields.len();
+        let mut merge = Merge {
+            fields: &mut event.fields,
+            original_len,
+            replaced: Vec::new(),
+            source_key,
+            source_replaced: false,
+            timestamp_set: false,
+        };
+        let mut de = serde_json::Deserializer::from_str(&text);
+        let ok = serde::de::Deserializer::deserialize_map(&mut de, &mut merge).is_ok() && de.end().is_ok();
+        let Merge { replaced, source_replaced, timestamp_set, .. } = merge;
+        if !ok {
+            // Put back the values replaced (in reverse, for keys seen twice), drop the new ones.
+            for (index, old) in replaced.into_iter().rev() {
+                if let Some((_, v)) = event.fields.iter_mut().nth(index) {
+                    *v = old;
                 }
-                Verdict::Keep
             }
-            (None, Value::Object(map)) => {
-                let mut verdict = Verdict::Keep;
-                for (key, mut value) in map {
-                    if key == TIMESTAMP
-                        && let Value::String(s) = &value
-                    {
-                        match parse_iso8601(s, 0) {
-                            Some(ns) => value = Value::Timestamp(ns),
-                            None => verdict = Verdict::Failed,
-                        }
-                    }
-                    event.fields.insert(key, value);
-                }
-                if verdict == Verdict::Failed {
-                    event.add_tag(TIMESTAMP_FAILURE);
-                }
-                verdict
-            }
-            // Non-objects without a target were turned away above.
-            (None, _) => self.fail(event),
+            let mut n = 0;
+            event.fields.retain(|_, _| {
+                n += 1;
+                n <= original_len
+            });
+            self.restore_source(event, text);
+            return self.fail(event);
         }
+        if !source_replaced {
+            if self.remove_source {
+                event.remove(&self.source);
+            } else {
+                self.restore_source(event, text);
+            }
+        }
+        if timestamp_set && let Some(v @ Value::String(_)) = event.fields.get_mut(TIMESTAMP) {
+            match parse_iso8601(v.as_str().unwrap_or_default(), 0) {
+                Some(ns) => *v = Value::Timestamp(ns),
+                None => {
+                    event.add_tag(TIMESTAMP_FAILURE);
+                    return Verdict::Failed;
+                }
+            }
+        }
+        Verdict::Keep
+    }
+
+    fn restore_source(&self, event: &mut Event, text: Str) {
+        if let Some(Value::String(s)) = event.get_mut(&self.source) {
+            *s = text;
+        }
+    }
+}
+
+/// Receives the top-level object of the parse and writes each field into the event.
+struct Merge<'a> {
+    fields: &'a mut Map,
+    original_len: usize,
+    /// (index, previous value) of fields that existed before the parse and were replaced.
+    replaced: Vec<(usize, Value)>,
+    /// The top-level field holding the source text.
+    source_key: &'a str,
+    source_replaced: bool,
+    timestamp_set: bool,
+}
+
+impl<'de> Visitor<'de> for &mut Merge<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<(), A::Error> {
+        while let Some(key) = access.next_key::<Str>()? {
+            let value: Value = access.next_value()?;
+            self.timestamp_set |= key == TIMESTAMP;
+            self.source_replaced |= key == self.source_key;
+            let slot = self.fields.iter_mut().enumerate().find(|(_, (k, _))| **k == key);
+            match slot {
+                Some((index, (_, v))) => {
+                    let old = std::mem::replace(v, value);
+                    if index < self.original_len {
+                        self.replaced.push((index, old));
+                    }
+                }
+                None => self.fields.push_unchecked(key, value),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -201,6 +290,34 @@ mod tests {
         let mut e = Event::default();
         e.fields.insert("message", Value::Int(1));
         assert_eq!(p.process(&mut e), Verdict::Failed);
+    }
+
+    #[test]
+    fn a_parse_failing_half_way_is_rolled_back() {
+        let p = build_yaml("type: json");
+        for text in [
+            r#"{"a":2,"new":3,"a":4,"message":"x","b":"#,
+            r#"{"a":2,"message":"m","new":[1,2]}trailing"#,
+            r#"{"a":2,"a":3,"message":{"k":1},"z":1,"z":2,"#,
+        ] {
+            let mut e = msg(text);
+            e.fields.insert("a", Value::Int(1));
+            e.fields.insert("b", Value::from("keep"));
+            let before = e.fields.clone();
+            assert_eq!(p.process(&mut e), Verdict::Failed, "{text}");
+            e.fields.remove("tags");
+            assert_eq!(e.fields, before, "{text}");
+        }
+        // Nested source: replaced by a parsed top-level field of its first name.
+        let p = build_yaml("type: json\nsource: /raw/text");
+        let mut e = Event::default();
+        e.fields.insert("raw", Value::Object([("text".into(), Value::from(r#"{"raw":1}"#))].into_iter().collect()));
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(e.to_json_string(), r#"{"raw":1}"#);
+        let mut e = Event::default();
+        e.fields.insert("raw", Value::Object([("text".into(), Value::from(r#"{"x":1}"#))].into_iter().collect()));
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(e.to_json_string(), r#"{"raw":{"text":"{\"x\":1}"},"x":1}"#);
     }
 
     #[test]

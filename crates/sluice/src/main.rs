@@ -20,6 +20,11 @@ use sluice_topology::Engine;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+// glibc's allocator hands each freed batch back to the kernel and faults it in again on the
+// next read (measured: the tcp input at 1.5M lines/s with it, 2.7M/s without the trimming).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const DEFAULT_CONFIG: &str = "\
 pipelines:
   main:

@@ -1,0 +1,200 @@
+//! Network and file components end to end: tcp and http in, file out, with every event
+//! accounted for; over-long lines and malformed JSON; an output that always fails; a slow
+//! output whose backpressure reaches the input without unbounded memory.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+
+fn lines_of(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+}
+
+#[test]
+fn tcp_in_file_out_every_line_arrives() {
+    let port = free_port();
+    let mut s = Sluice::start(&format!(
+        "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  t:
+    workers: 2
+    inputs: [{{type: tcp, address: '127.0.0.1:{port}', codec: json_lines, max_line_bytes: 200}}]
+    outputs: [{{type: file, path: '{{dir}}/out/%{{/client}}.log'}}]
+"
+    ));
+    let api = s.api();
+    let clients: Vec<_> = (0..3)
+        .map(|c| {
+            std::thread::spawn(move || {
+                let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                let mut buf = String::new();
+                for i in 0..5000 {
+                    buf.push_str(&format!("{{\"client\":\"c{c}\",\"n\":{i}}}\n"));
+                }
+                buf.push_str("{not json\n");
+                buf.push_str(&format!("{{\"client\":\"c{c}\",\"pad\":\"{}\"}}\n", "x".repeat(500)));
+                buf.push_str(&format!("{{\"client\":\"c{c}\",\"n\":\"after\"}}\n"));
+                conn.write_all(buf.as_bytes()).unwrap();
+            })
+        })
+        .collect();
+    clients.into_iter().for_each(|c| c.join().unwrap());
+    wait_until("all lines", Duration::from_secs(30), || {
+        get_json(&api, "/stats")["pipelines"]["t"]["events"]["out"].as_u64() == Some(3 * 5003)
+    });
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    for c in 0..3 {
+        let events = lines_of(&s.path(&format!("out/c{c}.log")));
+        let ns: BTreeSet<i64> = events.iter().filter_map(|e| e["n"].as_i64()).collect();
+        assert_eq!(ns, (0..5000).collect(), "client {c}: every numbered line once");
+        assert!(events.iter().any(|e| e["n"] == "after"), "the line after an over-long one is intact");
+    }
+    // Lines without a client field land in the file named by an empty client.
+    let odd = lines_of(&s.path("out/.log"));
+    assert_eq!(odd.iter().filter(|e| e["tags"].to_string().contains("_jsonparsefailure")).count(), 3 + 3, "{odd:?}");
+    assert_eq!(odd.iter().filter(|e| e["tags"].to_string().contains("_line_truncated")).count(), 3);
+}
+
+#[test]
+fn http_in_answers_after_delivery_and_refuses_bad_bodies() {
+    let port = free_port();
+    let mut s = Sluice::start(&format!(
+        "api: {{enabled: false}}
+pipelines:
+  h:
+    inputs: [{{type: http, address: '127.0.0.1:{port}', auth_token: sekrit, max_body_bytes: 4KiB}}]
+    outputs: [{{type: file, path: '{{dir}}/http.log'}}]
+"
+    ));
+    let addr = format!("127.0.0.1:{port}");
+    wait_until("http input", Duration::from_secs(20), || TcpStream::connect(&addr).is_ok());
+    let auth = [("Authorization", "Bearer sekrit")];
+    let (code, body) = http(&addr, "POST", "/", &auth, br#"[{"n":1},{"n":2}]"#);
+    assert_eq!((code, body.contains("\"accepted\":2")), (200, true), "{body}");
+    // The 200 came after delivery: the events are in the file already.
+    assert_eq!(lines_of(&s.path("http.log")).len(), 2);
+    let (code, _) = http(&addr, "POST", "/", &auth, b"{\"n\":3}\n{\"n\":4}\n");
+    assert_eq!(code, 200);
+    let (code, body) = http(&addr, "POST", "/", &auth, b"{\"n\":5}\n{oops\n");
+    assert_eq!(code, 400, "{body}");
+    let (code, _) = http(&addr, "POST", "/", &[], b"{\"n\":6}");
+    assert_eq!(code, 401);
+    let (code, _) = http(&addr, "POST", "/", &auth, "x".repeat(5000).as_bytes());
+    assert_eq!(code, 413);
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    let ns: Vec<i64> = lines_of(&s.path("http.log")).iter().map(|e| e["n"].as_i64().unwrap()).collect();
+    assert_eq!(ns, [1, 2, 3, 4], "nothing from refused requests");
+}
+
+/// A tiny HTTP server: answers every request with `status` after `delay`, counting requests.
+fn http_server(status: u16, delay: Duration) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut conn = conn;
+                loop {
+                    let mut len = 0usize;
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(delay);
+                    let reply = format!("HTTP/1.1 {status} X\r\nContent-Length: 2\r\n\r\nno");
+                    if conn.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+#[test]
+fn an_output_that_always_fails_gives_up_after_its_retries() {
+    let (addr, requests) = http_server(503, Duration::ZERO);
+    let mut s = Sluice::start(&format!(
+        "api: {{enabled: false}}
+pipelines:
+  f:
+    workers: 1
+    inputs: [{{type: generator, count: 10}}]
+    outputs:
+      - type: http
+        url: http://{addr}/bulk
+        retry: {{max_retries: 2, initial_backoff: 10ms, max_backoff: 20ms}}
+"
+    ));
+    let (status, log) = s.wait(Duration::from_secs(60));
+    assert!(status.success(), "{log}");
+    let sum = summary(&log, "f");
+    assert_eq!((sum["in"], sum["failed"]), (10, 10), "{log}");
+    assert_eq!(requests.load(Ordering::SeqCst), 3, "one try and two retries");
+    assert!(log.contains("503"), "the error names the status: {log}");
+}
+
+#[test]
+fn a_slow_output_pushes_back_on_the_input_without_growing_memory() {
+    let (addr, _requests) = http_server(200, Duration::from_millis(100));
+    let mut s = Sluice::start(&format!(
+        "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  slow:
+    workers: 1
+    batch: {{size: 100, delay: 1ms}}
+    queue: {{max_events: 1000}}
+    inputs: [{{type: generator}}]
+    outputs: [{{type: http, url: 'http://{addr}/'}}]
+"
+    ));
+    let api = s.api();
+    std::thread::sleep(Duration::from_millis(1500));
+    let q = get_json(&api, "/stats")["pipelines"]["slow"]["queue"].clone();
+    assert!(q["events"].as_u64().unwrap() <= 1000 + 1000, "queue stays bounded: {q}");
+    assert!(q["blocked_nanos"].as_u64().unwrap() > 0, "the generator was made to wait: {q}");
+    let out = get_json(&api, "/stats")["pipelines"]["slow"]["events"]["out"].as_u64().unwrap();
+    assert!(out <= 100 * 20, "about 10 batches per second get through, not more: {out}");
+    let rss_kib: u64 = std::fs::read_to_string(format!("/proc/{}/status", s.child.id()))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap();
+    assert!(rss_kib < 200 * 1024, "memory stays bounded: {rss_kib} KiB");
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+}
