@@ -35,8 +35,8 @@ pub(crate) struct Token {
     pub tok: Tok,
     /// Index of the first char (0-based, in chars).
     pub start: usize,
-    /// One past the last char.
-    pub end: usize,
+    /// The token's text as a byte range of the source.
+    pub bytes: std::ops::Range<usize>,
 }
 
 /// Characters that end a path (besides whitespace). `~` is not among them: it starts the
@@ -47,6 +47,7 @@ fn ends_path(c: char) -> bool {
 
 pub(crate) fn tokenize(src: &str) -> Result<Vec<Token>, ExprError> {
     let chars: Vec<char> = src.chars().collect();
+    let offsets: Vec<usize> = src.char_indices().map(|(b, _)| b).chain([src.len()]).collect();
     let err = |message: String, at: usize| ExprError::new(message, at, src);
     let mut out = Vec::new();
     let mut i = 0;
@@ -117,9 +118,10 @@ pub(crate) fn tokenize(src: &str) -> Result<Vec<Token>, ExprError> {
             }
         };
         i += len;
-        out.push(Token { tok, start, end: i });
+        out.push(Token { tok, start, bytes: offsets[start]..offsets[i] });
     }
-    out.push(Token { tok: Tok::Eof, start: chars.len(), end: chars.len() });
+    let n = chars.len();
+    out.push(Token { tok: Tok::Eof, start: n, bytes: src.len()..src.len() });
     Ok(out)
 }
 
@@ -139,12 +141,11 @@ fn lex_string(chars: &[char], start: usize, src: &str) -> Result<(String, usize)
                     Some('n') => '\n',
                     Some('t') => '\t',
                     Some('r') => '\r',
-                    Some(other) => {
-                        return Err(ExprError::new(
-                            format!("unknown escape `\\{other}` (known: \\\" \\' \\\\ \\n \\t \\r)"),
-                            j,
-                            src,
-                        ));
+                    // Any other escape stays as written, so that regular expressions
+                    // like "\d+" need no doubled backslashes.
+                    Some(&other) => {
+                        s.push('\\');
+                        other
                     }
                     None => return Err(ExprError::new("unterminated string".into(), start, src)),
                 };

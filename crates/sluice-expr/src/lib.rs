@@ -24,7 +24,8 @@
 //! - Paths are JSON pointers (`/user/id`, `~0` for `~`, `~1` for `/`) running up to whitespace
 //!   or one of `()[],=!<>`. A path alone tests truthiness (missing, null, false, 0, "" and
 //!   empty containers are false).
-//! - Strings take double or single quotes and the escapes `\" \' \\ \n \t \r`.
+//! - Strings take double or single quotes and the escapes `\" \' \\ \n \t \r`; any other
+//!   backslash stays as written, so a regular expression reads `"^\d+$"`.
 //! - `not` binds tighter than `and`, which binds tighter than `or`; `not` negates the whole
 //!   comparison after it (`not /a == 1` is `not (/a == 1)`).
 //! - Int and Float compare numerically; strings compare bytewise; timestamps compare with

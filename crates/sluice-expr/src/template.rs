@@ -1,7 +1,5 @@
 //! Templates: text with `%{/field}` and `%{+date}` parts, parsed once.
 
-use std::fmt::Write;
-
 use chrono::format::{Item, StrftimeItems};
 use sluice_core::event::TIMESTAMP;
 use sluice_core::value::{now_nanos, timestamp_to_datetime};
@@ -27,6 +25,9 @@ enum Part {
 struct DateFormat {
     /// The strftime items, parsed and validated once.
     items: Vec<Item<'static>>,
+    /// The format names the time zone (`%z`, `%Z`, `%+`...). Otherwise rendering goes through
+    /// the naive UTC time, which spares chrono's formatting an allocation for the zone name.
+    needs_offset: bool,
 }
 
 impl Template {
@@ -135,13 +136,15 @@ impl DateFormat {
         let items = StrftimeItems::new(&strftime)
             .parse_to_owned()
             .map_err(|_| ExprError::new(format!("invalid strftime date format `{fmt}`"), at, src))?;
-        // Some formats parse but cannot be written (e.g. a specifier needing a time zone name
-        // the value lacks); find out now rather than at render time.
+        // Find out now, not at render time, whether the format can be written, and whether it
+        // needs the offset (formatting a naive time fails on zone items).
+        let epoch = timestamp_to_datetime(0);
         let mut probe = String::new();
-        if write!(probe, "{}", timestamp_to_datetime(0).format_with_items(items.iter())).is_err() {
+        let needs_offset = epoch.naive_utc().format_with_items(items.iter()).write_to(&mut probe).is_err();
+        if needs_offset && epoch.format_with_items(items.iter()).write_to(&mut probe).is_err() {
             return Err(ExprError::new(format!("date format `{fmt}` cannot be rendered"), at, src));
         }
-        Ok(DateFormat { items })
+        Ok(DateFormat { items, needs_offset })
     }
 
     fn render(&self, event: &Event, out: &mut String) {
@@ -153,8 +156,13 @@ impl DateFormat {
                 .unwrap_or_else(now_nanos),
             _ => now_nanos(),
         };
-        // Formats were checked at parse time; a failure here can only truncate the part.
-        let _ = write!(out, "{}", timestamp_to_datetime(ns).format_with_items(self.items.iter()));
+        // Formats were checked at parse time; a failure here could only truncate the part.
+        let dt = timestamp_to_datetime(ns);
+        let _ = if self.needs_offset {
+            dt.format_with_items(self.items.iter()).write_to(out)
+        } else {
+            dt.naive_utc().format_with_items(self.items.iter()).write_to(out)
+        };
     }
 }
 
@@ -296,6 +304,8 @@ mod tests {
         assert_eq!(render("%{+%Y-%m-%d}"), "2023-11-14");
         assert_eq!(render("x-%{+%Y.%m.%dT%H:%M:%S%.3f}"), "x-2023.11.14T22:13:20.123");
         assert_eq!(render("%{+%s}"), "1700000000");
+        assert_eq!(render("%{+%Y %Z %z %:z}"), "2023 UTC +0000 +00:00");
+        assert_eq!(render("%{+%+}"), "2023-11-14T22:13:20.123+00:00");
     }
 
     #[test]

@@ -54,23 +54,4 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches, exp);
-
-#[allow(dead_code)]
-fn experiments(c: &mut Criterion) {
-    c.bench_function("x_parse_value_only", |b| {
-        b.iter(|| black_box(serde_json::from_str::<sluice_core::Value>(black_box(JSON_LINE)).unwrap()))
-    });
-    c.bench_function("x_parse_serde_value_only", |b| {
-        b.iter(|| black_box(serde_json::from_str::<serde_json::Value>(black_box(JSON_LINE)).unwrap()))
-    });
-    c.bench_function("x_clone_event", |b| {
-        let e = Event::from_message_at(JSON_LINE, 0);
-        b.iter(|| black_box(e.clone()))
-    });
-    c.bench_function("x_noop", |b| {
-        let e = Event::from_message_at(JSON_LINE, 0);
-        b.iter_batched(|| e.clone(), |e| black_box(e.fields.len()), BatchSize::SmallInput)
-    });
-}
-criterion_group!(exp, experiments);
+criterion_main!(benches);

@@ -147,8 +147,9 @@ pub(crate) fn text_to_int(s: &str) -> Option<i64> {
 
 /// A finite float truncated to an integer when it fits.
 pub(crate) fn float_to_int(f: f64) -> Option<i64> {
-    // i64::MAX as f64 rounds up to 2^63, which does not fit, hence the strict bound.
-    (f.is_finite() && f >= -9.223_372_036_854_776e18 && f < 9.223_372_036_854_776e18).then(|| f.trunc() as i64)
+    // i64::MAX as f64 rounds up to 2^63, which does not fit, hence the open end. NaN and the
+    // infinities are outside the range.
+    (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f).then(|| f.trunc() as i64)
 }
 
 /// Text to a finite float (`inf` and `NaN` are refused: JSON cannot carry them).

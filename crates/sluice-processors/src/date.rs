@@ -356,7 +356,7 @@ pub(crate) fn parse_iso8601(s: &str, default_offset: i32) -> Option<i64> {
 }
 
 fn is_leap(y: u32) -> bool {
-    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+    (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400)
 }
 
 fn days_in_month(y: u32, m: u32) -> u32 {
@@ -763,6 +763,7 @@ mod tests {
         p.process(&mut e);
         let got = chrono::Utc.timestamp_nanos(e.timestamp_nanos().unwrap());
         assert_eq!((got.month(), got.day(), got.hour(), got.minute(), got.second()), (12, 10, 6, 55, 46));
+        let p = build_yaml("type: date\nformats: ['MMM d HH:mm:ss']");
         let mut e = event_with("timestamp", Value::from("Jun  9 06:06:20"));
         assert_eq!(p.process(&mut e), Verdict::Keep);
         let got = chrono::Utc.timestamp_nanos(e.timestamp_nanos().unwrap());

@@ -6,8 +6,9 @@
 //! does); one that does not parse stays a string and the event is tagged
 //! `_timestampparsefailure` (and counted as failed).
 //!
-//! `remove_source` removes the source field after a successful parse and before the merge, so a
-//! parsed field of the same name survives. On any failure (source missing, not a string, not
+//! `remove_source` removes the source field only after a successful parse: when merging, a parsed
+//! field of the same name survives; with a `target`, the source is removed after the value is
+//! stored, unless one path contains the other. On any failure (source missing, not a string, not
 //! JSON, or a non-object with no `target` to put it in) the event is left as it was, tagged with
 //! `tag_on_failure`, and the verdict is [`Verdict::Failed`].
 //!
@@ -99,7 +100,10 @@ impl Json {
         if event.insert(target, value).is_err() {
             return self.fail(event);
         }
-        if self.remove_source {
+        // When one path contains the other, the source is already replaced (or holds the
+        // result): nothing to remove.
+        let (s, t) = (self.source.segments(), target.segments());
+        if self.remove_source && !s.starts_with(t) && !t.starts_with(s) {
             event.remove(&self.source);
         }
         Verdict::Keep
@@ -113,8 +117,9 @@ impl Json {
             Some(Value::String(s)) => std::mem::take(s),
             _ => return self.fail(event),
         };
-        let source_key = self.source.segments()[0].as_str();
+        let source_key = self.source.segments().first().map(|s| s.as_str()).unwrap_or_default();
         let original_len = event.fields.len();
+        let seen = event.fields.keys().fold(0, |m, k| m | key_bit(k));
         let mut merge = Merge {
             fields: &mut event.fields,
             original_len,
@@ -122,6 +127,7 @@ impl Json {
             source_key,
             source_replaced: false,
             timestamp_set: false,
+            seen,
         };
         let mut de = serde_json::Deserializer::from_str(&text);
         let ok = serde::de::Deserializer::deserialize_map(&mut de, &mut merge).is_ok() && de.end().is_ok();
@@ -177,6 +183,18 @@ struct Merge<'a> {
     source_key: &'a str,
     source_replaced: bool,
     timestamp_set: bool,
+    /// One bit per key in `fields` (see [`key_bit`]): a key whose bit is clear is certainly
+    /// new, and is appended without scanning the event's keys.
+    seen: u64,
+}
+
+/// A cheap 1-in-64 fingerprint of a key.
+fn key_bit(key: &str) -> u64 {
+    let b = key.as_bytes();
+    let h = b.len().wrapping_mul(31)
+        ^ usize::from(b.first().copied().unwrap_or(0)).wrapping_mul(7)
+        ^ usize::from(b.last().copied().unwrap_or(0));
+    1 << (h & 63)
 }
 
 impl<'de> Visitor<'de> for &mut Merge<'_> {
@@ -191,6 +209,12 @@ impl<'de> Visitor<'de> for &mut Merge<'_> {
             let value: Value = access.next_value()?;
             self.timestamp_set |= key == TIMESTAMP;
             self.source_replaced |= key == self.source_key;
+            let bit = key_bit(&key);
+            if self.seen & bit == 0 {
+                self.seen |= bit;
+                self.fields.push_unchecked(key, value);
+                continue;
+            }
             let slot = self.fields.iter_mut().enumerate().find(|(_, (k, _))| **k == key);
             match slot {
                 Some((index, (_, v))) => {
@@ -233,6 +257,21 @@ mod tests {
     }
 
     #[test]
+    fn duplicate_keys_last_wins() {
+        let p = build_yaml("type: json");
+        let mut e = msg(r#"{"k":1,"j":0,"k":2,"message":"a","message":"b"}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(e.to_json_string(), r#"{"message":"b","@timestamp":"1970-01-01T00:00:00.000000007Z","k":2,"j":0}"#);
+        // Many keys, so the fingerprints collide.
+        let doc: String = (0..200).map(|i| format!(r#""f{i}":{i},"#)).collect::<String>() + r#""f7":"last""#;
+        let mut e = msg(&format!("{{{doc}}}"));
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(e.fields.len(), 202);
+        assert_eq!(get(&e, "/f7"), Some(&Value::from("last")));
+        assert_eq!(get(&e, "/f199"), Some(&Value::Int(199)));
+    }
+
+    #[test]
     fn remove_source_only_on_success() {
         let p = build_yaml("type: json\nremove_source: true");
         let mut e = msg(r#"{"a":"b"}"#);
@@ -264,6 +303,16 @@ mod tests {
             assert_eq!(get(&e, "/parsed/doc"), Some(&want));
             assert_eq!(get(&e, "/raw"), None);
         }
+        // Target and source overlapping: the result is kept.
+        let p = build_yaml("type: json\ntarget: /message\nremove_source: true");
+        let mut e = msg(r#"{"x":1}"#);
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(get(&e, "/message/x"), Some(&Value::Int(1)));
+        let p = build_yaml("type: json\nsource: /a/raw\ntarget: /a\nremove_source: true");
+        let mut e = Event::default();
+        e.fields.insert("a", Value::Object([("raw".into(), Value::from(r#"{"raw":2}"#))].into_iter().collect()));
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        assert_eq!(e.to_json_string(), r#"{"a":{"raw":2}}"#);
         // A target under a scalar cannot be written; the source stays.
         let p = build_yaml("type: json\ntarget: /message/x");
         let mut e = msg("1");

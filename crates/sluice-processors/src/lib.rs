@@ -72,3 +72,90 @@ pub fn spec_from_yaml(yaml: &str) -> Result<ComponentSpec, sluice_config::Config
     let root = sluice_config::model::load_str(&text, "test.yml")?;
     Ok(root.pipelines.into_iter().next().expect("one pipeline").processors.remove(0))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::Value;
+
+    /// Every processor on thousands of generated awkward strings: no panic, and a failure always
+    /// leaves a tag.
+    #[test]
+    fn never_panics_on_odd_input() {
+        const PIECES: &[&str] = &[
+            "%{",
+            "}",
+            "[",
+            "]",
+            "\"",
+            "{",
+            ":",
+            ",",
+            " ",
+            "  ",
+            "-",
+            "+",
+            "1",
+            "2026-11-21",
+            "T",
+            "07:00:00",
+            "Z",
+            "é",
+            "字",
+            "\\",
+            "/",
+            "a",
+            "Dec 10 06:55:46",
+            "null",
+            "true",
+            "\0",
+            "0x",
+            ".",
+            "\"a\":",
+            "[1,",
+            "e9",
+            "\n",
+            "->",
+            "%",
+            "=",
+        ];
+        let configs = [
+            "type: json",
+            "type: json\ntarget: /t\nremove_source: true",
+            "type: grok\nmatch: {/message: ['%{SYSLOGBASE} %{GREEDYDATA:msg}', '%{COMBINEDAPACHELOG}', '%{NUMBER:n:int}']}",
+            "type: grok\nmatch: {/message: '%{WORD:w}%{DATA:d}:%{INT:i:float}'}\nbreak_on_match: false\nkeep_empty_captures: true",
+            "type: dissect\nmapping: {/message: '[%{ts}] [%{level}] %{msg}'}",
+            "type: dissect\nmapping: {/message: '%{a->} %{+a/2}:%{?k}=%{&k},%{n}'}\nconvert_datatype: {n: int}",
+            "type: date\nsource: /message\nformats: [ISO8601, UNIX, UNIX_MS, 'dd/MMM/yyyy:HH:mm:ss Z', 'MMM dd HH:mm:ss']",
+            "type: mutate\nconvert: {/message: int}\nsplit: {/message: ','}\nlowercase: [/message]",
+            "type: mutate\nconvert: {/message: bool}\nmerge: {/message: /message}\nadd_tag: ['%{/message}']",
+            "type: mutate\nconvert: {/message: float}\nuppercase: [/message]\ncopy: {/message: /message/x}",
+        ];
+        let processors: Vec<_> = configs.iter().map(|c| build(&spec_from_yaml(c).unwrap()).unwrap()).collect();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..3000 {
+            let mut text = String::new();
+            for _ in 0..next() % 24 {
+                text.push_str(PIECES[(next() % PIECES.len() as u64) as usize]);
+            }
+            let value = match round % 5 {
+                0 => Value::Int(next() as i64),
+                1 => Value::Float(f64::from_bits(next())),
+                _ => Value::from(text.as_str()),
+            };
+            for p in &processors {
+                let mut e = Event::from_message_at("", 0);
+                e.fields.insert("message", value.clone());
+                if p.process(&mut e) == Verdict::Failed {
+                    assert!(e.fields.get("tags").is_some(), "{value:?}");
+                }
+            }
+        }
+    }
+}
