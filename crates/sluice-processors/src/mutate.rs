@@ -5,17 +5,17 @@
 //!
 //! 1. `rename`: `{from: to}`, moves the value (missing `from`: nothing happens);
 //! 2. `copy`: `{from: to}`, copies it;
-//! 3. `add`: `{field: template}`, sets the field to the rendered template, replacing any value
-//!    (a template that is exactly one `%{/field}` keeps that field's type), creating parent
-//!    objects as needed;
-//! 4. `remove`: `[paths]`;
-//! 5. `convert`: `{field: int|float|bool|string}` (`integer` and `boolean` also read), arrays
+//! 3. `convert`: `{field: int|float|bool|string}` (`integer` and `boolean` also read), arrays
 //!    element by element;
-//! 6. `lowercase`, 7. `uppercase`: `[paths]`, strings and arrays of strings;
-//! 8. `split`: `{field: separator}`, a string becomes an array of strings;
-//! 9. `merge`: `{dest: src}` with Logstash's semantics: two objects merge key by key (`src`
+//! 4. `lowercase`, 5. `uppercase`: `[paths]`, strings and arrays of strings;
+//! 6. `split`: `{field: separator}`, a string becomes an array of strings;
+//! 7. `merge`: `{dest: src}` with Logstash's semantics: two objects merge key by key (`src`
 //!    wins), anything else concatenates as arrays (a scalar or missing `dest` becomes an array
 //!    first); a missing `src` changes nothing;
+//! 8. `add`: `{field: template}`, sets the field to the rendered template, replacing any value
+//!    (a template that is exactly one `%{/field}` keeps that field's type), creating parent
+//!    objects as needed;
+//! 9. `remove`: `[paths]`;
 //! 10. `add_tag`: `[templates]`, 11. `remove_tag`: `[tags]`.
 //!
 //! Paths, templates and separators are parsed once at build time. A failing step (a value
@@ -151,13 +151,6 @@ impl Processor for Mutate {
                 ok &= event.insert(to, v).is_ok();
             }
         }
-        for (field, template) in &self.add {
-            let v = template.render_value(event);
-            ok &= event.insert(field, v).is_ok();
-        }
-        for field in &self.remove {
-            event.remove(field);
-        }
         for (field, conversion) in &self.convert {
             if let Some(v) = event.get_mut(field) {
                 ok &= convert(v, *conversion);
@@ -185,6 +178,14 @@ impl Processor for Mutate {
         }
         for (dest, src) in &self.merge {
             ok &= merge(event, dest, src);
+        }
+        // Like Logstash's add_field and remove_field, these come after the field operations.
+        for (field, template) in &self.add {
+            let v = template.render_value(event);
+            ok &= event.insert(field, v).is_ok();
+        }
+        for field in &self.remove {
+            event.remove(field);
         }
         for tag in &self.add_tag {
             match tag {
@@ -469,8 +470,8 @@ mod tests {
 
     #[test]
     fn operations_run_in_fixed_order() {
-        // Written in reverse order; still renamed, copied, added, removed, converted, cased,
-        // split, merged, then tagged.
+        // Written in reverse order; still renamed, copied, converted, cased, split, merged,
+        // then (like Logstash's add_field and remove_field) added, removed and tagged.
         let p = build_yaml(
             "type: mutate\nremove_tag: [t1]\nadd_tag: [t1, t2]\nmerge: {/parts: /extra}\nsplit: {/parts: '-'}\n\
              uppercase: [/parts]\nlowercase: [/parts]\nconvert: {/num: int}\nremove: [/tmp]\n\
@@ -478,7 +479,7 @@ mod tests {
         );
         let mut e = obj(r#"{"orig":"7","parts":"a-b","tmp":1}"#);
         assert_eq!(p.process(&mut e), Verdict::Keep);
-        assert_eq!(json(&e), r#"{"parts":["A","B","z"],"renamed":"7","copied":"7","num":7,"extra":"z","tags":["t2"]}"#);
+        assert_eq!(json(&e), r#"{"parts":["A","B"],"renamed":"7","copied":"7","num":"7","extra":"z","tags":["t2"]}"#);
     }
 
     #[test]
@@ -501,13 +502,11 @@ mod tests {
     /// split into words, the pid converted, the level lowercased.
     #[test]
     fn hdfs_lines() {
-        // Two processors, since `split` runs after `add` in one.
+        // Three processors, since within one `add` runs after `split`, `convert` and `lowercase`.
         let first = build_yaml("type: mutate\ncopy: {/message: /words}\nsplit: {/words: ' '}");
-        let second = build_yaml(
-            "type: mutate\nadd: {/pid: '%{/words/2}', /level: '%{/words/3}'}\nconvert: {/pid: int}\n\
-             lowercase: [/level]\nremove: [/words]",
-        );
-        let p = Chain(first, second);
+        let second = build_yaml("type: mutate\nadd: {/pid: '%{/words/2}', /level: '%{/words/3}'}\nremove: [/words]");
+        let third = build_yaml("type: mutate\nconvert: {/pid: int}\nlowercase: [/level]");
+        let p = Chain(Arc::new(Chain(first, second)), third);
         let text = loghub("HDFS_2k.log");
         for line in text.lines() {
             let mut e = Event::from_message_at(line, 0);
