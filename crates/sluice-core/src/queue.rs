@@ -29,6 +29,11 @@ pub struct QueueStats {
 
 #[async_trait]
 pub trait Queue: Send + Sync {
+    /// Opens what the queue needs (files, recovery) before anything is pushed or popped.
+    async fn start(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Adds a batch, waiting while the queue is full. Fails only once the queue is closed.
     async fn push(&self, batch: Batch) -> Result<(), QueueClosed>;
 
@@ -36,8 +41,20 @@ pub trait Queue: Send + Sync {
     /// event is there. Returns `None` when the queue is closed and empty.
     async fn pop(&self, max_events: usize, delay: Duration) -> Option<Batch>;
 
-    /// Refuses further pushes; pops drain what is left, then return `None`.
+    /// Refuses further pushes. A memory queue's pops drain what is left, then return `None`;
+    /// a persistent queue's pops return `None` at once (what is left stays for the next start).
     fn close(&self);
+
+    /// After the workers have stopped: flushes and releases the queue (a persistent queue
+    /// writes what is pending and its checkpoints here).
+    async fn shutdown(&self) {
+        self.close();
+    }
+
+    /// True when events left in the queue at shutdown survive a restart.
+    fn persistent(&self) -> bool {
+        false
+    }
 
     fn stats(&self) -> QueueStats;
 }

@@ -58,11 +58,21 @@ impl Engine {
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
         let built = build_all(&config, &bus)?;
-        let mut running = BTreeMap::new();
+        let mut running: BTreeMap<String, RunningPipeline> = BTreeMap::new();
         for b in built {
             metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            running.insert(name, RunningPipeline::start(b, &bus, &config.data_dir, inputs_changed.clone()));
+            match RunningPipeline::start(b, &bus, &config.data_dir, inputs_changed.clone()).await {
+                Ok(p) => {
+                    running.insert(name, p);
+                }
+                Err(e) => {
+                    for (_, p) in std::mem::take(&mut running) {
+                        p.stop(config.shutdown_timeout, false).await;
+                    }
+                    return Err(sluice_config::ConfigError::new(e).into());
+                }
+            }
         }
         Ok(Engine {
             bus,
@@ -108,16 +118,25 @@ impl Engine {
             if to_stop.contains(&name)
                 && let Some(p) = state.running.remove(&name)
             {
-                let summary = p.stop(timeout).await;
+                let summary = p.stop(timeout, false).await;
                 self.metrics.unregister(&name);
                 state.stopped.push(summary);
             }
         }
+        let mut failed = ConfigErrors::default();
         for b in fresh {
             self.metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            let p = RunningPipeline::start(b, &self.bus, &config.data_dir, self.inputs_changed.clone());
-            state.running.insert(name, p);
+            match RunningPipeline::start(b, &self.bus, &config.data_dir, self.inputs_changed.clone()).await {
+                Ok(p) => {
+                    state.running.insert(name, p);
+                }
+                Err(e) => {
+                    tracing::error!(pipeline = %name, error = %e, "pipeline could not start after the reload");
+                    self.metrics.unregister(&name);
+                    failed.push(sluice_config::ConfigError::new(e));
+                }
+            }
         }
         if state.config.api != config.api || state.config.data_dir != config.data_dir {
             tracing::warn!("changes to `api` and `data_dir` take effect at the next restart");
@@ -125,6 +144,9 @@ impl Engine {
         state.feeds = feeds;
         state.config = config;
         self.inputs_changed.notify_waiters();
+        if !failed.is_empty() {
+            return Err(failed);
+        }
         Ok(report)
     }
 
@@ -145,14 +167,16 @@ impl Engine {
         }
     }
 
-    /// Drains and stops every pipeline, upstream pipelines first, and returns their summaries.
-    pub async fn shutdown(&self) -> Vec<PipelineSummary> {
+    /// Stops every pipeline, upstream pipelines first, and returns their summaries. Memory
+    /// queues are always emptied; persisted queues only if `drain` (the inputs ran out), since
+    /// on a signal what they hold is safe on disk.
+    pub async fn shutdown(&self, drain: bool) -> Vec<PipelineSummary> {
         let mut state = self.state.lock().await;
         let timeout = state.config.shutdown_timeout;
         let mut summaries = std::mem::take(&mut state.stopped);
         for name in upstream_first(&state.feeds) {
             if let Some(p) = state.running.remove(&name) {
-                summaries.push(p.stop(timeout).await);
+                summaries.push(p.stop(timeout, drain).await);
             }
         }
         summaries

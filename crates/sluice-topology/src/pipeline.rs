@@ -44,8 +44,10 @@ pub struct PipelineSummary {
     pub dropped: u64,
     /// Rejected for good by outputs (included in `events_out`).
     pub failed: u64,
-    /// Accepted but not handled when the drain timeout ran out.
+    /// Accepted but not handled when the drain timeout ran out (lost with a memory queue).
     pub unfinished: u64,
+    /// Left in a persisted queue, to be delivered after the next start.
+    pub queued: Option<u64>,
     pub seconds_millis: u64,
     pub input_errors: usize,
 }
@@ -54,27 +56,26 @@ impl fmt::Display for PipelineSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "pipeline {}: in={} out={} dropped={} failed={} unfinished={} seconds={}.{:03}",
-            self.name,
-            self.events_in,
-            self.events_out,
-            self.dropped,
-            self.failed,
-            self.unfinished,
-            self.seconds_millis / 1000,
-            self.seconds_millis % 1000
-        )
+            "pipeline {}: in={} out={} dropped={} failed={} unfinished={}",
+            self.name, self.events_in, self.events_out, self.dropped, self.failed, self.unfinished
+        )?;
+        if let Some(q) = self.queued {
+            write!(f, " queued={q}")?;
+        }
+        write!(f, " seconds={}.{:03}", self.seconds_millis / 1000, self.seconds_millis % 1000)
     }
 }
 
 impl RunningPipeline {
-    pub fn start(
+    /// Opens the queue, then starts workers and inputs. Fails only if the queue cannot open.
+    pub async fn start(
         built: BuiltPipeline,
         bus: &Arc<PipelineBus>,
         data_dir: &std::path::Path,
         inputs_changed: Arc<Notify>,
-    ) -> RunningPipeline {
+    ) -> Result<RunningPipeline, String> {
         let BuiltPipeline { spec, metrics, queue, inputs, processors, outputs, abort } = built;
+        queue.start().await.map_err(|e| format!("pipeline {}: {e}", spec.name))?;
         let input_stop = CancellationToken::new();
         let external_inputs = Arc::new(AtomicUsize::new(0));
         let input_errors = Arc::new(AtomicUsize::new(0));
@@ -126,7 +127,7 @@ impl RunningPipeline {
 
         tracing::info!(pipeline = %spec.name, workers = spec.workers, batch_size = spec.batch.size,
             queue = %spec.queue.type_name, "pipeline started");
-        RunningPipeline {
+        Ok(RunningPipeline {
             spec,
             metrics,
             queue,
@@ -137,12 +138,13 @@ impl RunningPipeline {
             abort,
             external_inputs,
             input_errors,
-        }
+        })
     }
 
     /// Stops the inputs, lets the workers empty the queue through the outputs for at most
-    /// `timeout`, then closes the outputs.
-    pub async fn stop(mut self, timeout: Duration) -> PipelineSummary {
+    /// `timeout`, then closes the outputs. A persisted queue is emptied only if `drain`;
+    /// otherwise what it holds stays on disk for the next start.
+    pub async fn stop(mut self, timeout: Duration, drain: bool) -> PipelineSummary {
         let name = self.spec.name.clone();
         self.input_stop.cancel();
         let inputs_done = tokio::time::timeout(timeout, async {
@@ -154,6 +156,17 @@ impl RunningPipeline {
         if inputs_done.is_err() {
             tracing::warn!(pipeline = %name, "inputs did not stop in time; aborting them");
             self.inputs.iter().for_each(JoinHandle::abort);
+        }
+        if drain && self.queue.persistent() {
+            let emptied = tokio::time::timeout(timeout, async {
+                while self.queue.stats().bytes > 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await;
+            if emptied.is_err() {
+                tracing::warn!(pipeline = %name, "the persisted queue did not empty within the drain timeout; the rest stays on disk");
+            }
         }
         self.queue.close();
         let drained = tokio::time::timeout(timeout, async {
@@ -175,6 +188,7 @@ impl RunningPipeline {
             .await;
             self.workers.iter().for_each(JoinHandle::abort);
         }
+        self.queue.shutdown().await;
         for o in self.outputs.iter() {
             o.output.close().await;
         }
@@ -188,13 +202,15 @@ impl RunningPipeline {
         let events_in: u64 =
             m.components.read().iter().filter(|c| c.kind == ComponentKind::Input).map(|c| c.events_out.get()).sum();
         let handled = m.events_out.get() + m.dropped.get();
+        let queued = self.queue.persistent().then(|| self.queue.stats().events);
         PipelineSummary {
             name: self.spec.name.clone(),
             events_in,
             events_out: m.events_out.get(),
             dropped: m.dropped.get(),
             failed: m.failed.get(),
-            unfinished: events_in.saturating_sub(handled),
+            unfinished: events_in.saturating_sub(handled + queued.unwrap_or(0)),
+            queued,
             seconds_millis: m.started.elapsed().as_millis() as u64,
             input_errors: self.input_errors.load(Ordering::SeqCst),
         }

@@ -177,17 +177,17 @@ async fn serve(path: Option<&Path>, config: RootConfig) -> anyhow::Result<ExitCo
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    loop {
+    let drain_persisted = loop {
         tokio::select! {
-            _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
-            _ = int.recv() => { tracing::info!("SIGINT: draining"); break; }
-            _ = engine.inputs_finished() => { tracing::info!("every input has ended: draining"); break; }
+            _ = term.recv() => { tracing::info!("SIGTERM: stopping"); break false; }
+            _ = int.recv() => { tracing::info!("SIGINT: stopping"); break false; }
+            _ = engine.inputs_finished() => { tracing::info!("every input has ended: draining"); break true; }
             _ = hup.recv() => reload(&engine, path).await,
         }
-    }
+    };
 
     // A second signal during the drain exits at once.
-    let drain = engine.shutdown();
+    let drain = engine.shutdown(drain_persisted);
     let summaries = tokio::select! {
         s = drain => s,
         _ = term.recv() => { eprintln!("second signal: exiting without finishing the drain"); return Ok(ExitCode::from(130)); }

@@ -1,0 +1,409 @@
+//! The persisted queue: N independent segment logs ("shards"), each with its own writer thread.
+//!
+//! - Pushes go to shards round-robin (one atomic increment, no global lock); a push returns
+//!   once its batch is queued for its shard's writer, and the input's acknowledgement is
+//!   released by the writer after the `fdatasync` that covers the batch (`sync: commit`), so an
+//!   acknowledged event survives a crash of the process or of the machine.
+//! - Workers take batches from any shard; each batch acknowledges its own range of its shard's
+//!   log. Ranges complete in any order; the contiguous completed prefix is checkpointed (every
+//!   `checkpoint_interval`, and at shutdown), and segments wholly before it are deleted.
+//! - Start-up reads each shard's checkpoint and queues the rest of the log for reading, without
+//!   reading it; only the last segment is scanned, to cut a torn tail left by a crash. A
+//!   damaged frame found later is skipped, counted and logged with its segment and offset.
+//! - `max_bytes` bounds the bytes of frames not yet acknowledged (plus batches waiting for
+//!   their writer); at the limit, and while the disk is full, inputs wait.
+//!
+//! Order: each shard is FIFO. Across shards there is no order: two batches pushed one after the
+//! other may be delivered in either order (with one shard, the order of pushes is kept).
+//!
+//! On disk: `<path>/shard-<k>/<first-seq>.seg` and `<path>/shard-<k>/checkpoint`, plus a `lock`
+//! file held while a process uses the queue. The segment and frame format is `sluice-segment`'s.
+
+mod checkpoint;
+mod shard;
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use sluice_config::{ByteSize, HumanDuration};
+use sluice_core::metrics::Histogram;
+use sluice_core::{Batch, Queue, QueueClosed, QueueStats};
+use tokio::sync::Notify;
+
+use shard::{Shard, Writer};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncPolicy {
+    /// fdatasync, then acknowledge: nothing acknowledged is lost, even to a power cut.
+    #[default]
+    Commit,
+    /// Acknowledge after the write; fdatasync every `sync_interval`. A crash of the process
+    /// loses nothing; a crash of the machine can lose up to `sync_interval` of events.
+    Interval,
+    /// Never fdatasync (the OS writes back when it likes). For tests and throwaway data.
+    None,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PersistedQueueConfig {
+    /// Default: `<data_dir>/queue/<pipeline>`.
+    pub path: Option<PathBuf>,
+    pub max_bytes: ByteSize,
+    pub segment_bytes: ByteSize,
+    /// Default: the number of CPUs.
+    pub shards: Option<usize>,
+    pub sync: SyncPolicy,
+    pub sync_interval: HumanDuration,
+    pub checkpoint_interval: HumanDuration,
+    /// Written batches kept in memory for the workers; beyond this they are read back from disk.
+    pub memory_bytes: ByteSize,
+}
+
+impl Default for PersistedQueueConfig {
+    fn default() -> Self {
+        PersistedQueueConfig {
+            path: None,
+            max_bytes: ByteSize(1 << 30),
+            segment_bytes: ByteSize(64 << 20),
+            shards: None,
+            sync: SyncPolicy::Commit,
+            sync_interval: HumanDuration(Duration::from_secs(1)),
+            checkpoint_interval: HumanDuration(Duration::from_secs(1)),
+            memory_bytes: ByteSize(16 << 20),
+        }
+    }
+}
+
+/// The settings as the queue uses them.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub path: PathBuf,
+    pub max_bytes: u64,
+    pub segment_bytes: u64,
+    pub shards: usize,
+    pub sync: SyncPolicy,
+    pub sync_interval: Duration,
+    pub checkpoint_interval: Duration,
+    pub memory_bytes: usize,
+}
+
+impl PersistedQueueConfig {
+    pub(crate) fn settings(&self, data_dir: &Path, pipeline: &str) -> Result<Settings, String> {
+        if self.segment_bytes.0 < 64 << 10 {
+            return Err("queue.segment_bytes must be at least 64KiB".to_string());
+        }
+        if self.max_bytes.0 < self.segment_bytes.0 {
+            return Err(format!(
+                "queue.max_bytes ({}) must be at least queue.segment_bytes ({})",
+                self.max_bytes, self.segment_bytes
+            ));
+        }
+        if self.shards == Some(0) || self.shards.is_some_and(|s| s > 256) {
+            return Err("queue.shards must be between 1 and 256".to_string());
+        }
+        Ok(Settings {
+            path: self.path.clone().unwrap_or_else(|| data_dir.join("queue").join(pipeline)),
+            max_bytes: self.max_bytes.0,
+            segment_bytes: self.segment_bytes.0,
+            shards: self.shards.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            sync: self.sync,
+            sync_interval: self.sync_interval.0.max(Duration::from_millis(1)),
+            checkpoint_interval: self.checkpoint_interval.0,
+            memory_bytes: self.memory_bytes.as_usize(),
+        })
+    }
+}
+
+/// Counters the queue keeps beyond [`QueueStats`].
+#[derive(Debug, Default)]
+pub struct PersistedMetrics {
+    pub fsyncs: AtomicU64,
+    pub commit_latency: Histogram,
+    pub corrupt_frames: AtomicU64,
+    pub torn_tails: AtomicU64,
+    pub checkpoint_rebuilds: AtomicU64,
+    pub unencodable: AtomicU64,
+    /// Time writers spent waiting for the disk (full, or failing).
+    pub stalled_nanos: AtomicU64,
+}
+
+pub(crate) struct Inner {
+    pub config: Settings,
+    /// Bytes of unacknowledged frames plus estimates for batches not yet written.
+    pub bytes: AtomicU64,
+    /// Events written (or read back) and not yet acknowledged.
+    pub events: AtomicU64,
+    pub written_events: AtomicU64,
+    pub mem_bytes: AtomicU64,
+    pub not_empty: Notify,
+    pub not_full: Notify,
+    pub metrics: PersistedMetrics,
+}
+
+pub struct PersistedQueue {
+    inner: Arc<Inner>,
+    shards: Mutex<Vec<Arc<Shard>>>,
+    writers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    lock: Mutex<Option<File>>,
+    next_push: AtomicUsize,
+    next_pop: AtomicUsize,
+    closed: AtomicBool,
+    blocked_nanos: AtomicU64,
+}
+
+impl PersistedQueue {
+    pub(crate) fn new(config: Settings) -> PersistedQueue {
+        PersistedQueue {
+            inner: Arc::new(Inner {
+                config,
+                bytes: AtomicU64::new(0),
+                events: AtomicU64::new(0),
+                written_events: AtomicU64::new(0),
+                mem_bytes: AtomicU64::new(0),
+                not_empty: Notify::new(),
+                not_full: Notify::new(),
+                metrics: PersistedMetrics::default(),
+            }),
+            shards: Mutex::new(Vec::new()),
+            writers: Mutex::new(Vec::new()),
+            lock: Mutex::new(None),
+            next_push: AtomicUsize::new(0),
+            next_pop: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            blocked_nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.config.path
+    }
+
+    pub fn metrics(&self) -> &PersistedMetrics {
+        &self.inner.metrics
+    }
+
+    /// Opens (or creates) the queue directory, recovers every shard and starts the writers.
+    fn open_now(&self) -> std::io::Result<()> {
+        let path = &self.inner.config.path;
+        fs::create_dir_all(path)?;
+        let lock = File::options().create(true).truncate(false).write(true).open(path.join("lock"))?;
+        // SAFETY: flock on a file descriptor we own; no memory is involved.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(std::io::Error::other(format!(
+                "{} is in use by another process (its lock file is held)",
+                path.display()
+            )));
+        }
+        *self.lock.lock() = Some(lock);
+        // Shards already on disk are all recovered, even if `shards` was lowered since.
+        let on_disk = fs::read_dir(path)?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("shard-")?.parse::<usize>().ok())
+            .max()
+            .map_or(0, |m| m + 1);
+        let count = self.inner.config.shards.max(on_disk);
+        if on_disk > self.inner.config.shards {
+            tracing::warn!(path = %path.display(), on_disk, configured = self.inner.config.shards,
+                "the queue has more shards on disk than configured; using all of them");
+        }
+        let started = Instant::now();
+        let mut shards = Vec::with_capacity(count);
+        let mut writers = Vec::with_capacity(count);
+        for id in 0..count {
+            let (shard, recovered) = Shard::open(&self.inner, id as u32, path.join(format!("shard-{id}")))?;
+            let writer = Writer {
+                inner: self.inner.clone(),
+                shard: shard.clone(),
+                next_seq: recovered.next_seq,
+                active: recovered.active,
+            };
+            writers.push(std::thread::Builder::new().name(format!("sluice-queue-{id}")).spawn(move || writer.run())?);
+            shards.push(shard);
+        }
+        let backlog = self.inner.bytes.load(Ordering::Relaxed);
+        tracing::info!(path = %path.display(), shards = count, backlog_bytes = backlog,
+            took = ?started.elapsed(), "persisted queue opened");
+        *self.shards.lock() = shards;
+        *self.writers.lock() = writers;
+        self.inner.not_empty.notify_waiters();
+        Ok(())
+    }
+
+    fn shards(&self) -> Vec<Arc<Shard>> {
+        self.shards.lock().clone()
+    }
+
+    /// Takes up to `want` events from the shards, starting at the next in turn.
+    fn take(&self, want: usize) -> Option<Batch> {
+        let shards = self.shards();
+        if shards.is_empty() {
+            return None;
+        }
+        let first = self.next_pop.fetch_add(1, Ordering::Relaxed);
+        let mut out: Option<Batch> = None;
+        for i in 0..shards.len() {
+            let have = out.as_ref().map_or(0, Batch::len);
+            if have >= want {
+                break;
+            }
+            if let Some(piece) = shards[(first + i) % shards.len()].take(&self.inner, want - have) {
+                match &mut out {
+                    Some(b) => b.append(piece),
+                    None => out = Some(piece),
+                }
+            }
+        }
+        out
+    }
+
+    fn all_writers_finished(&self) -> bool {
+        self.shards().iter().all(|s| s.state.lock().writer_finished)
+    }
+}
+
+#[async_trait]
+impl Queue for PersistedQueue {
+    async fn start(&self) -> Result<(), String> {
+        blocking(|| self.open_now())
+            .map_err(|e| format!("cannot open the persisted queue at {}: {e}", self.inner.config.path.display()))
+    }
+
+    async fn push(&self, batch: Batch) -> Result<(), QueueClosed> {
+        if batch.is_empty() {
+            batch.complete();
+            return Ok(());
+        }
+        let shards = self.shards();
+        if shards.is_empty() {
+            return Err(QueueClosed);
+        }
+        let mut blocked: Option<Instant> = None;
+        loop {
+            let notified = self.inner.not_full.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.closed.load(Ordering::Acquire) {
+                return Err(QueueClosed);
+            }
+            let used = self.inner.bytes.load(Ordering::Relaxed);
+            if used == 0 || used + batch.bytes as u64 <= self.inner.config.max_bytes {
+                break;
+            }
+            blocked.get_or_insert_with(Instant::now);
+            notified.await;
+        }
+        if let Some(t) = blocked {
+            self.blocked_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        self.inner.bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
+        let shard = &shards[self.next_push.fetch_add(1, Ordering::Relaxed) % shards.len()];
+        {
+            let mut s = shard.state.lock();
+            if s.closed {
+                drop(s);
+                self.inner.bytes.fetch_sub(batch.bytes as u64, Ordering::Relaxed);
+                return Err(QueueClosed);
+            }
+            s.pending_bytes += batch.bytes;
+            s.pending.push(batch);
+        }
+        shard.wake.notify_one();
+        Ok(())
+    }
+
+    async fn pop(&self, max_events: usize, delay: Duration) -> Option<Batch> {
+        let want = max_events.max(1);
+        let mut out: Option<Batch> = None;
+        let mut deadline: Option<tokio::time::Instant> = None;
+        loop {
+            let notified = self.inner.not_empty.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.closed.load(Ordering::Acquire) {
+                // What was read stays on disk for the next start; hand out what is in hand.
+                return out;
+            }
+            let have = out.as_ref().map_or(0, Batch::len);
+            if let Some(piece) = blocking(|| self.take(want - have)) {
+                match &mut out {
+                    Some(b) => b.append(piece),
+                    None => out = Some(piece),
+                }
+                continue;
+            }
+            let have = out.as_ref().map_or(0, Batch::len);
+            if have >= want || (have > 0 && delay.is_zero()) {
+                return out;
+            }
+            if have > 0 {
+                let d = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + delay);
+                if tokio::time::timeout_at(d, notified).await.is_err() {
+                    return out;
+                }
+            } else {
+                notified.await;
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        for s in self.shards() {
+            s.state.lock().closed = true;
+            s.wake.notify_one();
+        }
+        self.inner.not_empty.notify_waiters();
+        self.inner.not_full.notify_waiters();
+    }
+
+    async fn shutdown(&self) {
+        self.close();
+        let writers = std::mem::take(&mut *self.writers.lock());
+        let joined = tokio::task::spawn_blocking(move || {
+            for w in writers {
+                let _ = w.join();
+            }
+        });
+        let _ = joined.await;
+        debug_assert!(self.all_writers_finished());
+        self.lock.lock().take();
+    }
+
+    fn persistent(&self) -> bool {
+        true
+    }
+
+    fn stats(&self) -> QueueStats {
+        QueueStats {
+            kind: "persisted",
+            events: self.inner.events.load(Ordering::Relaxed)
+                + self
+                    .shards()
+                    .iter()
+                    .map(|s| s.state.lock().pending.iter().map(|b| b.len() as u64).sum::<u64>())
+                    .sum::<u64>(),
+            bytes: self.inner.bytes.load(Ordering::Relaxed),
+            max_events: 0,
+            max_bytes: self.inner.config.max_bytes,
+            blocked_nanos: self.blocked_nanos.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Runs file I/O from async code without stalling other tasks on a multi-threaded runtime.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,684 @@
+//! One shard: an independent segment log with its own writer thread.
+//!
+//! Positions in a shard are byte offsets in its log (LSNs): segment `k` covers
+//! `[base_k, base_k + len_k)`, with the next segment's base right after. Every batch written
+//! occupies a range of LSNs, and so does every piece a reader takes back out; completion is
+//! tracked as ranges, and the contiguous completed prefix (`done_lsn`) is what the checkpoint
+//! records, translated to `(segment, offset)`. Recovery therefore starts exactly where the
+//! acknowledged prefix ends and never rescans what was acknowledged.
+//!
+//! The writer thread takes every batch queued since its last pass, encodes them as frames
+//! (one frame per event), writes them with one `pwrite`, calls `fdatasync` per the sync policy
+//! outside any lock producers use, and only then releases the inputs' acknowledgements. The
+//! written batches stay in memory for the workers while a memory budget allows; beyond it only
+//! their position is kept and workers read them back from the segment.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, ErrorKind};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use sluice_core::{AckSet, Acker, Batch, Event};
+use sluice_segment::{
+    CODEC_EVENT, DEFAULT_MAX_FRAME_LEN, FrameCursor, FrameResult, SEGMENT_HEADER_LEN, SegmentHeader, decode_event_body,
+    encode_event, try_append_frame,
+};
+
+use super::checkpoint::{self, Checkpoint};
+use super::{Inner, SyncPolicy};
+
+/// Events read back from disk per piece at most, whatever the worker asked for.
+const READ_WINDOW: usize = 4 << 20;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SegInfo {
+    pub id: u64,
+    pub base: u64,
+    pub len: u64,
+}
+
+pub(crate) enum Readable {
+    /// Written and still in memory. `ends[i]` is the LSN just past event `i`'s frame, so any
+    /// prefix of the batch can be acknowledged as exactly its own range.
+    Mem { batch: Batch, start: u64, ends: Vec<u64> },
+    /// Written, to be read back from disk: `[start, end)` in LSNs.
+    Disk { start: u64, end: u64 },
+}
+
+pub(crate) struct ShardState {
+    pub pending: Vec<Batch>,
+    pub pending_bytes: usize,
+    pub readable: VecDeque<Readable>,
+    pub segments: VecDeque<SegInfo>,
+    done: BTreeMap<u64, u64>,
+    pub done_lsn: u64,
+    pub closed: bool,
+    pub writer_finished: bool,
+    /// Why the writer is stuck (disk full), for stats.
+    pub stalled: Option<String>,
+}
+
+impl ShardState {
+    fn mark_done(&mut self, start: u64, end: u64) {
+        if start == self.done_lsn {
+            self.done_lsn = end;
+            while let Some(e) = self.done.remove(&self.done_lsn) {
+                self.done_lsn = e;
+            }
+        } else {
+            self.done.insert(start, end);
+        }
+    }
+}
+
+pub(crate) struct Shard {
+    pub id: u32,
+    pub dir: PathBuf,
+    pub state: Mutex<ShardState>,
+    pub wake: Condvar,
+}
+
+pub(crate) fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:020}.seg"))
+}
+
+/// Segment files of a shard directory, oldest first.
+fn list_segments(dir: &Path) -> io::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".seg")) else { continue };
+        if let Ok(id) = stem.parse::<u64>() {
+            out.push((id, entry.metadata()?.len()));
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// What recovery found in a shard, for the writer to continue from.
+pub(crate) struct Recovered {
+    pub next_seq: u64,
+    pub active: Option<(File, SegInfo)>,
+}
+
+impl Shard {
+    /// Opens a shard directory: reads the checkpoint, deletes acknowledged segments, truncates
+    /// a torn tail, and queues the unacknowledged rest for reading.
+    pub fn open(inner: &Inner, id: u32, dir: PathBuf) -> io::Result<(Arc<Shard>, Recovered)> {
+        fs::create_dir_all(&dir)?;
+        let files = list_segments(&dir)?;
+        let ckpt = match checkpoint::read(&dir) {
+            Ok(c) => c,
+            Err(reason) => {
+                tracing::warn!(shard = %dir.display(), %reason,
+                    "queue checkpoint is damaged; replaying the shard from its oldest segment (events may repeat)");
+                inner.metrics.checkpoint_rebuilds.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        };
+        // Segments wholly before the checkpoint's segment are acknowledged.
+        let (start_id, start_offset) = match ckpt {
+            Some(c) => (c.segment, c.offset),
+            None => (files.first().map(|f| f.0).unwrap_or(0), SEGMENT_HEADER_LEN as u64),
+        };
+        let mut segments = VecDeque::new();
+        let mut base = 0u64;
+        let mut readable = VecDeque::new();
+        let mut next_seq = start_id;
+        let mut active = None;
+        let count = files.len();
+        for (i, (seg_id, file_len)) in files.into_iter().enumerate() {
+            let path = segment_path(&dir, seg_id);
+            let last = i + 1 == count;
+            if seg_id < start_id && !last {
+                fs::remove_file(&path)?;
+                continue;
+            }
+            let mut len = file_len;
+            if last {
+                let (valid_len, last_seq) = recover_tail(inner, &path, seg_id)?;
+                len = valid_len;
+                next_seq = next_seq.max(last_seq.map_or(seg_id, |s| s + 1));
+                let file = OpenOptions::new().read(true).write(true).open(&path)?;
+                active = Some((file, SegInfo { id: seg_id, base, len }));
+            }
+            let from = if seg_id == start_id {
+                start_offset.max(SEGMENT_HEADER_LEN as u64)
+            } else {
+                SEGMENT_HEADER_LEN as u64
+            };
+            if seg_id >= start_id && from < len {
+                readable.push_back(Readable::Disk { start: base + from, end: base + len });
+                inner.bytes.fetch_add(len - from, Ordering::Relaxed);
+            }
+            segments.push_back(SegInfo { id: seg_id, base, len });
+            base += len;
+        }
+        // Where the acknowledged prefix ends, in LSNs.
+        let done_lsn = segments
+            .iter()
+            .find(|s| s.id >= start_id)
+            .map(|s| {
+                if s.id == start_id { s.base + start_offset.min(s.len).max(SEGMENT_HEADER_LEN as u64) } else { s.base }
+            })
+            .unwrap_or(base);
+        // Segment headers hold no events: their ranges count as done from the start.
+        let mut done = BTreeMap::new();
+        for seg in segments.iter().filter(|g| g.base >= done_lsn) {
+            done.insert(seg.base, seg.base + SEGMENT_HEADER_LEN as u64);
+        }
+        let mut done_lsn = done_lsn;
+        while let Some(e) = done.remove(&done_lsn) {
+            done_lsn = e;
+        }
+        let shard = Arc::new(Shard {
+            id,
+            dir,
+            state: Mutex::new(ShardState {
+                pending: Vec::new(),
+                pending_bytes: 0,
+                readable,
+                segments,
+                done,
+                done_lsn,
+                closed: false,
+                writer_finished: false,
+                stalled: None,
+            }),
+            wake: Condvar::new(),
+        });
+        Ok((shard, Recovered { next_seq, active }))
+    }
+
+    /// Marks `[start, end)` handled and advances the acknowledged prefix.
+    pub fn complete(&self, inner: &Inner, start: u64, end: u64, events: u64) {
+        self.state.lock().mark_done(start, end);
+        inner.bytes.fetch_sub(end - start, Ordering::Relaxed);
+        inner.events.fetch_sub(events, Ordering::Relaxed);
+        inner.not_full.notify_waiters();
+    }
+
+    /// An acker that completes `[start, end)` once its `events` are handled.
+    fn range_acker(self: &Arc<Self>, inner: &Arc<Inner>, start: u64, end: u64, events: usize) -> Acker {
+        let (shard, inner) = (self.clone(), inner.clone());
+        Acker::new(events, move |_outcome| shard.complete(&inner, start, end, events as u64))
+    }
+
+    /// Takes up to `want` events from the front of this shard, reading from disk if the front
+    /// is on disk. `None` when the shard has nothing readable.
+    pub fn take(self: &Arc<Self>, inner: &Arc<Inner>, want: usize) -> Option<Batch> {
+        let front = {
+            let mut s = self.state.lock();
+            let front = s.readable.pop_front()?;
+            match front {
+                Readable::Mem { mut batch, start, mut ends } => {
+                    let n = batch.len().min(want);
+                    let piece = if n < batch.len() {
+                        let piece = batch.split_front(n);
+                        let rest_ends = ends.split_off(n);
+                        s.readable.push_front(Readable::Mem { batch, start: ends[n - 1], ends: rest_ends });
+                        piece
+                    } else {
+                        batch
+                    };
+                    drop(s);
+                    inner.mem_bytes.fetch_sub(piece.bytes as u64, Ordering::Relaxed);
+                    let end = ends[n - 1];
+                    let acker = self.range_acker(inner, start, end, n);
+                    let bytes = piece.bytes;
+                    return Some(Batch::new(piece.events, AckSet::single(acker, n), bytes));
+                }
+                Readable::Disk { start, end } => {
+                    let seg = s.segments.iter().rev().find(|g| g.base <= start).copied();
+                    (start, end, seg)
+                }
+            }
+        };
+        let (start, end, seg) = front;
+        let Some(seg) = seg else {
+            tracing::error!(shard = self.id, start, "queue position has no segment; skipping it");
+            self.complete(inner, start, end, 0);
+            return None;
+        };
+        // A piece never crosses a segment boundary.
+        let seg_end = (seg.base + seg.len).min(end);
+        let (events, consumed) = match self.read_piece(inner, &seg, start - seg.base, seg_end - seg.base, want) {
+            Ok(r) => r,
+            Err(e) => {
+                // Put it back: an I/O error now may pass (it is retried on the next pop).
+                tracing::error!(shard = self.id, segment = seg.id, offset = start - seg.base, error = %e,
+                    "cannot read the persisted queue; will retry");
+                self.state.lock().readable.push_front(Readable::Disk { start, end });
+                return None;
+            }
+        };
+        let piece_end = start + consumed;
+        if piece_end < end {
+            self.state.lock().readable.push_front(Readable::Disk { start: piece_end, end });
+        }
+        let n = events.len();
+        inner.events.fetch_add(n as u64, Ordering::Relaxed);
+        if n == 0 {
+            self.complete(inner, start, piece_end, 0);
+            return None;
+        }
+        let acker = self.range_acker(inner, start, piece_end, n);
+        Some(Batch::new(events, AckSet::single(acker, n), consumed as usize))
+    }
+
+    /// Reads frames from `[from, to)` of a segment, at most `want` events. Returns the events
+    /// and how many bytes were consumed (whole frames, damaged ones included).
+    fn read_piece(
+        &self,
+        inner: &Inner,
+        seg: &SegInfo,
+        from: u64,
+        to: u64,
+        want: usize,
+    ) -> io::Result<(Vec<Event>, u64)> {
+        let file = File::open(segment_path(&self.dir, seg.id))?;
+        let range = (to - from) as usize;
+        let mut window = range.min(READ_WINDOW);
+        'read: loop {
+            let mut buf = vec![0u8; window];
+            file.read_exact_at(&mut buf, from)?;
+            let mut cursor = FrameCursor::new(&buf, 0);
+            let mut events = Vec::with_capacity(want.min(4096));
+            let mut consumed = 0usize;
+            while events.len() < want {
+                match cursor.next_frame() {
+                    FrameResult::Frame { body, offset, .. } => {
+                        match decode_event_body(body) {
+                            Ok(e) => events.push(e),
+                            Err(err) => {
+                                self.damaged(inner, seg, from + offset as u64, &format!("undecodable event: {err}"))
+                            }
+                        }
+                        consumed = cursor.position();
+                    }
+                    FrameResult::Corrupt { offset, reason, .. } => {
+                        self.damaged(inner, seg, from + offset as u64, &format!("{reason:?}"));
+                        consumed = cursor.position();
+                    }
+                    FrameResult::Garbage { offset, len, reason } => {
+                        self.damaged(inner, seg, from + offset as u64, &format!("{reason:?} ({len} bytes skipped)"));
+                        consumed = cursor.position();
+                    }
+                    FrameResult::Torn { offset } if window < range => {
+                        if offset == 0 {
+                            // The first frame is larger than the window: read again, larger.
+                            let len = u32::from_le_bytes(buf[..4].try_into().expect("window holds 4 bytes"));
+                            window = (len as usize + 12).max(window * 2).min(range);
+                            continue 'read;
+                        }
+                        consumed = offset;
+                        break;
+                    }
+                    FrameResult::Torn { offset } => {
+                        // The written range ends inside this "frame": nothing more is readable.
+                        self.damaged(
+                            inner,
+                            seg,
+                            from + offset as u64,
+                            "torn or unreadable bytes up to the end of the range",
+                        );
+                        consumed = range;
+                        break;
+                    }
+                    FrameResult::End => {
+                        consumed = cursor.position();
+                        break;
+                    }
+                }
+            }
+            return Ok((events, consumed as u64));
+        }
+    }
+
+    fn damaged(&self, inner: &Inner, seg: &SegInfo, offset: u64, reason: &str) {
+        inner.metrics.corrupt_frames.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(shard = self.id, segment = %segment_path(&self.dir, seg.id).display(), offset, reason,
+            "damaged frame in the persisted queue skipped");
+    }
+}
+
+/// Scans the last segment: returns the length of its valid prefix (truncating a torn tail) and
+/// the sequence number of its last good frame. A damaged header makes the whole file a tail.
+fn recover_tail(inner: &Inner, path: &Path, seg_id: u64) -> io::Result<(u64, Option<u64>)> {
+    let bytes = fs::read(path)?;
+    let header_ok = SegmentHeader::decode(&bytes).is_ok();
+    let mut last_seq = None;
+    let mut valid = SEGMENT_HEADER_LEN;
+    if header_ok {
+        let mut cursor = FrameCursor::new(&bytes, SEGMENT_HEADER_LEN);
+        loop {
+            match cursor.next_frame() {
+                FrameResult::Frame { seq, .. } => {
+                    last_seq = Some(seq);
+                    valid = cursor.position();
+                }
+                // Damage before the end is kept for the reader to skip and count.
+                FrameResult::Corrupt { .. } | FrameResult::Garbage { .. } => valid = cursor.position(),
+                FrameResult::Torn { offset } => {
+                    // A valid frame later on means this is damage in the middle, not a tail.
+                    match sluice_segment::resync(&bytes, offset, DEFAULT_MAX_FRAME_LEN) {
+                        Some(next) => {
+                            cursor = FrameCursor::new(&bytes, next);
+                            valid = next;
+                        }
+                        None => break,
+                    }
+                }
+                FrameResult::End => break,
+            }
+        }
+    }
+    if valid < bytes.len() || !header_ok {
+        tracing::warn!(segment = %path.display(), valid_bytes = valid, file_bytes = bytes.len(),
+            "persisted queue segment ends in a torn frame (a crash mid-write); truncating it");
+        inner.metrics.torn_tails.fetch_add(1, Ordering::Relaxed);
+        let f = OpenOptions::new().write(true).open(path)?;
+        if !header_ok {
+            let header = SegmentHeader { codec: CODEC_EVENT, first_seq: seg_id, ..Default::default() };
+            f.write_all_at(&header.encode(), 0)?;
+        }
+        f.set_len(valid as u64)?;
+        f.sync_all()?;
+    }
+    Ok((valid as u64, last_seq))
+}
+
+/// The writer thread of one shard.
+pub(crate) struct Writer {
+    pub inner: Arc<Inner>,
+    pub shard: Arc<Shard>,
+    pub next_seq: u64,
+    pub active: Option<(File, SegInfo)>,
+}
+
+impl Writer {
+    pub fn run(mut self) {
+        let policy = self.inner.config.sync;
+        let sync_interval = self.inner.config.sync_interval;
+        let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        let mut last_sync = Instant::now();
+        let mut unsynced = false;
+        let mut last_checkpoint = Instant::now();
+        let mut checkpointed = self.shard.state.lock().done_lsn;
+        loop {
+            let (work, closed) = {
+                let mut s = self.shard.state.lock();
+                if s.pending.is_empty() && !s.closed {
+                    self.shard.wake.wait_for(&mut s, Duration::from_millis(100));
+                }
+                s.pending_bytes = 0;
+                (std::mem::take(&mut s.pending), s.closed)
+            };
+            if !work.is_empty() {
+                self.inner.not_full.notify_waiters();
+                self.write_group(work, &mut buf, &mut ranges, policy, &mut last_sync, &mut unsynced);
+            }
+            if unsynced && (closed || last_sync.elapsed() >= sync_interval) {
+                self.sync(&mut last_sync);
+                unsynced = false;
+            }
+            let done = self.shard.state.lock().done_lsn;
+            if done != checkpointed && (closed || last_checkpoint.elapsed() >= self.inner.config.checkpoint_interval) {
+                if unsynced {
+                    self.sync(&mut last_sync);
+                    unsynced = false;
+                }
+                match self.checkpoint(done) {
+                    Ok(()) => checkpointed = done,
+                    Err(e) => tracing::error!(shard = self.shard.id, error = %e, "cannot write the queue checkpoint"),
+                }
+                last_checkpoint = Instant::now();
+            }
+            if closed && self.shard.state.lock().pending.is_empty() {
+                break;
+            }
+        }
+        let mut s = self.shard.state.lock();
+        s.writer_finished = true;
+        drop(s);
+        self.inner.not_empty.notify_waiters();
+    }
+
+    fn sync(&mut self, last_sync: &mut Instant) {
+        if let Some((file, _)) = &self.active {
+            let started = Instant::now();
+            if let Err(e) = file.sync_data() {
+                tracing::error!(shard = self.shard.id, error = %e, "fdatasync of the persisted queue failed");
+            }
+            self.inner.metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
+            self.inner.metrics.commit_latency.observe(started.elapsed());
+        }
+        *last_sync = Instant::now();
+    }
+
+    fn write_group(
+        &mut self,
+        mut work: Vec<Batch>,
+        buf: &mut Vec<u8>,
+        ranges: &mut Vec<(usize, usize)>,
+        policy: SyncPolicy,
+        last_sync: &mut Instant,
+        unsynced: &mut bool,
+    ) {
+        buf.clear();
+        ranges.clear();
+        let mut event_ends: Vec<Vec<u64>> = Vec::with_capacity(work.len());
+        let first_seq = self.next_seq;
+        let mut estimate = 0;
+        for batch in &mut work {
+            let start = buf.len();
+            estimate += batch.bytes;
+            let mut ends = Vec::with_capacity(batch.len());
+            let mut refused = Vec::new();
+            for (i, event) in batch.events.iter().enumerate() {
+                let encoded = try_append_frame(buf, self.next_seq, |body| {
+                    encode_event(event, body).map_err(sluice_segment::Error::from)
+                });
+                match encoded {
+                    Ok(_) => {
+                        self.next_seq += 1;
+                        ends.push(buf.len() as u64);
+                    }
+                    Err(e) => {
+                        // Nothing of the frame is left in `buf`; the event is counted and logged.
+                        self.inner.metrics.unencodable.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(shard = self.shard.id, error = %e,
+                            "event cannot be stored in the persisted queue; dropped");
+                        refused.push(i);
+                    }
+                }
+            }
+            if !refused.is_empty() {
+                let mut i = 0;
+                batch.events.retain(|_| {
+                    i += 1;
+                    !refused.contains(&(i - 1))
+                });
+            }
+            ranges.push((start, buf.len()));
+            event_ends.push(ends);
+        }
+        let seg = match self.segment_for(buf.len() as u64, first_seq) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(shard = self.shard.id, error = %e, "cannot open a new queue segment");
+                // Give the batches back to be written again.
+                let mut s = self.shard.state.lock();
+                work.append(&mut s.pending);
+                s.pending = work;
+                std::thread::sleep(Duration::from_millis(500));
+                return;
+            }
+        };
+        if !self.write_all(buf, seg.len) {
+            // Closed while the disk was full: these events were never stored.
+            tracing::error!(
+                shard = self.shard.id,
+                events = work.iter().map(Batch::len).sum::<usize>(),
+                "shutdown while the queue disk is full: events not stored"
+            );
+            self.inner.bytes.fetch_sub(estimate as u64, Ordering::Relaxed);
+            return;
+        }
+        let base = seg.base + seg.len;
+        if let Some((_, s)) = &mut self.active {
+            s.len += buf.len() as u64;
+        }
+        match policy {
+            SyncPolicy::Commit => self.sync(last_sync),
+            SyncPolicy::Interval => *unsynced = true,
+            SyncPolicy::None => {}
+        }
+        // Durable per the policy: acknowledge the inputs, then hand the events to the workers.
+        let written = buf.len() as u64;
+        let mut mem = self.inner.mem_bytes.load(Ordering::Relaxed) as usize;
+        let mut readables = Vec::with_capacity(work.len());
+        let mut events = 0u64;
+        for ((batch, &(from, to)), ends) in work.iter_mut().zip(ranges.iter()).zip(event_ends) {
+            std::mem::take(&mut batch.acks).complete();
+            let (start, end) = (base + from as u64, base + to as u64);
+            events += batch.len() as u64;
+            if batch.is_empty() {
+                if end > start {
+                    readables.push(Readable::Disk { start, end });
+                }
+            } else if mem + batch.bytes <= self.inner.config.memory_bytes {
+                mem += batch.bytes;
+                self.inner.mem_bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
+                let ends = ends.into_iter().map(|e| base + e).collect();
+                let b = Batch::untracked(std::mem::take(&mut batch.events), batch.bytes);
+                readables.push(Readable::Mem { batch: b, start, ends });
+            } else {
+                readables.push(Readable::Disk { start, end });
+            }
+        }
+        self.inner.events.fetch_add(events, Ordering::Relaxed);
+        self.inner.written_events.fetch_add(events, Ordering::Relaxed);
+        // The estimate stood for these bytes until now; the frames' real size replaces it.
+        self.inner.bytes.fetch_add(written, Ordering::Relaxed);
+        self.inner.bytes.fetch_sub(estimate as u64, Ordering::Relaxed);
+        {
+            let mut s = self.shard.state.lock();
+            if let Some(last) = s.segments.back_mut() {
+                last.len = base - last.base + written;
+            }
+            s.readable.extend(readables);
+        }
+        self.inner.not_empty.notify_waiters();
+        drop(work);
+    }
+
+    /// The active segment, rotated when `incoming` would push it past `segment_bytes`.
+    fn segment_for(&mut self, incoming: u64, first_seq: u64) -> io::Result<SegInfo> {
+        let limit = self.inner.config.segment_bytes;
+        let needs_new = match &self.active {
+            None => true,
+            Some((_, s)) => s.len > SEGMENT_HEADER_LEN as u64 && s.len + incoming > limit,
+        };
+        if needs_new {
+            if let Some((f, _)) = &self.active {
+                // The old segment is complete; make sure of it before moving on.
+                f.sync_data()?;
+            }
+            let base = self.active.as_ref().map_or_else(
+                || self.shard.state.lock().segments.back().map_or(0, |s| s.base + s.len),
+                |(_, s)| s.base + s.len,
+            );
+            let path = segment_path(&self.shard.dir, first_seq);
+            let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+            let header = SegmentHeader {
+                codec: CODEC_EVENT,
+                shard: self.shard.id,
+                first_seq,
+                created_unix_nanos: sluice_core::value::now_nanos(),
+                ..Default::default()
+            };
+            file.write_all_at(&header.encode(), 0)?;
+            file.sync_all()?;
+            checkpoint::sync_dir(&self.shard.dir)?;
+            let info = SegInfo { id: first_seq, base, len: SEGMENT_HEADER_LEN as u64 };
+            let mut s = self.shard.state.lock();
+            s.segments.push_back(info);
+            s.mark_done(base, base + SEGMENT_HEADER_LEN as u64);
+            drop(s);
+            self.active = Some((file, info));
+        }
+        Ok(self.active.as_ref().expect("an active segment").1)
+    }
+
+    /// Writes at `offset`, waiting out a full disk. False if the queue closed while waiting.
+    fn write_all(&mut self, buf: &[u8], offset: u64) -> bool {
+        let mut pause = Duration::from_millis(100);
+        let mut logged = false;
+        let mut since: Option<Instant> = None;
+        loop {
+            let (file, _) = self.active.as_ref().expect("an active segment");
+            match file.write_all_at(buf, offset) {
+                Ok(()) => {
+                    if let Some(t) = since {
+                        let waited = t.elapsed();
+                        self.inner.metrics.stalled_nanos.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+                        self.shard.state.lock().stalled = None;
+                        tracing::info!(shard = self.shard.id, waited = ?waited, "persisted queue writing again");
+                    }
+                    return true;
+                }
+                Err(e) => {
+                    // Never leave a partial frame behind.
+                    let _ = file.set_len(offset);
+                    let full = e.kind() == ErrorKind::StorageFull || e.raw_os_error() == Some(libc::ENOSPC);
+                    let why = if full { "disk full".to_string() } else { e.to_string() };
+                    if !logged {
+                        tracing::error!(shard = self.shard.id, dir = %self.shard.dir.display(), error = %e,
+                            "persisted queue cannot write ({why}); inputs are held back until it can");
+                        logged = true;
+                    }
+                    since.get_or_insert_with(Instant::now);
+                    self.shard.state.lock().stalled = Some(why);
+                    if self.shard.state.lock().closed && pause >= Duration::from_secs(2) {
+                        return false;
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Records the acknowledged prefix and deletes segments wholly before it.
+    fn checkpoint(&mut self, done_lsn: u64) -> io::Result<()> {
+        let (point, doomed) = {
+            let s = self.shard.state.lock();
+            let Some(seg) = s.segments.iter().rev().find(|g| g.base <= done_lsn).copied() else { return Ok(()) };
+            let active_id = self.active.as_ref().map(|a| a.1.id);
+            let doomed: Vec<u64> = s
+                .segments
+                .iter()
+                .filter(|g| g.base + g.len <= done_lsn && Some(g.id) != active_id)
+                .map(|g| g.id)
+                .collect();
+            (Checkpoint { segment: seg.id, offset: done_lsn - seg.base }, doomed)
+        };
+        checkpoint::write(&self.shard.dir, &point)?;
+        if !doomed.is_empty() {
+            for id in &doomed {
+                fs::remove_file(segment_path(&self.shard.dir, *id))?;
+            }
+            self.shard.state.lock().segments.retain(|g| !doomed.contains(&g.id));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,250 @@
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_core::ack::AckOutcome;
+use sluice_core::{AckSet, Acker, Batch, Event, Queue, Value};
+
+use super::*;
+
+fn settings(dir: &Path, shards: usize, segment_bytes: u64) -> Settings {
+    Settings {
+        path: dir.to_path_buf(),
+        max_bytes: 64 << 20,
+        segment_bytes,
+        shards,
+        sync: SyncPolicy::Commit,
+        sync_interval: Duration::from_millis(50),
+        checkpoint_interval: Duration::from_millis(20),
+        memory_bytes: 16 << 20,
+    }
+}
+
+async fn open(s: Settings) -> PersistedQueue {
+    let q = PersistedQueue::new(s);
+    q.start().await.unwrap();
+    q
+}
+
+fn numbered(from: i64, n: i64) -> Vec<Event> {
+    (from..from + n)
+        .map(|i| {
+            let mut e =
+                Event::from_message_at(format!("event number {i} with some padding to look like a log line"), i);
+            e.fields.insert("n", Value::Int(i));
+            e
+        })
+        .collect()
+}
+
+/// Pushes with an acker and waits until the queue acknowledges (durable).
+async fn push_durable(q: &PersistedQueue, events: Vec<Event>) {
+    let n = events.len();
+    let (acker, done) = Acker::with_notify(n);
+    let bytes = n * 80;
+    q.push(Batch::new(events, AckSet::single(acker, n), bytes)).await.unwrap();
+    assert_eq!(tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap(), AckOutcome::Handled);
+}
+
+fn numbers(b: &Batch) -> Vec<i64> {
+    b.events
+        .iter()
+        .map(|e| e.fields.get("n").and_then(|v| if let Value::Int(i) = v { Some(*i) } else { None }).unwrap())
+        .collect()
+}
+
+/// Pops until `n` events were taken or nothing comes for a while; completes them if `ack`.
+async fn drain(q: &PersistedQueue, n: usize, ack: bool) -> Vec<i64> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        match tokio::time::timeout(Duration::from_secs(2), q.pop(1000, Duration::ZERO)).await {
+            Ok(Some(b)) => {
+                got.extend(numbers(&b));
+                if ack {
+                    b.complete();
+                } else {
+                    std::mem::forget(b.acks);
+                }
+            }
+            _ => break,
+        }
+    }
+    got
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = fs::read_dir(dir.join("shard-0"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_events_are_not_delivered_again_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 2, 1 << 20)).await;
+    push_durable(&q, numbered(0, 500)).await;
+    push_durable(&q, numbered(500, 500)).await;
+    let got = drain(&q, 1000, true).await;
+    assert_eq!(got.iter().copied().collect::<BTreeSet<_>>(), (0..1000).collect());
+    q.shutdown().await;
+
+    let q = open(settings(dir.path(), 2, 1 << 20)).await;
+    push_durable(&q, numbered(1000, 10)).await;
+    let got = drain(&q, 10, true).await;
+    assert_eq!(got, (1000..1010).collect::<Vec<_>>(), "only the new events");
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacked_events_come_back_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    push_durable(&q, numbered(0, 300)).await;
+    let first = q.pop(100, Duration::ZERO).await.unwrap();
+    assert_eq!(numbers(&first), (0..100).collect::<Vec<_>>());
+    first.complete();
+    let second = q.pop(100, Duration::ZERO).await.unwrap();
+    std::mem::forget(second.acks); // taken but never handled: a crash mid-delivery
+    tokio::time::sleep(Duration::from_millis(100)).await; // a checkpoint interval
+    q.shutdown().await;
+
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    let got = drain(&q, 200, true).await;
+    assert_eq!(got, (100..300).collect::<Vec<_>>(), "everything after the acknowledged prefix, in order");
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_rotate_and_acknowledged_ones_are_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 64 << 10)).await;
+    for i in 0..20 {
+        push_durable(&q, numbered(i * 100, 100)).await;
+    }
+    assert!(segments(dir.path()).len() > 3, "small segments rotate: {:?}", segments(dir.path()));
+    let got = drain(&q, 2000, true).await;
+    assert_eq!(got.len(), 2000);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(segments(dir.path()).len(), 1, "only the active segment is left");
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_tail_is_cut_and_everything_before_it_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    push_durable(&q, numbered(0, 50)).await;
+    q.shutdown().await;
+    let seg = segments(dir.path()).pop().unwrap();
+    let len = fs::metadata(&seg).unwrap().len();
+    // A crash mid-write: half a frame at the end.
+    let mut bytes = fs::read(&seg).unwrap();
+    let tail: Vec<u8> = bytes[bytes.len() - 60..].to_vec();
+    bytes.extend_from_slice(&tail[..30]);
+    fs::write(&seg, &bytes).unwrap();
+
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    assert_eq!(fs::metadata(&seg).unwrap().len(), len, "the torn tail was truncated");
+    assert_eq!(q.metrics().torn_tails.load(Ordering::Relaxed), 1);
+    push_durable(&q, numbered(50, 10)).await;
+    let got = drain(&q, 60, true).await;
+    assert_eq!(got, (0..60).collect::<Vec<_>>());
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_frame_is_skipped_and_counted_and_its_neighbours_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    push_durable(&q, numbered(0, 100)).await;
+    q.shutdown().await;
+    let seg = segments(dir.path()).pop().unwrap();
+    let mut bytes = fs::read(&seg).unwrap();
+    // Flip a byte inside the body of the 11th frame.
+    let mut offset = 64;
+    for _ in 0..10 {
+        let len = u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap()) as usize;
+        offset += len + 12;
+    }
+    bytes[offset + 30] ^= 0xff;
+    fs::write(&seg, &bytes).unwrap();
+
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    let got = drain(&q, 99, true).await;
+    let expected: Vec<i64> = (0..100).filter(|i| *i != 10).collect();
+    assert_eq!(got, expected, "only the damaged frame is missing");
+    assert_eq!(q.metrics().corrupt_frames.load(Ordering::Relaxed), 1);
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zeroed_or_deleted_checkpoint_replays_from_the_segments() {
+    for damage in ["zero", "delete"] {
+        let dir = tempfile::tempdir().unwrap();
+        let q = open(settings(dir.path(), 1, 1 << 20)).await;
+        push_durable(&q, numbered(0, 40)).await;
+        drain(&q, 20, true).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        q.shutdown().await;
+        let ckpt = dir.path().join("shard-0").join("checkpoint");
+        match damage {
+            "zero" => fs::write(&ckpt, [0u8; 28]).unwrap(),
+            _ => fs::remove_file(&ckpt).unwrap(),
+        }
+        let q = open(settings(dir.path(), 1, 1 << 20)).await;
+        let got = drain(&q, 40, true).await;
+        assert_eq!(got, (0..40).collect::<Vec<_>>(), "{damage}: everything replayed, nothing lost");
+        q.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_holds_inputs_back_until_acks_make_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path(), 1, 64 << 10);
+    s.max_bytes = 64 << 10;
+    let q = Arc::new(open(s).await);
+    let mut pushed = 0;
+    while q.stats().bytes < 56 << 10 {
+        push_durable(&q, numbered(pushed, 50)).await;
+        pushed += 50;
+    }
+    let q2 = q.clone();
+    let blocked = tokio::spawn(async move { q2.push(Batch::untracked(numbered(100_000, 100), 16 << 10)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!blocked.is_finished(), "the push waits while the queue is full");
+    let got = drain(&q, pushed as usize, true).await;
+    assert_eq!(got.len(), pushed as usize);
+    tokio::time::timeout(Duration::from_secs(5), blocked).await.unwrap().unwrap().unwrap();
+    assert!(q.stats().blocked_nanos > 0);
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_back_from_disk_beyond_the_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path(), 2, 256 << 10);
+    s.memory_bytes = 16 << 10;
+    let q = open(s).await;
+    for i in 0..30 {
+        push_durable(&q, numbered(i * 100, 100)).await;
+    }
+    let got = drain(&q, 3000, true).await;
+    assert_eq!(got.iter().copied().collect::<BTreeSet<_>>(), (0..3000).collect());
+    assert_eq!(got.len(), 3000, "no duplicates");
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_cannot_open_the_same_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    let other = PersistedQueue::new(settings(dir.path(), 1, 1 << 20));
+    let err = other.start().await.unwrap_err();
+    assert!(err.contains("in use by another process"), "{err}");
+    q.shutdown().await;
+}
