@@ -136,15 +136,16 @@ impl Files {
             *used = now;
             return Ok(file.clone());
         }
-        let file = match OpenOptions::new().create(true).append(true).open(path) {
+        let file = match OpenOptions::new().create(true).read(true).append(true).open(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.create_dirs => {
                 if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir)?;
                 }
-                OpenOptions::new().create(true).append(true).open(path)?
+                OpenOptions::new().create(true).read(true).append(true).open(path)?
             }
             other => other?,
         };
+        end_with_newline(&file)?;
         if open.map.len() >= self.max_open
             && let Some(oldest) = open.map.iter().min_by_key(|(_, (_, used))| *used).map(|(p, _)| p.clone())
         {
@@ -311,4 +312,19 @@ impl Output for FileOutput {
         })
         .await;
     }
+}
+/// A file left with a partial last line (a crash mid-write) gets a newline first, so the next
+/// event starts on a line of its own instead of being glued to the fragment.
+fn end_with_newline(file: &File) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8; 1];
+    file.read_exact_at(&mut last, len - 1)?;
+    if last[0] != b'\n' {
+        (&*file).write_all(b"\n")?;
+    }
+    Ok(())
 }

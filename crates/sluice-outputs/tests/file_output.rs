@@ -115,3 +115,19 @@ async fn io_errors_are_retried_then_rejected() {
     assert!(out.send(&refs(&events)).await.unwrap().rejected.is_empty());
     assert!(dir.path().join("blocker/a.log").exists());
 }
+
+#[tokio::test]
+async fn a_partial_last_line_left_by_a_crash_is_ended_before_new_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("out.log");
+    std::fs::write(&path, "{\"n\":1}\n{\"n\":2,\"mess").unwrap();
+    let out = build(&format!("{{type: file, path: '{}'}}", path.display()));
+    let events = numbered(1);
+    assert!(out.send(&refs(&events)).await.unwrap().rejected.is_empty());
+    out.close().await;
+    let text = read(&path);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text:?}");
+    assert_eq!(lines[1], "{\"n\":2,\"mess", "the fragment is kept as it was");
+    assert!(lines[2].contains("event 0"), "the new event has a line of its own: {text:?}");
+}

@@ -35,7 +35,11 @@ impl Sluice {
     }
 
     pub fn start_with(config: &str, stdin: Stdio) -> Sluice {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), config, stdin)
+    }
+
+    /// Starts in a given directory (kept across restarts by handing it back with `into_dir`).
+    pub fn start_in(dir: tempfile::TempDir, config: &str, stdin: Stdio) -> Sluice {
         let text = config.replace("{dir}", dir.path().to_str().unwrap());
         let path = dir.path().join("sluice.yml");
         std::fs::write(&path, text).unwrap();
@@ -49,6 +53,21 @@ impl Sluice {
             .spawn()
             .unwrap();
         Sluice { child, dir, config: path, stderr }
+    }
+
+    /// Kills the process with SIGKILL and returns the directory for the next start.
+    pub fn kill_into_dir(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self.dir, dir)
+    }
+
+    /// Waits for a clean exit (after `stop`) and returns the directory.
+    pub fn into_dir(mut self) -> tempfile::TempDir {
+        let _ = self.child.wait();
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self.dir, dir)
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -140,8 +159,19 @@ pub fn summary(log: &str, pipeline: &str) -> std::collections::HashMap<String, u
 
 /// A plain HTTP/1.1 request; returns (status, body).
 pub fn http(address: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
-    let mut s = TcpStream::connect(address).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    try_http(address, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path} to {address}: {e}"))
+}
+
+/// The same, with connection errors returned (for servers that may be killed mid-request).
+pub fn try_http(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(address)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -150,10 +180,10 @@ pub fn http(address: &str, method: &str, path: &str, headers: &[(&str, &str)], b
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    s.write_all(req.as_bytes())?;
+    s.write_all(body)?;
     let mut resp = Vec::new();
-    s.read_to_end(&mut resp).unwrap();
+    s.read_to_end(&mut resp)?;
     let text = String::from_utf8_lossy(&resp).into_owned();
     let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = match text.split_once("\r\n\r\n") {
@@ -161,7 +191,7 @@ pub fn http(address: &str, method: &str, path: &str, headers: &[(&str, &str)], b
         Some((_, b)) => b.to_string(),
         None => String::new(),
     };
-    (status, body)
+    Ok((status, body))
 }
 
 fn dechunk(mut s: &str) -> String {

@@ -1,0 +1,135 @@
+//! Crash safety with the persisted queue, through the real binary: a client posts numbered
+//! events to the `http` input (which answers 200 only once they are fsynced in the queue) while
+//! the harness kills `sluice` with SIGKILL at random moments and starts it again. At the end,
+//! every event that was answered 200 must be in the output; duplicates are counted and
+//! reported. `SLUICE_CRASH_CYCLES` sets the number of kills (default 30).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::TcpStream;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::*;
+
+const BATCH: u64 = 40;
+
+fn config(port: u16) -> String {
+    format!(
+        "data_dir: '{{dir}}/data'
+api: {{address: '127.0.0.1:0'}}
+pipelines:
+  p:
+    workers: 2
+    batch: {{size: 200, delay: 5ms}}
+    queue: {{type: persisted, shards: 2, sync: commit, segment_bytes: 256KiB, max_bytes: 64MiB, checkpoint_interval: 50ms}}
+    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
+    outputs: [{{type: file, path: '{{dir}}/out.log'}}]
+"
+    )
+}
+
+struct XorShift(u64);
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Posts batches until told to stop or the server goes away; returns the ids answered 200.
+fn client(port: u16, first: u64, stop: Arc<AtomicBool>) -> (Vec<u64>, u64) {
+    let addr = format!("127.0.0.1:{port}");
+    let mut acked = Vec::new();
+    let mut next = first;
+    while !stop.load(Ordering::SeqCst) {
+        let body: String =
+            (next..next + BATCH).map(|n| format!("{{\"n\":{n},\"message\":\"crash test event {n}\"}}\n")).collect();
+        next += BATCH;
+        let ok = matches!(try_http(&addr, "POST", "/", &[], body.as_bytes()), Ok((200, _)));
+        if !ok {
+            break;
+        }
+        acked.extend(next - BATCH..next);
+    }
+    (acked, next)
+}
+
+fn wait_port(port: u16, s: &mut Sluice) {
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = s.child.try_wait() {
+            panic!("sluice exited ({status}) at start:\n{}", s.log());
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "http input did not come up:\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Every `"n":<id>` in the output, with how often it appears.
+fn delivered(path: &std::path::Path) -> BTreeMap<u64, u32> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut seen = BTreeMap::new();
+    for piece in text.split("\"n\":").skip(1) {
+        let digits: String = piece.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(n) = digits.parse() {
+            *seen.entry(n).or_insert(0) += 1;
+        }
+    }
+    seen
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_no_acknowledged_event() {
+    let cycles: usize = std::env::var("SLUICE_CRASH_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(30);
+    let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let mut rng = XorShift(seed);
+    let port = free_port();
+    let cfg = config(port);
+    let mut dir = tempfile::tempdir().unwrap();
+    let mut acked: Vec<u64> = Vec::new();
+    let mut next = 0u64;
+    for _ in 0..cycles {
+        let mut s = Sluice::start_in(dir, &cfg, Stdio::null());
+        wait_port(port, &mut s);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (first, flag) = (next, stop.clone());
+        let c = std::thread::spawn(move || client(port, first, flag));
+        std::thread::sleep(Duration::from_millis(20 + rng.next() % 250));
+        dir = s.kill_into_dir();
+        stop.store(true, Ordering::SeqCst);
+        let (ids, n) = c.join().unwrap();
+        acked.extend(ids);
+        next = n;
+    }
+    // A last run to deliver what the queue still holds, then a clean stop.
+    let mut s = Sluice::start_in(dir, &cfg, Stdio::null());
+    let api = s.api();
+    wait_until("the queue to empty", Duration::from_secs(60), || {
+        get_json(&api, "/stats")["pipelines"]["p"]["queue"]["bytes"].as_u64() == Some(0)
+    });
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    let seen = delivered(&s.path("out.log"));
+    let missing: Vec<u64> = acked.iter().copied().filter(|n| !seen.contains_key(n)).collect();
+    let duplicates: u32 = seen.values().map(|c| c - 1).sum();
+    eprintln!(
+        "crash test (seed {seed}): {cycles} kills, {} events acknowledged, {} delivered, {duplicates} duplicates, {} missing",
+        acked.len(),
+        seen.len(),
+        missing.len()
+    );
+    assert!(acked.len() as u64 > 10 * BATCH, "the client got events through ({} acked)", acked.len());
+    assert!(
+        missing.is_empty(),
+        "acknowledged events missing from the output (seed {seed}): {:?}",
+        &missing[..missing.len().min(20)]
+    );
+    let unknown: BTreeSet<u64> = seen.keys().copied().filter(|n| *n >= next).collect();
+    assert!(unknown.is_empty(), "events nobody sent: {unknown:?}");
+}
