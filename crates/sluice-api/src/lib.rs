@@ -234,6 +234,62 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         &queues.iter().map(|(l, s)| (l.clone(), s.blocked_nanos as f64 / 1e9)).collect::<Vec<_>>(),
     );
 
+    let persisted: Vec<_> = queues.iter().filter(|(_, s)| s.kind == "persisted").collect();
+    if !persisted.is_empty() {
+        let mut shard_rows = (Vec::new(), Vec::new());
+        for (l, s) in &persisted {
+            for sh in &s.shards {
+                let labels = format!("{l},shard=\"{}\"", sh.shard);
+                shard_rows.0.push((labels.clone(), sh.bytes as f64));
+                shard_rows.1.push((labels, sh.events as f64));
+            }
+        }
+        gauge(
+            &mut out,
+            "sluice_queue_shard_bytes",
+            "Unacknowledged bytes per shard of a persisted queue.",
+            &shard_rows.0,
+        );
+        gauge(
+            &mut out,
+            "sluice_queue_shard_events",
+            "Unacknowledged events per shard of a persisted queue.",
+            &shard_rows.1,
+        );
+        counter(
+            &mut out,
+            "sluice_queue_fsyncs_total",
+            "fdatasync calls of a persisted queue.",
+            &persisted.iter().map(|(l, s)| (l.clone(), s.fsyncs)).collect::<Vec<_>>(),
+        );
+        counter(
+            &mut out,
+            "sluice_queue_corrupt_frames_total",
+            "Damaged frames a persisted queue found and skipped.",
+            &persisted.iter().map(|(l, s)| (l.clone(), s.corrupt_frames)).collect::<Vec<_>>(),
+        );
+        gauge(
+            &mut out,
+            "sluice_queue_stalled_seconds_total",
+            "Time a persisted queue's writers waited on the disk (full or failing).",
+            &persisted.iter().map(|(l, s)| (l.clone(), s.stalled_nanos as f64 / 1e9)).collect::<Vec<_>>(),
+        );
+        let name = "sluice_queue_commit_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time from a group's write to its fdatasync returning.\n# TYPE {name} histogram"
+        );
+        for (l, s) in &persisted {
+            if let Some(h) = &s.commit_latency {
+                for (i, c) in h.buckets.iter().enumerate() {
+                    let le = LATENCY_BUCKETS.get(i).map(|b| b.to_string()).unwrap_or_else(|| "+Inf".to_string());
+                    let _ = writeln!(out, "{name}_bucket{{{l},le=\"{le}\"}} {c}");
+                }
+                let _ = writeln!(out, "{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}", h.sum, h.count);
+            }
+        }
+    }
+
     let mut comps = Vec::new();
     for p in &pipelines {
         for c in p.components.read().iter() {

@@ -32,5 +32,5 @@ pub use ack::{AckSet, Acker};
 pub use batch::Batch;
 pub use event::Event;
 pub use path::{FieldPath, PathError};
-pub use queue::{Queue, QueueClosed, QueueStats};
+pub use queue::{HistogramSnapshot, Queue, QueueClosed, QueueStats, ShardStats};
 pub use value::{Map, Str, Value};

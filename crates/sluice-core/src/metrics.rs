@@ -44,6 +44,11 @@ impl Histogram {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn snapshot_struct(&self) -> crate::queue::HistogramSnapshot {
+        let (buckets, sum, count) = self.snapshot();
+        crate::queue::HistogramSnapshot { buckets, sum, count }
+    }
+
     /// Cumulative counts per bucket (Prometheus `le` semantics), the sum in seconds, the count.
     pub fn snapshot(&self) -> (Vec<u64>, f64, u64) {
         let mut acc = 0;

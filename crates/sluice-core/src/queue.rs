@@ -25,6 +25,35 @@ pub struct QueueStats {
     pub max_bytes: u64,
     /// Total time producers spent blocked because the queue was full.
     pub blocked_nanos: u64,
+    /// Persisted queues: one entry per shard.
+    pub shards: Vec<ShardStats>,
+    /// Persisted queues: fdatasync calls so far.
+    pub fsyncs: u64,
+    /// Persisted queues: time from write to durable, per group commit.
+    pub commit_latency: Option<HistogramSnapshot>,
+    /// Persisted queues: damaged frames found and skipped.
+    pub corrupt_frames: u64,
+    /// Persisted queues: time writers waited on the disk (full, or failing).
+    pub stalled_nanos: u64,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ShardStats {
+    pub shard: u32,
+    pub events: u64,
+    pub bytes: u64,
+    pub segments: u64,
+    /// Why the shard's writer is waiting (e.g. "disk full"), if it is.
+    pub stalled: Option<String>,
+}
+
+/// Cumulative bucket counts (upper bounds in [`crate::metrics::LATENCY_BUCKETS`], then +Inf),
+/// sum in seconds, and count.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct HistogramSnapshot {
+    pub buckets: Vec<u64>,
+    pub sum: f64,
+    pub count: u64,
 }
 
 #[async_trait]

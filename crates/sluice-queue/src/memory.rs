@@ -182,6 +182,7 @@ impl Queue for MemoryQueue {
             max_events: self.max_events as u64,
             max_bytes: self.max_bytes as u64,
             blocked_nanos: self.blocked_nanos.load(Ordering::Relaxed),
+            ..QueueStats::default()
         }
     }
 }

@@ -70,7 +70,7 @@ fn apache(r: &mut XorShift) -> String {
 fn cloudtrail(r: &mut XorShift) -> String {
     let event = r.pick(EVENTS);
     let tags: Vec<String> =
-        (0..18 + r.below(46)).map(|i| format!("{{\"key\":\"team-{i}\",\"value\":\"{}\"}}", r.hex(12))).collect();
+        (0..19 + r.below(48)).map(|i| format!("{{\"key\":\"team-{i}\",\"value\":\"{}\"}}", r.hex(12))).collect();
     format!(
         concat!(
             "{{\"eventVersion\":\"1.09\",\"userIdentity\":{{\"type\":\"AssumedRole\",\"principalId\":\"AROA{}:session-{}\",",

@@ -133,3 +133,38 @@ fn sigkill_at_random_moments_loses_no_acknowledged_event() {
     let unknown: BTreeSet<u64> = seen.keys().copied().filter(|n| *n >= next).collect();
     assert!(unknown.is_empty(), "events nobody sent: {unknown:?}");
 }
+
+#[test]
+fn persisted_queue_metrics_are_exported() {
+    // stdin stays open, so the process runs on after the generator is done.
+    let mut s = Sluice::start_with(
+        "data_dir: '{dir}/data'
+api: {address: '127.0.0.1:0'}
+pipelines:
+  m:
+    queue: {type: persisted, shards: 2}
+    inputs:
+      - {type: generator, count: 3000}
+      - {type: stdin}
+    outputs: [{type: blackhole}]
+",
+        Stdio::piped(),
+    );
+    let api = s.api();
+    wait_until("all events", Duration::from_secs(30), || {
+        get_json(&api, "/stats")["pipelines"]["m"]["events"]["out"].as_u64() == Some(3000)
+    });
+    let stats = get_json(&api, "/stats");
+    let q = &stats["pipelines"]["m"]["queue"];
+    assert_eq!(q["kind"], "persisted");
+    assert_eq!(q["shards"].as_array().unwrap().len(), 2);
+    assert!(q["fsyncs"].as_u64().unwrap() > 0, "{q}");
+    wait_until("acks to settle", Duration::from_secs(10), || {
+        get_json(&api, "/stats")["pipelines"]["m"]["queue"]["bytes"].as_u64() == Some(0)
+    });
+    let (_, text) = http(&api, "GET", "/metrics", &[], b"");
+    assert!(metric(&text, "sluice_queue_fsyncs_total{pipeline=\"m\"}") > 0.0);
+    assert_eq!(metric(&text, "sluice_queue_shard_bytes{pipeline=\"m\",shard=\"0\"}"), 0.0);
+    assert_eq!(metric(&text, "sluice_queue_corrupt_frames_total{pipeline=\"m\"}"), 0.0);
+    assert!(metric(&text, "sluice_queue_commit_duration_seconds_count{pipeline=\"m\"}") > 0.0);
+}

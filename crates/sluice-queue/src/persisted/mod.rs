@@ -182,6 +182,16 @@ impl PersistedQueue {
         }
     }
 
+    /// A queue from its settings; `path` (if unset) becomes `<data_dir>/queue/<pipeline>`.
+    /// Nothing is opened until [`Queue::start`].
+    pub fn from_config(
+        config: &PersistedQueueConfig,
+        data_dir: &Path,
+        pipeline: &str,
+    ) -> Result<PersistedQueue, String> {
+        Ok(PersistedQueue::new(config.settings(data_dir, pipeline)?))
+    }
+
     pub fn path(&self) -> &Path {
         &self.inner.config.path
     }
@@ -312,6 +322,7 @@ impl Queue for PersistedQueue {
                 return Err(QueueClosed);
             }
             s.pending_bytes += batch.bytes;
+            s.bytes += batch.bytes as u64;
             s.pending.push(batch);
         }
         shard.wake.notify_one();
@@ -381,18 +392,36 @@ impl Queue for PersistedQueue {
     }
 
     fn stats(&self) -> QueueStats {
+        let mut events = 0;
+        let shards = self
+            .shards()
+            .iter()
+            .map(|sh| {
+                let s = sh.state.lock();
+                let pending: u64 = s.pending.iter().map(|b| b.len() as u64).sum();
+                events += s.events + pending;
+                sluice_core::ShardStats {
+                    shard: sh.id,
+                    events: s.events + pending,
+                    bytes: s.bytes,
+                    segments: s.segments.len() as u64,
+                    stalled: s.stalled.clone(),
+                }
+            })
+            .collect();
+        let m = &self.inner.metrics;
         QueueStats {
             kind: "persisted",
-            events: self.inner.events.load(Ordering::Relaxed)
-                + self
-                    .shards()
-                    .iter()
-                    .map(|s| s.state.lock().pending.iter().map(|b| b.len() as u64).sum::<u64>())
-                    .sum::<u64>(),
+            events,
             bytes: self.inner.bytes.load(Ordering::Relaxed),
             max_events: 0,
             max_bytes: self.inner.config.max_bytes,
             blocked_nanos: self.blocked_nanos.load(Ordering::Relaxed),
+            shards,
+            fsyncs: m.fsyncs.load(Ordering::Relaxed),
+            commit_latency: Some(m.commit_latency.snapshot_struct()),
+            corrupt_frames: m.corrupt_frames.load(Ordering::Relaxed),
+            stalled_nanos: m.stalled_nanos.load(Ordering::Relaxed),
         }
     }
 }

@@ -53,6 +53,9 @@ pub(crate) enum Readable {
 pub(crate) struct ShardState {
     pub pending: Vec<Batch>,
     pub pending_bytes: usize,
+    /// Bytes and events not yet acknowledged (pending batches by estimate, written ones exactly).
+    pub bytes: u64,
+    pub events: u64,
     pub readable: VecDeque<Readable>,
     pub segments: VecDeque<SegInfo>,
     done: BTreeMap<u64, u64>,
@@ -133,6 +136,7 @@ impl Shard {
         let mut readable = VecDeque::new();
         let mut next_seq = start_id;
         let mut active = None;
+        let mut readable_bytes = 0u64;
         let count = files.len();
         for (i, (seg_id, file_len)) in files.into_iter().enumerate() {
             let path = segment_path(&dir, seg_id);
@@ -156,11 +160,12 @@ impl Shard {
             };
             if seg_id >= start_id && from < len {
                 readable.push_back(Readable::Disk { start: base + from, end: base + len });
-                inner.bytes.fetch_add(len - from, Ordering::Relaxed);
+                readable_bytes += len - from;
             }
             segments.push_back(SegInfo { id: seg_id, base, len });
             base += len;
         }
+        inner.bytes.fetch_add(readable_bytes, Ordering::Relaxed);
         // Where the acknowledged prefix ends, in LSNs.
         let done_lsn = segments
             .iter()
@@ -184,6 +189,8 @@ impl Shard {
             state: Mutex::new(ShardState {
                 pending: Vec::new(),
                 pending_bytes: 0,
+                bytes: readable_bytes,
+                events: 0,
                 readable,
                 segments,
                 done,
@@ -199,7 +206,12 @@ impl Shard {
 
     /// Marks `[start, end)` handled and advances the acknowledged prefix.
     pub fn complete(&self, inner: &Inner, start: u64, end: u64, events: u64) {
-        self.state.lock().mark_done(start, end);
+        {
+            let mut s = self.state.lock();
+            s.mark_done(start, end);
+            s.bytes = s.bytes.saturating_sub(end - start);
+            s.events = s.events.saturating_sub(events);
+        }
         inner.bytes.fetch_sub(end - start, Ordering::Relaxed);
         inner.events.fetch_sub(events, Ordering::Relaxed);
         inner.not_full.notify_waiters();
@@ -265,6 +277,7 @@ impl Shard {
         }
         let n = events.len();
         inner.events.fetch_add(n as u64, Ordering::Relaxed);
+        self.state.lock().events += n as u64;
         if n == 0 {
             self.complete(inner, start, piece_end, 0);
             return None;
@@ -576,6 +589,8 @@ impl Writer {
                 last.len = base - last.base + written;
             }
             s.readable.extend(readables);
+            s.bytes = (s.bytes + written).saturating_sub(estimate as u64);
+            s.events += events;
         }
         self.inner.not_empty.notify_waiters();
         drop(work);
