@@ -20,6 +20,7 @@
 //! file held while a process uses the queue. The segment and frame format is `sluice-segment`'s.
 
 mod checkpoint;
+pub mod inspect;
 mod shard;
 
 use std::fs::{self, File};
@@ -228,12 +229,17 @@ impl PersistedQueue {
         let mut writers = Vec::with_capacity(count);
         for id in 0..count {
             let (shard, recovered) = Shard::open(&self.inner, id as u32, path.join(format!("shard-{id}")))?;
-            let writer = Writer {
+            let mut writer = Writer {
                 inner: self.inner.clone(),
                 shard: shard.clone(),
                 next_seq: recovered.next_seq,
                 active: recovered.active,
+                free: recovered.free,
             };
+            if writer.active.is_none() {
+                // A new shard: its first segment is made now, off the write path, pages ready.
+                writer.start_segment(writer.next_seq, 0, true)?;
+            }
             writers.push(std::thread::Builder::new().name(format!("sluice-queue-{id}")).spawn(move || writer.run())?);
             shards.push(shard);
         }

@@ -84,6 +84,41 @@ pub(crate) struct Shard {
     pub dir: PathBuf,
     pub state: Mutex<ShardState>,
     pub wake: Condvar,
+    /// The last bytes read from disk, so consecutive pieces of one segment cost one read.
+    reader: Mutex<ReadCache>,
+}
+
+#[derive(Default)]
+struct ReadCache {
+    segment: u64,
+    /// File offset of `buf[0]`; `len` bytes of `buf` are valid.
+    start: u64,
+    len: usize,
+    buf: Vec<u8>,
+    file: Option<(u64, File)>,
+}
+
+impl ReadCache {
+    /// Makes `[from, from + want)` of the segment available (`want` capped by the caller).
+    fn fill(&mut self, dir: &Path, segment: u64, from: u64, want: usize) -> io::Result<&[u8]> {
+        let cached =
+            self.segment == segment && self.start <= from && from + want as u64 <= self.start + self.len as u64;
+        if !cached {
+            if self.file.as_ref().is_none_or(|(id, _)| *id != segment) {
+                self.file = Some((segment, File::open(segment_path(dir, segment))?));
+            }
+            if self.buf.len() < want {
+                self.buf.resize(want, 0);
+            }
+            let (_, file) = self.file.as_ref().expect("opened above");
+            file.read_exact_at(&mut self.buf[..want], from)?;
+            self.segment = segment;
+            self.start = from;
+            self.len = want;
+        }
+        let at = (from - self.start) as usize;
+        Ok(&self.buf[at..at + want])
+    }
 }
 
 pub(crate) fn segment_path(dir: &Path, id: u64) -> PathBuf {
@@ -109,7 +144,14 @@ fn list_segments(dir: &Path) -> io::Result<Vec<(u64, u64)>> {
 pub(crate) struct Recovered {
     pub next_seq: u64,
     pub active: Option<(File, SegInfo)>,
+    /// Acknowledged segment files kept for reuse.
+    pub free: Vec<PathBuf>,
 }
+
+const FREE_SUFFIX: &str = ".free";
+/// Acknowledged segments kept per shard for reuse: their pages are written and likely cached,
+/// so writing into them again skips the kernel's cost of fresh page-cache pages.
+const FREE_POOL: usize = 2;
 
 impl Shard {
     /// Opens a shard directory: reads the checkpoint, deletes acknowledged segments, truncates
@@ -117,6 +159,10 @@ impl Shard {
     pub fn open(inner: &Inner, id: u32, dir: PathBuf) -> io::Result<(Arc<Shard>, Recovered)> {
         fs::create_dir_all(&dir)?;
         let files = list_segments(&dir)?;
+        let free: Vec<PathBuf> = fs::read_dir(&dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.to_str().is_some_and(|n| n.ends_with(FREE_SUFFIX)))
+            .collect();
         let ckpt = match checkpoint::read(&dir) {
             Ok(c) => c,
             Err(reason) => {
@@ -200,8 +246,9 @@ impl Shard {
                 stalled: None,
             }),
             wake: Condvar::new(),
+            reader: Mutex::new(ReadCache::default()),
         });
-        Ok((shard, Recovered { next_seq, active }))
+        Ok((shard, Recovered { next_seq, active, free }))
     }
 
     /// Marks `[start, end)` handled and advances the acknowledged prefix.
@@ -296,15 +343,15 @@ impl Shard {
         to: u64,
         want: usize,
     ) -> io::Result<(Vec<Event>, u64)> {
-        let file = File::open(segment_path(&self.dir, seg.id))?;
         let range = (to - from) as usize;
         let mut window = range.min(READ_WINDOW);
-        'read: loop {
-            let mut buf = vec![0u8; window];
-            file.read_exact_at(&mut buf, from)?;
-            let mut cursor = FrameCursor::new(&buf, 0);
+        let mut cache = self.reader.lock();
+        loop {
+            let buf = cache.fill(&self.dir, seg.id, from, window)?;
+            let mut cursor = FrameCursor::new(buf, 0);
             let mut events = Vec::with_capacity(want.min(4096));
             let mut consumed = 0usize;
+            let mut grow = false;
             while events.len() < want {
                 match cursor.next_frame() {
                     FrameResult::Frame { body, offset, .. } => {
@@ -329,9 +376,10 @@ impl Shard {
                             // The first frame is larger than the window: read again, larger.
                             let len = u32::from_le_bytes(buf[..4].try_into().expect("window holds 4 bytes"));
                             window = (len as usize + 12).max(window * 2).min(range);
-                            continue 'read;
+                            grow = true;
+                        } else {
+                            consumed = offset;
                         }
-                        consumed = offset;
                         break;
                     }
                     FrameResult::Torn { offset } => {
@@ -351,7 +399,9 @@ impl Shard {
                     }
                 }
             }
-            return Ok((events, consumed as u64));
+            if !grow {
+                return Ok((events, consumed as u64));
+            }
         }
     }
 
@@ -366,25 +416,39 @@ impl Shard {
 /// the sequence number of its last good frame. A damaged header makes the whole file a tail.
 fn recover_tail(inner: &Inner, path: &Path, seg_id: u64) -> io::Result<(u64, Option<u64>)> {
     let bytes = fs::read(path)?;
-    let header_ok = SegmentHeader::decode(&bytes).is_ok();
+    let header = SegmentHeader::decode(&bytes).ok();
     let mut last_seq = None;
     let mut valid = SEGMENT_HEADER_LEN;
-    if header_ok {
+    let mut stale = false;
+    if let Some(h) = &header {
+        // Live frames carry rising sequence numbers from the header's on; a frame with an
+        // older one is left over from the file's previous life (a recycled segment).
+        let mut expected = h.first_seq;
         let mut cursor = FrameCursor::new(&bytes, SEGMENT_HEADER_LEN);
         loop {
             match cursor.next_frame() {
+                FrameResult::Frame { seq, .. } if seq < expected => {
+                    stale = true;
+                    break;
+                }
                 FrameResult::Frame { seq, .. } => {
                     last_seq = Some(seq);
+                    expected = seq + 1;
                     valid = cursor.position();
                 }
                 // Damage before the end is kept for the reader to skip and count.
                 FrameResult::Corrupt { .. } | FrameResult::Garbage { .. } => valid = cursor.position(),
                 FrameResult::Torn { offset } => {
-                    // A valid frame later on means this is damage in the middle, not a tail.
-                    match sluice_segment::resync(&bytes, offset, DEFAULT_MAX_FRAME_LEN) {
-                        Some(next) => {
-                            cursor = FrameCursor::new(&bytes, next);
-                            valid = next;
+                    // A live frame later on means this is damage in the middle, not the end.
+                    let next = sluice_segment::resync(&bytes, offset, DEFAULT_MAX_FRAME_LEN);
+                    let live = next.and_then(|n| match FrameCursor::new(&bytes, n).next_frame() {
+                        FrameResult::Frame { seq, .. } => (seq >= expected).then_some(n),
+                        _ => None,
+                    });
+                    match live {
+                        Some(n) => {
+                            cursor = FrameCursor::new(&bytes, n);
+                            valid = n;
                         }
                         None => break,
                     }
@@ -393,16 +457,27 @@ fn recover_tail(inner: &Inner, path: &Path, seg_id: u64) -> io::Result<(u64, Opt
             }
         }
     }
-    if valid < bytes.len() || !header_ok {
-        tracing::warn!(segment = %path.display(), valid_bytes = valid, file_bytes = bytes.len(),
-            "persisted queue segment ends in a torn frame (a crash mid-write); truncating it");
-        inner.metrics.torn_tails.fetch_add(1, Ordering::Relaxed);
+    if valid < bytes.len() || header.is_none() {
+        let tail = &bytes[valid.min(bytes.len())..];
+        let unused = stale || tail.iter().all(|b| *b == 0);
+        if unused && header.is_some() {
+            tracing::debug!(segment = %path.display(), valid_bytes = valid, "segment has unused space after its last frame");
+        } else {
+            tracing::warn!(segment = %path.display(), valid_bytes = valid, file_bytes = bytes.len(),
+                "persisted queue segment ends in a torn frame (a crash mid-write); cutting it there");
+            inner.metrics.torn_tails.fetch_add(1, Ordering::Relaxed);
+        }
         let f = OpenOptions::new().write(true).open(path)?;
-        if !header_ok {
+        if header.is_none() {
             let header = SegmentHeader { codec: CODEC_EVENT, first_seq: seg_id, ..Default::default() };
             f.write_all_at(&header.encode(), 0)?;
         }
-        f.set_len(valid as u64)?;
+        if !unused || header.is_none() {
+            f.set_len(valid as u64)?;
+        } else {
+            // Keep the written space for reuse, but make sure no stale frame follows the live ones.
+            f.write_all_at(&[0u8; 12], valid as u64)?;
+        }
         f.sync_all()?;
     }
     Ok((valid as u64, last_seq))
@@ -414,6 +489,7 @@ pub(crate) struct Writer {
     pub shard: Arc<Shard>,
     pub next_seq: u64,
     pub active: Option<(File, SegInfo)>,
+    pub free: Vec<PathBuf>,
 }
 
 impl Writer {
@@ -430,7 +506,12 @@ impl Writer {
             let (work, closed) = {
                 let mut s = self.shard.state.lock();
                 if s.pending.is_empty() && !s.closed {
-                    self.shard.wake.wait_for(&mut s, Duration::from_millis(100));
+                    let idle = self
+                        .inner
+                        .config
+                        .checkpoint_interval
+                        .clamp(Duration::from_millis(1), Duration::from_millis(100));
+                    self.shard.wake.wait_for(&mut s, idle);
                 }
                 s.pending_bytes = 0;
                 (std::mem::take(&mut s.pending), s.closed)
@@ -604,34 +685,62 @@ impl Writer {
             Some((_, s)) => s.len > SEGMENT_HEADER_LEN as u64 && s.len + incoming > limit,
         };
         if needs_new {
-            if let Some((f, _)) = &self.active {
-                // The old segment is complete; make sure of it before moving on.
-                f.sync_data()?;
+            if let Some((f, s)) = &self.active {
+                // Sealed: cut to its live length (a reused file is longer) and made durable.
+                f.set_len(s.len)?;
+                f.sync_all()?;
             }
             let base = self.active.as_ref().map_or_else(
                 || self.shard.state.lock().segments.back().map_or(0, |s| s.base + s.len),
                 |(_, s)| s.base + s.len,
             );
-            let path = segment_path(&self.shard.dir, first_seq);
-            let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-            let header = SegmentHeader {
-                codec: CODEC_EVENT,
-                shard: self.shard.id,
-                first_seq,
-                created_unix_nanos: sluice_core::value::now_nanos(),
-                ..Default::default()
-            };
-            file.write_all_at(&header.encode(), 0)?;
-            file.sync_all()?;
-            checkpoint::sync_dir(&self.shard.dir)?;
-            let info = SegInfo { id: first_seq, base, len: SEGMENT_HEADER_LEN as u64 };
-            let mut s = self.shard.state.lock();
-            s.segments.push_back(info);
-            s.mark_done(base, base + SEGMENT_HEADER_LEN as u64);
-            drop(s);
-            self.active = Some((file, info));
+            self.start_segment(first_seq, base, false)?;
         }
         Ok(self.active.as_ref().expect("an active segment").1)
+    }
+
+    /// Makes a new active segment: a reused file from the free pool if there is one, else a new
+    /// file (pre-written with zeros if `prewrite`, so the first writes find their pages ready).
+    pub fn start_segment(&mut self, first_seq: u64, base: u64, prewrite: bool) -> io::Result<()> {
+        let path = segment_path(&self.shard.dir, first_seq);
+        let file = match self.free.pop() {
+            Some(old) => {
+                fs::rename(&old, &path)?;
+                OpenOptions::new().read(true).write(true).open(&path)?
+            }
+            None => {
+                let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+                if prewrite {
+                    let zeros = vec![0u8; 1 << 20];
+                    let mut at = 0;
+                    while at < self.inner.config.segment_bytes {
+                        let n = zeros.len().min((self.inner.config.segment_bytes - at) as usize);
+                        file.write_all_at(&zeros[..n], at)?;
+                        at += n as u64;
+                    }
+                }
+                file
+            }
+        };
+        let header = SegmentHeader {
+            codec: CODEC_EVENT,
+            shard: self.shard.id,
+            first_seq,
+            created_unix_nanos: sluice_core::value::now_nanos(),
+            ..Default::default()
+        };
+        file.write_all_at(&header.encode(), 0)?;
+        // No stale frame may follow the header of a reused file.
+        file.write_all_at(&[0u8; 12], SEGMENT_HEADER_LEN as u64)?;
+        file.sync_all()?;
+        checkpoint::sync_dir(&self.shard.dir)?;
+        let info = SegInfo { id: first_seq, base, len: SEGMENT_HEADER_LEN as u64 };
+        let mut s = self.shard.state.lock();
+        s.segments.push_back(info);
+        s.mark_done(base, base + SEGMENT_HEADER_LEN as u64);
+        drop(s);
+        self.active = Some((file, info));
+        Ok(())
     }
 
     /// Writes at `offset`, waiting out a full disk. False if the queue closed while waiting.
@@ -690,7 +799,14 @@ impl Writer {
         checkpoint::write(&self.shard.dir, &point)?;
         if !doomed.is_empty() {
             for id in &doomed {
-                fs::remove_file(segment_path(&self.shard.dir, *id))?;
+                let path = segment_path(&self.shard.dir, *id);
+                if self.free.len() < FREE_POOL {
+                    let spare = self.shard.dir.join(format!("{id:020}{FREE_SUFFIX}"));
+                    fs::rename(&path, &spare)?;
+                    self.free.push(spare);
+                } else {
+                    fs::remove_file(path)?;
+                }
             }
             self.shard.state.lock().segments.retain(|g| !doomed.contains(&g.id));
         }

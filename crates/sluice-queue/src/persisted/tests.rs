@@ -72,6 +72,19 @@ async fn drain(q: &PersistedQueue, n: usize, ack: bool) -> Vec<i64> {
     got
 }
 
+/// Where the live frames of a segment end (frames are walked by their length fields).
+fn live_end(bytes: &[u8]) -> u64 {
+    let mut at = 64;
+    while at + 4 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        if len == 0 || at + len + 12 > bytes.len() {
+            break;
+        }
+        at += len + 12;
+    }
+    at as u64
+}
+
 fn segments(dir: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = fs::read_dir(dir.join("shard-0"))
         .unwrap()
@@ -140,15 +153,16 @@ async fn a_torn_tail_is_cut_and_everything_before_it_survives() {
     push_durable(&q, numbered(0, 50)).await;
     q.shutdown().await;
     let seg = segments(dir.path()).pop().unwrap();
-    let len = fs::metadata(&seg).unwrap().len();
-    // A crash mid-write: half a frame at the end.
+    // A crash mid-write: half a frame right after the last one (the rest of the file is the
+    // segment's pre-written space).
     let mut bytes = fs::read(&seg).unwrap();
-    let tail: Vec<u8> = bytes[bytes.len() - 60..].to_vec();
-    bytes.extend_from_slice(&tail[..30]);
+    let live = live_end(&bytes);
+    let half: Vec<u8> = bytes[64..94].to_vec();
+    bytes[live as usize..live as usize + 30].copy_from_slice(&half);
     fs::write(&seg, &bytes).unwrap();
-
+    let len = live;
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
-    assert_eq!(fs::metadata(&seg).unwrap().len(), len, "the torn tail was truncated");
+    assert_eq!(fs::metadata(&seg).unwrap().len(), len, "the torn tail was cut");
     assert_eq!(q.metrics().torn_tails.load(Ordering::Relaxed), 1);
     push_durable(&q, numbered(50, 10)).await;
     let got = drain(&q, 60, true).await;
@@ -246,5 +260,32 @@ async fn a_second_process_cannot_open_the_same_queue() {
     let other = PersistedQueue::new(settings(dir.path(), 1, 1 << 20));
     let err = other.start().await.unwrap_err();
     assert!(err.contains("in use by another process"), "{err}");
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reused_segments_never_yield_their_old_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 64 << 10)).await;
+    // Fill and acknowledge several segments, so acknowledged files go to the free pool...
+    for i in 0..12 {
+        push_durable(&q, numbered(i * 100, 100)).await;
+    }
+    assert_eq!(drain(&q, 1200, true).await.len(), 1200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let spares = fs::read_dir(dir.path().join("shard-0"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().to_str().unwrap().ends_with(".free"))
+        .count();
+    assert!(spares > 0, "acknowledged segments are kept for reuse");
+    // ...then write fewer events than a segment holds into reused files, and restart.
+    for i in 0..3 {
+        push_durable(&q, numbered(10_000 + i * 100, 100)).await;
+    }
+    q.shutdown().await;
+    let q = open(settings(dir.path(), 1, 64 << 10)).await;
+    let got = drain(&q, 1000, true).await;
+    assert_eq!(got, (10_000..10_300).collect::<Vec<_>>(), "only live events, none of the files' old frames");
+    assert_eq!(q.metrics().torn_tails.load(Ordering::Relaxed), 0, "unused space is not damage");
     q.shutdown().await;
 }

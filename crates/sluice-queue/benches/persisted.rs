@@ -1,0 +1,201 @@
+//! The persisted queue alone, no engine: group-committed writes with `sync: commit`, reads back
+//! from disk with every frame's CRC checked and every event decoded, the Beats
+//! `BenchmarkSync1k` workload, and start-up time with a large backlog.
+//!
+//! Events are realistic log records of seven kinds (Apache access, CloudTrail JSON, Cloudflare
+//! JSON, VPC flow log, Cisco ASA, Suricata EVE JSON, IIS), 81 to ~2,300 bytes, mean ≈ 740,
+//! picked with a fixed seed.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use sluice_config::{ByteSize, HumanDuration};
+use sluice_core::{AckSet, Acker, Batch, Event, Queue};
+use sluice_queue::persisted::{PersistedQueue, PersistedQueueConfig, SyncPolicy};
+
+const APACHE: &str =
+    r#"203.0.113.42 - frank [21/Nov/2026:07:00:01 +0000] "GET /apache_pb.gif HTTP/1.1" 200 2326 "-" "Mozilla/4.08""#;
+const VPC: &str = "2 123456789010 eni-1235b8ca123456789 172.31.16.139 172.31.16.21 20641 22 6 20 4249 1418530010 1418530070 ACCEPT OK";
+const ASA: &str = "%ASA-6-302013: Built inbound TCP connection 123456 for outside:198.51.100.7/51123 (198.51.100.7/51123) to inside:10.0.0.12/443 (10.0.0.12/443)";
+const IIS: &str = "2026-11-21 07:00:01 W3SVC1 WEB01 192.0.2.10 GET /default.htm - 80 - 203.0.113.5 HTTP/1.1 Mozilla/5.0+(Windows+NT+10.0;+Win64;+x64) - - www.example.com 200 0 0 2326 421 15";
+
+fn cloudtrail(i: u64) -> String {
+    format!(
+        r#"{{"eventVersion":"1.08","userIdentity":{{"type":"IAMUser","principalId":"AIDA{i:016X}","arn":"arn:aws:iam::123456789012:user/alice","accountId":"123456789012","accessKeyId":"AKIA{i:016X}","userName":"alice","sessionContext":{{"attributes":{{"creationDate":"2026-11-21T06:59:00Z","mfaAuthenticated":"true"}}}}}},"eventTime":"2026-11-21T07:00:01Z","eventSource":"s3.amazonaws.com","eventName":"GetObject","awsRegion":"eu-west-1","sourceIPAddress":"203.0.113.{}","userAgent":"aws-cli/2.15.0 Python/3.11.6 Linux/6.1 exe/x86_64","requestParameters":{{"bucketName":"logs-archive","key":"2026/11/21/app-{i}.log.gz","Host":"logs-archive.s3.eu-west-1.amazonaws.com"}},"responseElements":null,"additionalEventData":{{"SignatureVersion":"SigV4","CipherSuite":"ECDHE-RSA-AES128-GCM-SHA256","bytesTransferredIn":0,"AuthenticationMethod":"AuthHeader","x-amz-id-2":"{i:032x}","bytesTransferredOut":52311}},"requestID":"{i:016X}","eventID":"{i:08x}-1111-2222-3333-444455556666","readOnly":true,"resources":[{{"type":"AWS::S3::Object","ARN":"arn:aws:s3:::logs-archive/2026/11/21/app-{i}.log.gz"}},{{"accountId":"123456789012","type":"AWS::S3::Bucket","ARN":"arn:aws:s3:::logs-archive"}}],"eventType":"AwsApiCall","managementEvent":false,"recipientAccountId":"123456789012","eventCategory":"Data","tlsDetails":{{"tlsVersion":"TLSv1.2","cipherSuite":"ECDHE-RSA-AES128-GCM-SHA256","clientProvidedHostHeader":"logs-archive.s3.eu-west-1.amazonaws.com"}}}}"#,
+        i % 250
+    )
+}
+
+fn cloudflare(i: u64) -> String {
+    format!(
+        r#"{{"ClientIP":"198.51.100.{}","ClientRequestHost":"www.example.com","ClientRequestMethod":"GET","ClientRequestURI":"/api/v1/items/{i}?page=2","EdgeEndTimestamp":"2026-11-21T07:00:01Z","EdgeResponseBytes":{},"EdgeResponseStatus":200,"EdgeStartTimestamp":"2026-11-21T07:00:00Z","RayID":"{i:016x}","CacheCacheStatus":"hit","ClientCountry":"de","ClientDeviceType":"desktop","ClientRequestUserAgent":"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36","OriginResponseStatus":0,"SecurityLevel":"med","WAFAction":"unknown"}}"#,
+        i % 250,
+        1000 + i % 9000
+    )
+}
+
+fn suricata(i: u64) -> String {
+    format!(
+        r#"{{"timestamp":"2026-11-21T07:00:01.{:06}+0000","flow_id":{i},"in_iface":"eth0","event_type":"alert","src_ip":"10.0.0.{}","src_port":{},"dest_ip":"192.0.2.1","dest_port":443,"proto":"TCP","alert":{{"action":"allowed","gid":1,"signature_id":2013028,"rev":7,"signature":"ET POLICY curl User-Agent Outbound","category":"Attempted Information Leak","severity":2}},"http":{{"hostname":"example.com","url":"/download/tool-{i}.tar.gz","http_user_agent":"curl/8.4.0","http_content_type":"application/gzip","http_method":"GET","protocol":"HTTP/1.1","status":200,"length":{}}},"app_proto":"http","flow":{{"pkts_toserver":7,"pkts_toclient":12,"bytes_toserver":612,"bytes_toclient":14823,"start":"2026-11-21T07:00:00.000000+0000"}}}}"#,
+        i % 1_000_000,
+        i % 250,
+        1024 + i % 60000,
+        10_000 + i % 50_000
+    )
+}
+
+/// The message of event `i`: one of seven kinds, picked by a fixed-seed xorshift.
+fn sample(i: u64, rng: &mut u64) -> String {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    match *rng % 7 {
+        0 => APACHE.to_string(),
+        1 => cloudtrail(i),
+        2 => cloudflare(i),
+        3 => VPC.to_string(),
+        4 => ASA.to_string(),
+        5 => suricata(i),
+        _ => IIS.to_string(),
+    }
+}
+
+fn events(n: usize, rng: &mut u64) -> (Vec<Event>, usize) {
+    let mut bytes = 0;
+    let events = (0..n as u64)
+        .map(|i| {
+            let m = sample(i, rng);
+            bytes += m.len();
+            Event::from_message_at(m, 1_700_000_000_000_000_000 + i as i64)
+        })
+        .collect();
+    (events, bytes)
+}
+
+fn config(shards: usize, memory_bytes: u64) -> PersistedQueueConfig {
+    PersistedQueueConfig {
+        shards: Some(shards),
+        max_bytes: ByteSize(8 << 30),
+        segment_bytes: ByteSize(64 << 20),
+        sync: SyncPolicy::Commit,
+        checkpoint_interval: HumanDuration(Duration::from_millis(200)),
+        memory_bytes: ByteSize(memory_bytes),
+        ..PersistedQueueConfig::default()
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+async fn open(dir: &Path, c: &PersistedQueueConfig) -> Arc<PersistedQueue> {
+    let q = Arc::new(PersistedQueue::from_config(c, dir, "bench").unwrap());
+    q.start().await.unwrap();
+    q
+}
+
+/// Pushes every batch and waits until all are durable.
+async fn push_all(q: &PersistedQueue, batches: Vec<Vec<Event>>) {
+    let mut waits = Vec::with_capacity(batches.len());
+    for b in batches {
+        let n = b.len();
+        let bytes = b.iter().map(|e| e.message().map_or(0, str::len)).sum();
+        let (acker, done) = Acker::with_notify(n);
+        q.push(Batch::new(b, AckSet::single(acker, n), bytes)).await.unwrap();
+        waits.push(done);
+    }
+    for w in waits {
+        w.await.unwrap();
+    }
+}
+
+/// Pops and completes until `n` events came out.
+async fn drain(q: &PersistedQueue, n: usize, batch: usize) {
+    let mut got = 0;
+    while got < n {
+        let b = q.pop(batch, Duration::ZERO).await.expect("the queue holds what was pushed");
+        got += b.len();
+        b.complete();
+    }
+}
+
+fn frame_bytes(events: &[Event]) -> u64 {
+    events.iter().map(|e| e.estimated_bytes() as u64 + 20).sum()
+}
+
+fn write_and_read(c: &mut Criterion) {
+    let rt = runtime();
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    // 64 batches of 1,000 events: ~47 MB of frames per iteration.
+    let template: Vec<Vec<Event>> = (0..64).map(|_| events(1000, &mut rng).0).collect();
+    let bytes: u64 = template.iter().map(|b| frame_bytes(b)).sum();
+
+    let mut g = c.benchmark_group("persisted");
+    g.sample_size(10).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(2));
+    g.throughput(Throughput::Bytes(bytes));
+
+    let dir = tempfile::tempdir().unwrap();
+    let q = rt.block_on(open(dir.path(), &config(2, 0)));
+    g.bench_function("write_commit_2_shards", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let batches = template.clone();
+                let started = Instant::now();
+                rt.block_on(push_all(&q, batches));
+                total += started.elapsed();
+                rt.block_on(drain(&q, 64_000, 1000));
+            }
+            total
+        })
+    });
+
+    g.bench_function("read_verify_from_disk", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                rt.block_on(push_all(&q, template.clone()));
+                let started = Instant::now();
+                rt.block_on(drain(&q, 64_000, 1000));
+                total += started.elapsed();
+            }
+            total
+        })
+    });
+    rt.block_on(q.shutdown());
+    g.finish();
+}
+
+/// Beats' BenchmarkSync1k: 1,000 events written, then read back 10 at a time and acked; queue
+/// creation not timed; `sync: commit`.
+fn sync_1k(c: &mut Criterion) {
+    let rt = runtime();
+    let mut rng = 0x1234_5678_9ABC_DEF1u64;
+    let (template, _) = events(1000, &mut rng);
+    let mut g = c.benchmark_group("persisted");
+    g.sample_size(20);
+    g.bench_function("sync_1k", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let dir = tempfile::tempdir().unwrap();
+                let q = rt.block_on(open(dir.path(), &config(1, 16 << 20)));
+                let single: Vec<Vec<Event>> = template.iter().map(|e| vec![e.clone()]).collect();
+                let started = Instant::now();
+                rt.block_on(async {
+                    push_all(&q, single).await;
+                    drain(&q, 1000, 10).await;
+                });
+                total += started.elapsed();
+                rt.block_on(q.shutdown());
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, write_and_read, sync_1k);
+criterion_main!(benches);
