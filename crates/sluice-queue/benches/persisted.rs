@@ -15,6 +15,10 @@ use sluice_config::{ByteSize, HumanDuration};
 use sluice_core::{AckSet, Acker, Batch, Event, Queue};
 use sluice_queue::persisted::{PersistedQueue, PersistedQueueConfig, SyncPolicy};
 
+// The allocator the `sluice` binary uses.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const APACHE: &str =
     r#"203.0.113.42 - frank [21/Nov/2026:07:00:01 +0000] "GET /apache_pb.gif HTTP/1.1" 200 2326 "-" "Mozilla/4.08""#;
 const VPC: &str = "2 123456789010 eni-1235b8ca123456789 172.31.16.139 172.31.16.21 20641 22 6 20 4249 1418530010 1418530070 ACCEPT OK";
