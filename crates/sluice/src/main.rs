@@ -1,4 +1,4 @@
-//! The `sluice` command: `run`, `validate`, `version`.
+//! The `sluice` command: `run`, `validate`, `queue stats|verify`, `version`.
 //!
 //! `run` starts every pipeline of the config (or, without `-c`, an embedded default that reads
 //! stdin and writes JSON lines to stdout), serves the monitoring API, and then:
@@ -58,8 +58,33 @@ enum Command {
         #[arg(short, long)]
         config: PathBuf,
     },
+    /// Inspects a persisted queue directory offline, without writing to it.
+    Queue {
+        #[command(subcommand)]
+        command: QueueCommand,
+    },
     /// Prints the version.
     Version,
+}
+
+#[derive(Subcommand)]
+enum QueueCommand {
+    /// Per shard and segment: checkpoint, events acknowledged and not, damage found. Exit 0.
+    Stats {
+        /// The queue directory (by default `<data_dir>/queue/<pipeline>`).
+        path: PathBuf,
+        /// Prints the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Like `stats`, and decodes every event. Exit 0 if intact, 1 if damaged, 2 if not a queue.
+    Verify {
+        /// The queue directory (by default `<data_dir>/queue/<pipeline>`).
+        path: PathBuf,
+        /// Prints the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -70,6 +95,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Validate { config } => validate(&config),
+        Command::Queue { command } => queue(command),
         Command::Run { config, log_level } => match run(config.as_deref(), log_level) {
             Ok(code) => code,
             Err(e) => {
@@ -124,6 +150,30 @@ fn validate(path: &Path) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn queue(command: QueueCommand) -> ExitCode {
+    let (path, json, verify) = match command {
+        QueueCommand::Stats { path, json } => (path, json, false),
+        QueueCommand::Verify { path, json } => (path, json, true),
+    };
+    let report = match sluice_queue::persisted::inspect::inspect(&path, verify) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("a report serializes"));
+    } else {
+        print!("{report}");
+    }
+    if verify && report.totals.damaged > 0 {
+        eprintln!("{}: {} damaged spot(s)", path.display(), report.totals.damaged);
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 fn init_logging(config: &RootConfig, level: Option<String>) {

@@ -162,7 +162,8 @@ impl QueueReport {
 /// writing anything. With `verify`, every event body is decoded too. Fails, naming the path, if
 /// `path` is not a queue directory (no `shard-N` directory and no `lock` file).
 pub fn inspect(path: &Path, verify: bool) -> io::Result<QueueReport> {
-    let meta = fs::metadata(path).map_err(|e| context(path, e))?;
+    let meta = fs::metadata(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot open the queue directory {}: {e}", path.display())))?;
     if !meta.is_dir() {
         return Err(io::Error::new(
             ErrorKind::InvalidInput,

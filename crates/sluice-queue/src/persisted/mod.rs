@@ -39,6 +39,9 @@ use tokio::sync::Notify;
 
 use shard::{Shard, Writer};
 
+/// Bytes of batches per shard that may wait for the writer before pushes wait too.
+const PENDING_LIMIT: usize = 8 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum SyncPolicy {
@@ -300,6 +303,7 @@ impl Queue for PersistedQueue {
         if shards.is_empty() {
             return Err(QueueClosed);
         }
+        let shard = &shards[self.next_push.fetch_add(1, Ordering::Relaxed) % shards.len()];
         let mut blocked: Option<Instant> = None;
         loop {
             let notified = self.inner.not_full.notified();
@@ -309,7 +313,11 @@ impl Queue for PersistedQueue {
                 return Err(QueueClosed);
             }
             let used = self.inner.bytes.load(Ordering::Relaxed);
-            if used == 0 || used + batch.bytes as u64 <= self.inner.config.max_bytes {
+            let fits = used == 0 || used + batch.bytes as u64 <= self.inner.config.max_bytes;
+            // Batches waiting for the writer are in memory: keep that backlog short, so a slow
+            // disk slows the inputs instead of growing the heap.
+            let writer_keeps_up = shard.state.lock().pending_bytes < PENDING_LIMIT;
+            if fits && writer_keeps_up {
                 break;
             }
             blocked.get_or_insert_with(Instant::now);
@@ -319,7 +327,6 @@ impl Queue for PersistedQueue {
             self.blocked_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         self.inner.bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
-        let shard = &shards[self.next_push.fetch_add(1, Ordering::Relaxed) % shards.len()];
         {
             let mut s = shard.state.lock();
             if s.closed {
@@ -382,6 +389,10 @@ impl Queue for PersistedQueue {
 
     async fn shutdown(&self) {
         self.close();
+        for s in self.shards() {
+            s.state.lock().stopping = true;
+            s.wake.notify_one();
+        }
         let writers = std::mem::take(&mut *self.writers.lock());
         let joined = tokio::task::spawn_blocking(move || {
             for w in writers {

@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use sluice_core::ack::AckOutcome;
 use sluice_core::{AckSet, Acker, Batch, Event};
 use sluice_segment::{
     CODEC_EVENT, DEFAULT_MAX_FRAME_LEN, FrameCursor, FrameResult, SEGMENT_HEADER_LEN, SegmentHeader, decode_event_body,
@@ -60,7 +61,10 @@ pub(crate) struct ShardState {
     pub segments: VecDeque<SegInfo>,
     done: BTreeMap<u64, u64>,
     pub done_lsn: u64,
+    /// No more pushes (the pipeline is stopping).
     pub closed: bool,
+    /// The workers are done: the writer writes what is pending, checkpoints, and exits.
+    pub stopping: bool,
     pub writer_finished: bool,
     /// Why the writer is stuck (disk full), for stats.
     pub stalled: Option<String>,
@@ -242,6 +246,7 @@ impl Shard {
                 done,
                 done_lsn,
                 closed: false,
+                stopping: false,
                 writer_finished: false,
                 stalled: None,
             }),
@@ -267,7 +272,21 @@ impl Shard {
     /// An acker that completes `[start, end)` once its `events` are handled.
     fn range_acker(self: &Arc<Self>, inner: &Arc<Inner>, start: u64, end: u64, events: usize) -> Acker {
         let (shard, inner) = (self.clone(), inner.clone());
-        Acker::new(events, move |_outcome| shard.complete(&inner, start, end, events as u64))
+        Acker::new(events, move |outcome| match outcome {
+            AckOutcome::Handled => shard.complete(&inner, start, end, events as u64),
+            // Taken but never handled (a delivery cut short): read it again from disk.
+            AckOutcome::Abandoned => shard.requeue(&inner, start, end, events as u64),
+        })
+    }
+
+    fn requeue(&self, inner: &Inner, start: u64, end: u64, events: u64) {
+        {
+            let mut s = self.state.lock();
+            s.readable.push_front(Readable::Disk { start, end });
+            s.events = s.events.saturating_sub(events);
+        }
+        inner.events.fetch_sub(events, Ordering::Relaxed);
+        inner.not_empty.notify_waiters();
     }
 
     /// Takes up to `want` events from the front of this shard, reading from disk if the front
@@ -438,6 +457,10 @@ fn recover_tail(inner: &Inner, path: &Path, seg_id: u64) -> io::Result<(u64, Opt
                 }
                 // Damage before the end is kept for the reader to skip and count.
                 FrameResult::Corrupt { .. } | FrameResult::Garbage { .. } => valid = cursor.position(),
+                FrameResult::Torn { offset } if bytes.len() < offset + 4 || bytes[offset..offset + 4] == [0; 4] => {
+                    // The terminator (or the end of the file): a clean end.
+                    break;
+                }
                 FrameResult::Torn { offset } => {
                     // A live frame later on means this is damage in the middle, not the end.
                     let next = sluice_segment::resync(&bytes, offset, DEFAULT_MAX_FRAME_LEN);
@@ -459,7 +482,7 @@ fn recover_tail(inner: &Inner, path: &Path, seg_id: u64) -> io::Result<(u64, Opt
     }
     if valid < bytes.len() || header.is_none() {
         let tail = &bytes[valid.min(bytes.len())..];
-        let unused = stale || tail.iter().all(|b| *b == 0);
+        let unused = stale || tail.len() < 4 && tail.iter().all(|b| *b == 0) || tail.starts_with(&[0; 4]);
         if unused && header.is_some() {
             tracing::debug!(segment = %path.display(), valid_bytes = valid, "segment has unused space after its last frame");
         } else {
@@ -505,7 +528,7 @@ impl Writer {
         loop {
             let (work, closed) = {
                 let mut s = self.shard.state.lock();
-                if s.pending.is_empty() && !s.closed {
+                if s.pending.is_empty() && !s.stopping {
                     let idle = self
                         .inner
                         .config
@@ -514,7 +537,7 @@ impl Writer {
                     self.shard.wake.wait_for(&mut s, idle);
                 }
                 s.pending_bytes = 0;
-                (std::mem::take(&mut s.pending), s.closed)
+                (std::mem::take(&mut s.pending), s.stopping)
             };
             if !work.is_empty() {
                 self.inner.not_full.notify_waiters();
@@ -536,7 +559,7 @@ impl Writer {
                 }
                 last_checkpoint = Instant::now();
             }
-            if closed && self.shard.state.lock().pending.is_empty() {
+            if closed && self.shard.state.lock().pending.is_empty() && done == checkpointed {
                 break;
             }
         }
@@ -617,7 +640,13 @@ impl Writer {
                 return;
             }
         };
-        if !self.write_all(buf, seg.len) {
+        // Four zero bytes after the live frames mark where they end, even inside a reused file
+        // whose old frames follow; the next group overwrites them.
+        let live = buf.len();
+        buf.extend_from_slice(&[0u8; 4]);
+        let ok = self.write_all(buf, seg.len);
+        buf.truncate(live);
+        if !ok {
             // Closed while the disk was full: these events were never stored.
             tracing::error!(
                 shard = self.shard.id,
@@ -772,7 +801,7 @@ impl Writer {
                     }
                     since.get_or_insert_with(Instant::now);
                     self.shard.state.lock().stalled = Some(why);
-                    if self.shard.state.lock().closed && pause >= Duration::from_secs(2) {
+                    if self.shard.state.lock().stopping && pause >= Duration::from_secs(2) {
                         return false;
                     }
                     std::thread::sleep(pause);
