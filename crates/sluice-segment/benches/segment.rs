@@ -11,7 +11,9 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_core::{Event, Map, Value};
-use sluice_segment::{FrameCursor, FrameResult, append_frame, decode_event_body, encode_event, try_append_frame};
+use sluice_segment::{
+    EventDecoder, FrameCursor, FrameResult, append_frame, decode_event_body, encode_event, try_append_frame,
+};
 
 struct XorShift(u64);
 
@@ -70,7 +72,7 @@ fn apache(r: &mut XorShift) -> String {
 fn cloudtrail(r: &mut XorShift) -> String {
     let event = r.pick(EVENTS);
     let tags: Vec<String> =
-        (0..19 + r.below(48)).map(|i| format!("{{\"key\":\"team-{i}\",\"value\":\"{}\"}}", r.hex(12))).collect();
+        (0..23 + r.below(54)).map(|i| format!("{{\"key\":\"team-{i}\",\"value\":\"{}\"}}", r.hex(12))).collect();
     format!(
         concat!(
             "{{\"eventVersion\":\"1.09\",\"userIdentity\":{{\"type\":\"AssumedRole\",\"principalId\":\"AROA{}:session-{}\",",
@@ -275,6 +277,17 @@ fn bench_frames(c: &mut Criterion) {
             n
         })
     });
+    let mut decoder = EventDecoder::new();
+    g.bench_function("decode_reused_decoder", |b| {
+        b.iter(|| {
+            let mut cursor = FrameCursor::new(black_box(&frames), 0);
+            let mut n = 0;
+            while let FrameResult::Frame { body, .. } = cursor.next_frame() {
+                n += decoder.decode_event_body(body).unwrap().fields.len();
+            }
+            n
+        })
+    });
     g.finish();
 }
 
@@ -293,6 +306,10 @@ fn bench_codec(c: &mut Criterion) {
         })
     });
     g.bench_function("decode_12_fields", |b| b.iter(|| decode_event_body(black_box(&body)).unwrap()));
+    let mut decoder = EventDecoder::new();
+    g.bench_function("decode_12_fields_reused_decoder", |b| {
+        b.iter(|| decoder.decode_event_body(black_box(&body)).unwrap())
+    });
     g.finish();
 }
 

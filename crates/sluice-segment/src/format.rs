@@ -466,9 +466,11 @@ mod tests {
         SegmentHeader { flags: 0, codec: CODEC_BATCH, shard: 3, first_seq: 1_000, created_unix_nanos: -42 }
     }
 
-    /// A segment: header, then `n` frames with bodies of varied length. Returns the buffer and
-    /// each frame's (offset, end, seq, body).
-    fn segment(n: usize, rng: &mut XorShift) -> (Vec<u8>, Vec<(usize, usize, u64, Vec<u8>)>) {
+    /// A written frame: offset, end, sequence number, body.
+    type Written = (usize, usize, u64, Vec<u8>);
+
+    /// A segment: header, then `n` frames with bodies of varied length.
+    fn segment(n: usize, rng: &mut XorShift) -> (Vec<u8>, Vec<Written>) {
         let mut buf = header().encode().to_vec();
         let mut frames = Vec::new();
         for i in 0..n {
