@@ -8,6 +8,7 @@ Run through bench/run.sh, which builds the release binaries first.
 """
 import argparse
 import json
+import shutil
 import os
 import signal
 import socket
@@ -77,12 +78,15 @@ def row(name, events, secs, usage):
     }
 
 
-def config(tmp, api, inputs, processors, workers=2):
+def config(tmp, api, inputs, processors, workers=2, queue=None):
+    pipeline = {"workers": workers, "inputs": inputs, "processors": processors, "outputs": [{"type": "blackhole"}]}
+    if queue:
+        pipeline["queue"] = queue
     text = {
+        "data_dir": os.path.join(tmp, "data"),
         "api": {"address": api},
         "log": {"level": "warn"},
-        "pipelines": {"bench": {"workers": workers, "inputs": inputs, "processors": processors,
-                                "outputs": [{"type": "blackhole"}]}},
+        "pipelines": {"bench": pipeline},
     }
     path = os.path.join(tmp, "bench.yml")
     with open(path, "w") as f:
@@ -90,11 +94,13 @@ def config(tmp, api, inputs, processors, workers=2):
     return path
 
 
-def generator_blackhole(tmp, events, processors=(), name="generator -> blackhole"):
+def generator_blackhole(tmp, events, processors=(), name="generator -> blackhole", queue=None):
     lines = os.path.join(tmp, "lines.json")
     json_lines_file(lines, 10_000)
     api = f"127.0.0.1:{free_port()}"
-    cfg = config(tmp, api, [{"type": "generator", "count": events, "file": lines, "sequence": False}], list(processors))
+    cfg = config(tmp, api, [{"type": "generator", "count": events, "file": lines, "sequence": False}], list(processors),
+                 queue=queue)
+    shutil.rmtree(os.path.join(tmp, "data"), ignore_errors=True)
     started = time.perf_counter()
     proc = subprocess.Popen([SLUICE, "run", "-c", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     usage = finish(proc)
@@ -133,6 +139,8 @@ def tcp_blackhole(tmp, events, processors=(), name="tcp -> blackhole"):
 SCENARIOS = {
     "gen": lambda tmp, n: generator_blackhole(tmp, n),
     "gen-json": lambda tmp, n: generator_blackhole(tmp, n, [{"type": "json"}], "generator -> json -> blackhole"),
+    "gen-json-pq": lambda tmp, n: generator_blackhole(tmp, n, [{"type": "json"}], "generator -> persisted -> json -> bh",
+                                                      queue={"type": "persisted", "sync": "commit"}),
     "tcp": lambda tmp, n: tcp_blackhole(tmp, n),
     "tcp-json": lambda tmp, n: tcp_blackhole(tmp, n, [{"type": "json"}], "tcp -> json -> blackhole"),
 }
@@ -153,6 +161,10 @@ def main():
     for r in rows:
         print(f"{r['scenario']:34} {r['events']:>10} {r['seconds']:>8.2f} {r['events_per_s']:>11,.0f} "
               f"{r['mib_per_s']:>7.0f} {r['cpu_s_per_m']:>8.2f} {r['peak_rss_mib']:>8.1f}")
+    by = {r["scenario"]: r for r in rows}
+    mem, pq = by.get("generator -> json -> blackhole"), by.get("generator -> persisted -> json -> bh")
+    if mem and pq:
+        print(f"persisted / memory throughput, generator -> json -> blackhole: {pq['events_per_s'] / mem['events_per_s']:.2f}")
     print(f"(load average at the end: {load:.2f}; {os.cpu_count()} CPUs)")
     if args.json:
         print(json.dumps(rows))
