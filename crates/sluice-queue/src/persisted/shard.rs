@@ -553,7 +553,7 @@ impl Writer {
                     self.sync(&mut last_sync);
                     unsynced = false;
                 }
-                match self.checkpoint(done) {
+                match self.checkpoint(done, false) {
                     Ok(()) => checkpointed = done,
                     Err(e) => tracing::error!(shard = self.shard.id, error = %e, "cannot write the queue checkpoint"),
                 }
@@ -801,6 +801,11 @@ impl Writer {
                     }
                     since.get_or_insert_with(Instant::now);
                     self.shard.state.lock().stalled = Some(why);
+                    // Make room from what the outputs have acknowledged meanwhile.
+                    let done = self.shard.state.lock().done_lsn;
+                    if let Err(e) = self.checkpoint(done, true) {
+                        tracing::debug!(shard = self.shard.id, error = %e, "checkpoint while the disk is full");
+                    }
                     if self.shard.state.lock().stopping && pause >= Duration::from_secs(2) {
                         return false;
                     }
@@ -811,8 +816,11 @@ impl Writer {
         }
     }
 
-    /// Records the acknowledged prefix and deletes segments wholly before it.
-    fn checkpoint(&mut self, done_lsn: u64) -> io::Result<()> {
+    /// Records the acknowledged prefix and retires the segments wholly before it: kept as
+    /// spares for reuse, or deleted when `free_space` (the disk is full) or the pool is full.
+    /// Deleting a fully acknowledged segment is safe even if the checkpoint could not be
+    /// written: recovery then starts from an older position (duplicates, never loss).
+    fn checkpoint(&mut self, done_lsn: u64, free_space: bool) -> io::Result<()> {
         let (point, doomed) = {
             let s = self.shard.state.lock();
             let Some(seg) = s.segments.iter().rev().find(|g| g.base <= done_lsn).copied() else { return Ok(()) };
@@ -825,11 +833,18 @@ impl Writer {
                 .collect();
             (Checkpoint { segment: seg.id, offset: done_lsn - seg.base }, doomed)
         };
-        checkpoint::write(&self.shard.dir, &point)?;
+        let written = checkpoint::write(&self.shard.dir, &point);
+        if free_space {
+            for spare in self.free.drain(..) {
+                let _ = fs::remove_file(spare);
+            }
+        } else {
+            written.as_ref().map_err(|e| io::Error::new(e.kind(), e.to_string()))?;
+        }
         if !doomed.is_empty() {
             for id in &doomed {
                 let path = segment_path(&self.shard.dir, *id);
-                if self.free.len() < FREE_POOL {
+                if self.free.len() < FREE_POOL && !free_space {
                     let spare = self.shard.dir.join(format!("{id:020}{FREE_SUFFIX}"));
                     fs::rename(&path, &spare)?;
                     self.free.push(spare);
@@ -839,6 +854,6 @@ impl Writer {
             }
             self.shard.state.lock().segments.retain(|g| !doomed.contains(&g.id));
         }
-        Ok(())
+        written
     }
 }
