@@ -238,6 +238,7 @@ impl PersistedQueue {
                 next_seq: recovered.next_seq,
                 active: recovered.active,
                 free: recovered.free,
+                checkpointed: shard.state.lock().done_lsn,
             };
             if writer.active.is_none() {
                 // A new shard: its first segment is made now, off the write path, pages ready.

@@ -513,6 +513,9 @@ pub(crate) struct Writer {
     pub next_seq: u64,
     pub active: Option<(File, SegInfo)>,
     pub free: Vec<PathBuf>,
+    /// The acknowledged position the checkpoint on disk records; read when the writer is made,
+    /// before any worker can complete anything.
+    pub checkpointed: u64,
 }
 
 impl Writer {
@@ -524,7 +527,7 @@ impl Writer {
         let mut last_sync = Instant::now();
         let mut unsynced = false;
         let mut last_checkpoint = Instant::now();
-        let mut checkpointed = self.shard.state.lock().done_lsn;
+        let mut checkpointed = self.checkpointed;
         loop {
             let (work, closed) = {
                 let mut s = self.shard.state.lock();
@@ -738,7 +741,9 @@ impl Writer {
                 OpenOptions::new().read(true).write(true).open(&path)?
             }
             None => {
-                let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+                // `truncate`, not `create_new`: a file left by an attempt that failed half-way
+                // (a full disk) is this same segment, not someone else's.
+                let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
                 if prewrite {
                     let zeros = vec![0u8; 1 << 20];
                     let mut at = 0;
