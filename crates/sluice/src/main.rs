@@ -25,9 +25,11 @@ use tokio_util::sync::CancellationToken;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+// One worker: lines typed or piped in come out in the order they went in.
 const DEFAULT_CONFIG: &str = "\
 pipelines:
   main:
+    workers: 1
     inputs:
       - type: stdin
     outputs:
