@@ -1,5 +1,9 @@
 //! Line splitting and line decoding, the per-byte work of every line-based input.
 
+// The allocator the `sluice` binary uses.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_inputs::codec::Codec;
 use sluice_inputs::framing::LineFramer;

@@ -1,6 +1,10 @@
 //! Per-event cost of the parsing processors on typical lines. Each iteration gets a fresh event
 //! (cloned outside the timed part), as a worker would.
 
+// The allocator the `sluice` binary uses.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};

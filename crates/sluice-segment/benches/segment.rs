@@ -7,6 +7,10 @@
 //!   encoded with the codec into its own frame, then scanned and decoded.
 //! - `codec/*`: one 12-field event, encoded and decoded.
 
+// The allocator the `sluice` binary uses.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
