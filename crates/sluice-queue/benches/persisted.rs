@@ -125,8 +125,46 @@ async fn drain(q: &PersistedQueue, n: usize, batch: usize) {
     }
 }
 
+/// The exact bytes these events take as frames on disk.
 fn frame_bytes(events: &[Event]) -> u64 {
-    events.iter().map(|e| e.estimated_bytes() as u64 + 20).sum()
+    let mut body = Vec::new();
+    events
+        .iter()
+        .map(|e| {
+            body.clear();
+            sluice_segment::encode_event(e, &mut body).unwrap();
+            sluice_segment::frame_size(body.len()) as u64
+        })
+        .sum()
+}
+
+/// Two consumers at once, as two workers would take from the queue.
+async fn drain_two(q: &Arc<PersistedQueue>, n: usize, batch: usize) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let taken = Arc::new(AtomicUsize::new(0));
+    let finished = Arc::new(tokio::sync::Notify::new());
+    let consumers: Vec<_> = (0..2)
+        .map(|_| {
+            let (q, taken, finished) = (q.clone(), taken.clone(), finished.clone());
+            tokio::spawn(async move {
+                while taken.load(Ordering::Relaxed) < n {
+                    tokio::select! {
+                        b = q.pop(batch, Duration::ZERO) => {
+                            let b = b.expect("the queue holds what was pushed");
+                            if taken.fetch_add(b.len(), Ordering::Relaxed) + b.len() >= n {
+                                finished.notify_waiters();
+                            }
+                            b.complete();
+                        }
+                        _ = finished.notified() => break,
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in consumers {
+        c.await.unwrap();
+    }
 }
 
 fn write_and_read(c: &mut Criterion) {
@@ -156,13 +194,13 @@ fn write_and_read(c: &mut Criterion) {
         })
     });
 
-    g.bench_function("read_verify_from_disk", |b| {
+    g.bench_function("read_verify_from_disk_2_consumers", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 rt.block_on(push_all(&q, template.clone()));
                 let started = Instant::now();
-                rt.block_on(drain(&q, 64_000, 1000));
+                rt.block_on(drain_two(&q, 64_000, 1000));
                 total += started.elapsed();
             }
             total

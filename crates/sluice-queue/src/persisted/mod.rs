@@ -260,7 +260,8 @@ impl PersistedQueue {
         self.shards.lock().clone()
     }
 
-    /// Takes up to `want` events from the shards, starting at the next in turn.
+    /// Takes up to `want` events from the shards, starting at the next in turn. Memory is
+    /// tried on every shard first; disk reads run outside the async worker threads.
     fn take(&self, want: usize) -> Option<Batch> {
         let shards = self.shards();
         if shards.is_empty() {
@@ -268,12 +269,28 @@ impl PersistedQueue {
         }
         let first = self.next_pop.fetch_add(1, Ordering::Relaxed);
         let mut out: Option<Batch> = None;
+        let mut on_disk = Vec::new();
         for i in 0..shards.len() {
             let have = out.as_ref().map_or(0, Batch::len);
             if have >= want {
                 break;
             }
-            if let Some(piece) = shards[(first + i) % shards.len()].take(&self.inner, want - have) {
+            let shard = &shards[(first + i) % shards.len()];
+            match shard.take_from_memory(&self.inner, want - have) {
+                Ok(Some(piece)) => match &mut out {
+                    Some(b) => b.append(piece),
+                    None => out = Some(piece),
+                },
+                Ok(None) => {}
+                Err(()) => on_disk.push(shard.clone()),
+            }
+        }
+        for shard in on_disk {
+            let have = out.as_ref().map_or(0, Batch::len);
+            if have >= want {
+                break;
+            }
+            if let Some(piece) = blocking(|| shard.take(&self.inner, want - have)) {
                 match &mut out {
                     Some(b) => b.append(piece),
                     None => out = Some(piece),
@@ -356,7 +373,7 @@ impl Queue for PersistedQueue {
                 return out;
             }
             let have = out.as_ref().map_or(0, Batch::len);
-            if let Some(piece) = blocking(|| self.take(want - have)) {
+            if let Some(piece) = self.take(want - have) {
                 match &mut out {
                     Some(b) => b.append(piece),
                     None => out = Some(piece),

@@ -289,33 +289,71 @@ impl Shard {
         inner.not_empty.notify_waiters();
     }
 
+    /// Takes up to `want` events from the front of this shard if they are in memory: adjacent
+    /// in-memory entries are merged into one piece with one acknowledgement for their whole
+    /// range. `Err(())` when the front is on disk (see [`Shard::take_from_disk`]).
+    pub fn take_from_memory(self: &Arc<Self>, inner: &Arc<Inner>, want: usize) -> Result<Option<Batch>, ()> {
+        let mut s = self.state.lock();
+        let mut piece: Option<(Batch, u64, u64)> = None;
+        while piece.as_ref().map_or(0, |p| p.0.len()) < want {
+            let room = want - piece.as_ref().map_or(0, |p| p.0.len());
+            match s.readable.front_mut() {
+                Some(Readable::Mem { batch, start, ends }) if piece.as_ref().is_none_or(|p| p.2 == *start) => {
+                    let n = batch.len().min(room);
+                    let (events, from, to) = if n < batch.len() {
+                        let part = batch.split_front(n);
+                        let rest_ends = ends.split_off(n);
+                        let (from, to) = (*start, ends[n - 1]);
+                        *start = to;
+                        *ends = rest_ends;
+                        (part, from, to)
+                    } else {
+                        let Some(Readable::Mem { batch, start, ends }) = s.readable.pop_front() else { unreachable!() };
+                        let to = ends[ends.len() - 1];
+                        (batch, start, to)
+                    };
+                    inner.mem_bytes.fetch_sub(events.bytes as u64, Ordering::Relaxed);
+                    match &mut piece {
+                        Some((b, _, end)) => {
+                            b.append(events);
+                            *end = to;
+                        }
+                        None => piece = Some((events, from, to)),
+                    }
+                }
+                Some(Readable::Disk { .. }) if piece.is_none() => return Err(()),
+                _ => break,
+            }
+        }
+        drop(s);
+        Ok(piece.map(|(batch, start, end)| {
+            let n = batch.len();
+            let acker = self.range_acker(inner, start, end, n);
+            Batch::new(batch.events, AckSet::single(acker, n), batch.bytes)
+        }))
+    }
+
     /// Takes up to `want` events from the front of this shard, reading from disk if the front
     /// is on disk. `None` when the shard has nothing readable.
     pub fn take(self: &Arc<Self>, inner: &Arc<Inner>, want: usize) -> Option<Batch> {
+        match self.take_from_memory(inner, want) {
+            Ok(piece) => piece,
+            Err(()) => self.take_from_disk(inner, want),
+        }
+    }
+
+    fn take_from_disk(self: &Arc<Self>, inner: &Arc<Inner>, want: usize) -> Option<Batch> {
         let front = {
             let mut s = self.state.lock();
-            let front = s.readable.pop_front()?;
-            match front {
-                Readable::Mem { mut batch, start, mut ends } => {
-                    let n = batch.len().min(want);
-                    let piece = if n < batch.len() {
-                        let piece = batch.split_front(n);
-                        let rest_ends = ends.split_off(n);
-                        s.readable.push_front(Readable::Mem { batch, start: ends[n - 1], ends: rest_ends });
-                        piece
-                    } else {
-                        batch
-                    };
-                    drop(s);
-                    inner.mem_bytes.fetch_sub(piece.bytes as u64, Ordering::Relaxed);
-                    let end = ends[n - 1];
-                    let acker = self.range_acker(inner, start, end, n);
-                    let bytes = piece.bytes;
-                    return Some(Batch::new(piece.events, AckSet::single(acker, n), bytes));
-                }
+            match s.readable.pop_front()? {
                 Readable::Disk { start, end } => {
                     let seg = s.segments.iter().rev().find(|g| g.base <= start).copied();
                     (start, end, seg)
+                }
+                mem => {
+                    // Another worker took the disk entry meanwhile.
+                    s.readable.push_front(mem);
+                    return None;
                 }
             }
         };
