@@ -154,7 +154,8 @@ pub(crate) struct Inner {
 
 pub struct PersistedQueue {
     inner: Arc<Inner>,
-    shards: Mutex<Vec<Arc<Shard>>>,
+    /// Set once, when the queue opens; read without a lock on every push and pop.
+    shards: std::sync::OnceLock<Vec<Arc<Shard>>>,
     writers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     lock: Mutex<Option<File>>,
     next_push: AtomicUsize,
@@ -176,7 +177,7 @@ impl PersistedQueue {
                 not_full: Notify::new(),
                 metrics: PersistedMetrics::default(),
             }),
-            shards: Mutex::new(Vec::new()),
+            shards: std::sync::OnceLock::new(),
             writers: Mutex::new(Vec::new()),
             lock: Mutex::new(None),
             next_push: AtomicUsize::new(0),
@@ -250,14 +251,16 @@ impl PersistedQueue {
         let backlog = self.inner.bytes.load(Ordering::Relaxed);
         tracing::info!(path = %path.display(), shards = count, backlog_bytes = backlog,
             took = ?started.elapsed(), "persisted queue opened");
-        *self.shards.lock() = shards;
+        if self.shards.set(shards).is_err() {
+            return Err(std::io::Error::other("the queue was already opened"));
+        }
         *self.writers.lock() = writers;
         self.inner.not_empty.notify_waiters();
         Ok(())
     }
 
-    fn shards(&self) -> Vec<Arc<Shard>> {
-        self.shards.lock().clone()
+    fn shards(&self) -> &[Arc<Shard>] {
+        self.shards.get().map_or(&[], Vec::as_slice)
     }
 
     /// Takes up to `want` events from the shards, starting at the next in turn. Memory is
@@ -323,19 +326,28 @@ impl Queue for PersistedQueue {
         }
         let shard = &shards[self.next_push.fetch_add(1, Ordering::Relaxed) % shards.len()];
         let mut blocked: Option<Instant> = None;
+        let admit = || {
+            let used = self.inner.bytes.load(Ordering::Relaxed);
+            let fits = used == 0 || used + batch.bytes as u64 <= self.inner.config.max_bytes;
+            // Batches waiting for the writer are in memory: keep that backlog short, so a slow
+            // disk slows the inputs instead of growing the heap.
+            fits && shard.state.lock().pending_bytes < PENDING_LIMIT
+        };
         loop {
+            if self.closed.load(Ordering::Acquire) {
+                return Err(QueueClosed);
+            }
+            if admit() {
+                break;
+            }
+            // Slow path: register for a wake-up, then look again so none is missed.
             let notified = self.inner.not_full.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.closed.load(Ordering::Acquire) {
                 return Err(QueueClosed);
             }
-            let used = self.inner.bytes.load(Ordering::Relaxed);
-            let fits = used == 0 || used + batch.bytes as u64 <= self.inner.config.max_bytes;
-            // Batches waiting for the writer are in memory: keep that backlog short, so a slow
-            // disk slows the inputs instead of growing the heap.
-            let writer_keeps_up = shard.state.lock().pending_bytes < PENDING_LIMIT;
-            if fits && writer_keeps_up {
+            if admit() {
                 break;
             }
             blocked.get_or_insert_with(Instant::now);
@@ -345,6 +357,7 @@ impl Queue for PersistedQueue {
             self.blocked_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         self.inner.bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
+        let wake;
         {
             let mut s = shard.state.lock();
             if s.closed {
@@ -352,11 +365,18 @@ impl Queue for PersistedQueue {
                 self.inner.bytes.fetch_sub(batch.bytes as u64, Ordering::Relaxed);
                 return Err(QueueClosed);
             }
+            let first = s.pending.is_empty();
+            let before = s.pending_bytes;
             s.pending_bytes += batch.bytes;
             s.bytes += batch.bytes as u64;
             s.pending.push(batch);
+            // The writer needs waking for the first batch of a group, or when the group is big
+            // enough to end its wait; a wake per batch would cost a context switch per batch.
+            wake = first || (before < shard::GROUP_WINDOW_BYTES && s.pending_bytes >= shard::GROUP_WINDOW_BYTES);
         }
-        shard.wake.notify_one();
+        if wake {
+            shard.wake.notify_one();
+        }
         Ok(())
     }
 

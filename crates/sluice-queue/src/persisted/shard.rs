@@ -33,6 +33,10 @@ use sluice_segment::{
 use super::checkpoint::{self, Checkpoint};
 use super::{Inner, SyncPolicy};
 
+/// How long a small group waits for more before it is written, and what counts as small.
+const GROUP_WINDOW: Duration = Duration::from_micros(100);
+pub(crate) const GROUP_WINDOW_BYTES: usize = 64 << 10;
+
 /// Events read back from disk per piece at most, whatever the worker asked for.
 const READ_WINDOW: usize = 4 << 20;
 
@@ -576,6 +580,16 @@ impl Writer {
                         .checkpoint_interval
                         .clamp(Duration::from_millis(1), Duration::from_millis(100));
                     self.shard.wake.wait_for(&mut s, idle);
+                }
+                // Group commit: a small group that just arrived waits a moment for the rest of
+                // its burst, so one fsync covers it all rather than one for the first event.
+                if !s.pending.is_empty() && s.pending_bytes < GROUP_WINDOW_BYTES && !s.stopping {
+                    let until = Instant::now() + GROUP_WINDOW;
+                    while s.pending_bytes < GROUP_WINDOW_BYTES && !s.stopping {
+                        if self.shard.wake.wait_until(&mut s, until).timed_out() {
+                            break;
+                        }
+                    }
                 }
                 s.pending_bytes = 0;
                 (std::mem::take(&mut s.pending), s.stopping)
