@@ -68,12 +68,14 @@
 //! ```
 
 mod condition;
+pub mod joda;
 mod lexer;
 mod template;
 
 use std::fmt;
 
 pub use condition::Condition;
+pub use joda::joda_to_strftime;
 pub use template::Template;
 
 /// A condition or template that does not parse. `column` is 1-based and counted in chars.

@@ -132,7 +132,11 @@ impl DateFormat {
                 src,
             ));
         }
-        let strftime = if fmt.contains('%') { fmt.to_string() } else { joda_to_strftime(fmt, at, src)? };
+        let strftime = if fmt.contains('%') {
+            fmt.to_string()
+        } else {
+            crate::joda::joda_to_strftime(fmt).map_err(|e| ExprError::new(e.message, at + e.at, src))?
+        };
         let items = StrftimeItems::new(&strftime)
             .parse_to_owned()
             .map_err(|_| ExprError::new(format!("invalid strftime date format `{fmt}`"), at, src))?;
@@ -164,76 +168,6 @@ impl DateFormat {
             dt.naive_utc().format_with_items(self.items.iter()).write_to(out)
         };
     }
-}
-
-/// Translates a Logstash/Joda pattern (`YYYY.MM.dd`, `yyyy-MM-dd'T'HH`) to strftime.
-fn joda_to_strftime(fmt: &str, at: usize, src: &str) -> Result<String, ExprError> {
-    let chars: Vec<char> = fmt.chars().collect();
-    let mut out = String::with_capacity(fmt.len() * 2);
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        if c == '\'' {
-            // Quoted literal text; '' is a literal quote.
-            if chars.get(i + 1) == Some(&'\'') {
-                out.push('\'');
-                i += 2;
-                continue;
-            }
-            let mut j = i + 1;
-            loop {
-                match chars.get(j) {
-                    None => {
-                        return Err(ExprError::new("unterminated quoted text in date format".into(), at + i, src));
-                    }
-                    Some('\'') if chars.get(j + 1) == Some(&'\'') => {
-                        out.push('\'');
-                        j += 2;
-                    }
-                    Some('\'') => break,
-                    Some(&q) => {
-                        out.push(q);
-                        j += 1;
-                    }
-                }
-            }
-            i = j + 1;
-            continue;
-        }
-        if !c.is_ascii_alphabetic() {
-            out.push(c);
-            i += 1;
-            continue;
-        }
-        let mut n = 1;
-        while chars.get(i + n) == Some(&c) {
-            n += 1;
-        }
-        let spec = match (c, n) {
-            ('y' | 'Y', 4) => "%Y",
-            ('y' | 'Y', 2) => "%y",
-            ('M', 2) => "%m",
-            ('d', 2) => "%d",
-            ('H', 2) => "%H",
-            ('m', 2) => "%M",
-            ('s', 2) => "%S",
-            ('S', 3) => "%3f",
-            _ => {
-                let run: String = chars[i..i + n].iter().collect();
-                return Err(ExprError::new(
-                    format!(
-                        "unsupported date pattern `{run}` (supported: yyyy YYYY yy MM dd HH mm ss SSS \
-                         and 'quoted text'; or use a strftime format with %)"
-                    ),
-                    at + i,
-                    src,
-                ));
-            }
-        };
-        out.push_str(spec);
-        i += n;
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -378,7 +312,7 @@ mod tests {
         assert_err("x%{/a~2}", 4, "invalid path");
         assert_err("%{+}", 4, "empty date format");
         assert_err("%{+YYYY.MM.dd Q}", 15, "unsupported date pattern `Q`");
-        assert_err("%{+YYY}", 4, "unsupported date pattern `YYY`");
+        assert_err("%{+YYYY zzz}", 9, "time zone names are not supported");
         assert_err("ab%{+yyyy'T}", 10, "unterminated quoted text");
         assert_err("é%{+%Y-%}", 5, "invalid strftime");
         assert_err("%{+%Q}", 4, "invalid strftime");

@@ -133,7 +133,7 @@ impl Format {
         let strftime = if text.contains('%') {
             text.to_string()
         } else {
-            joda_to_strftime(text).map_err(|e| format!("in date pattern `{text}`: {e}"))?
+            sluice_expr::joda_to_strftime(text).map_err(|e| format!("in date pattern `{text}`: {}", e.message))?
         };
         let items = StrftimeItems::new(&strftime)
             .parse_to_owned()
@@ -405,87 +405,6 @@ fn parse_scaled_decimal(s: &str, exp: u32) -> Option<i64> {
     Some(if neg { -v } else { v })
 }
 
-/// Translates a Joda-Time pattern (as Logstash's `date` filter takes) to a chrono strftime format.
-pub(crate) fn joda_to_strftime(pattern: &str) -> Result<String, String> {
-    fn literal(out: &mut String, c: char) {
-        if c == '%' {
-            out.push_str("%%");
-        } else {
-            out.push(c);
-        }
-    }
-    let chars: Vec<char> = pattern.chars().collect();
-    let mut out = String::with_capacity(pattern.len() * 2);
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        if c == '\'' {
-            if chars.get(i + 1) == Some(&'\'') {
-                out.push('\'');
-                i += 2;
-                continue;
-            }
-            i += 1;
-            loop {
-                match chars.get(i) {
-                    None => return Err("unterminated quote (`'`)".to_string()),
-                    Some('\'') if chars.get(i + 1) == Some(&'\'') => {
-                        out.push('\'');
-                        i += 2;
-                    }
-                    Some('\'') => {
-                        i += 1;
-                        break;
-                    }
-                    Some(&ch) => {
-                        literal(&mut out, ch);
-                        i += 1;
-                    }
-                }
-            }
-            continue;
-        }
-        if !c.is_ascii_alphabetic() {
-            literal(&mut out, c);
-            i += 1;
-            continue;
-        }
-        let mut n = 1;
-        while chars.get(i + n) == Some(&c) {
-            n += 1;
-        }
-        let spec = match (c, n) {
-            ('y' | 'Y' | 'u', 2) => "%y",
-            ('y' | 'Y' | 'u', _) => "%Y",
-            ('M', 1 | 2) => "%m",
-            ('M', 3) => "%b",
-            ('M', _) => "%B",
-            ('d', 1 | 2) => "%d",
-            ('D', 1..=3) => "%j",
-            ('H', 1 | 2) => "%H",
-            ('h', 1 | 2) => "%I",
-            ('m', 1 | 2) => "%M",
-            ('s', 1 | 2) => "%S",
-            ('S', 3) => "%3f",
-            ('S', 6) => "%6f",
-            ('S', 9) => "%9f",
-            ('S', _) => return Err("fractions of a second are written SSS, SSSSSS or SSSSSSSSS".to_string()),
-            ('Z', 1) => "%z",
-            ('Z', 2) => "%:z",
-            ('Z' | 'z', _) => {
-                return Err("time zone names are not supported; use Z (+0200) or ZZ (+02:00)".to_string());
-            }
-            ('a', 1) => "%p",
-            ('E', 1..=3) => "%a",
-            ('E', _) => "%A",
-            _ => return Err(format!("unsupported pattern letter `{}`", c.to_string().repeat(n))),
-        };
-        out.push_str(spec);
-        i += n;
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -566,19 +485,6 @@ mod tests {
         assert_eq!(parse_scaled_decimal("1.", 9), Some(NANOS_PER_SEC));
         assert_eq!(parse_scaled_decimal("abc", 9), None);
         assert_eq!(parse_scaled_decimal("", 9), None);
-    }
-
-    #[test]
-    fn joda_translation() {
-        assert_eq!(joda_to_strftime("dd/MMM/yyyy:HH:mm:ss Z").unwrap(), "%d/%b/%Y:%H:%M:%S %z");
-        assert_eq!(joda_to_strftime("yyyy-MM-dd HH:mm:ss,SSS").unwrap(), "%Y-%m-%d %H:%M:%S,%3f");
-        assert_eq!(joda_to_strftime("yyyy-MM-dd'T'HH:mm:ssZZ").unwrap(), "%Y-%m-%dT%H:%M:%S%:z");
-        assert_eq!(joda_to_strftime("EEE MMM dd HH:mm:ss yyyy").unwrap(), "%a %b %d %H:%M:%S %Y");
-        assert_eq!(joda_to_strftime("yy MMMM d h a 'o''clock' 100%").unwrap(), "%y %B %d %I %p o'clock 100%%");
-        assert!(joda_to_strftime("yyyy 'open").unwrap_err().contains("unterminated"));
-        assert!(joda_to_strftime("HH:mm zzz").unwrap_err().contains("zone names"));
-        assert!(joda_to_strftime("ss.SS").unwrap_err().contains("SSS"));
-        assert!(joda_to_strftime("yyyy QQ").unwrap_err().contains("`QQ`"));
     }
 
     #[test]
