@@ -27,25 +27,28 @@ const IIS: &str = "2026-11-21 07:00:01 W3SVC1 WEB01 192.0.2.10 GET /default.htm 
 
 fn cloudtrail(i: u64) -> String {
     format!(
-        r#"{{"eventVersion":"1.08","userIdentity":{{"type":"IAMUser","principalId":"AIDA{i:016X}","arn":"arn:aws:iam::123456789012:user/alice","accountId":"123456789012","accessKeyId":"AKIA{i:016X}","userName":"alice","sessionContext":{{"attributes":{{"creationDate":"2026-11-21T06:59:00Z","mfaAuthenticated":"true"}}}}}},"eventTime":"2026-11-21T07:00:01Z","eventSource":"s3.amazonaws.com","eventName":"GetObject","awsRegion":"eu-west-1","sourceIPAddress":"203.0.113.{}","userAgent":"aws-cli/2.15.0 Python/3.11.6 Linux/6.1 exe/x86_64","requestParameters":{{"bucketName":"logs-archive","key":"2026/11/21/app-{i}.log.gz","Host":"logs-archive.s3.eu-west-1.amazonaws.com"}},"responseElements":null,"additionalEventData":{{"SignatureVersion":"SigV4","CipherSuite":"ECDHE-RSA-AES128-GCM-SHA256","bytesTransferredIn":0,"AuthenticationMethod":"AuthHeader","x-amz-id-2":"{i:032x}","bytesTransferredOut":52311}},"requestID":"{i:016X}","eventID":"{i:08x}-1111-2222-3333-444455556666","readOnly":true,"resources":[{{"type":"AWS::S3::Object","ARN":"arn:aws:s3:::logs-archive/2026/11/21/app-{i}.log.gz"}},{{"accountId":"123456789012","type":"AWS::S3::Bucket","ARN":"arn:aws:s3:::logs-archive"}}],"eventType":"AwsApiCall","managementEvent":false,"recipientAccountId":"123456789012","eventCategory":"Data","tlsDetails":{{"tlsVersion":"TLSv1.2","cipherSuite":"ECDHE-RSA-AES128-GCM-SHA256","clientProvidedHostHeader":"logs-archive.s3.eu-west-1.amazonaws.com"}}}}"#,
+        r#"{{"eventVersion":"1.08","userIdentity":{{"type":"IAMUser","principalId":"AIDA{i:016X}","arn":"arn:aws:iam::123456789012:user/alice","accountId":"123456789012","accessKeyId":"AKIA{i:016X}","userName":"alice","sessionContext":{{"attributes":{{"creationDate":"2026-11-21T06:59:00Z","mfaAuthenticated":"true"}}}}}},"eventTime":"2026-11-21T07:00:01Z","eventSource":"s3.amazonaws.com","eventName":"GetObject","awsRegion":"eu-west-1","sourceIPAddress":"203.0.113.{}","userAgent":"aws-cli/2.15.0 Python/3.11.6 Linux/6.1 exe/x86_64","requestParameters":{{"bucketName":"logs-archive","key":"2026/11/21/app-{i}.log.gz","Host":"logs-archive.s3.eu-west-1.amazonaws.com"}},"responseElements":null,"additionalEventData":{{"SignatureVersion":"SigV4","CipherSuite":"ECDHE-RSA-AES128-GCM-SHA256","bytesTransferredIn":0,"AuthenticationMethod":"AuthHeader","x-amz-id-2":"{i:032x}","bytesTransferredOut":52311}},"requestID":"{i:016X}","eventID":"{i:08x}-1111-2222-3333-444455556666","readOnly":true,"resources":[{{"type":"AWS::S3::Object","ARN":"arn:aws:s3:::logs-archive/2026/11/21/app-{i}.log.gz"}},{{"accountId":"123456789012","type":"AWS::S3::Bucket","ARN":"arn:aws:s3:::logs-archive"}}],"eventType":"AwsApiCall","managementEvent":false,"recipientAccountId":"123456789012","sharedEventID":"{i:08x}-aaaa-bbbb-cccc-ddddeeeeffff","vpcEndpointId":"vpce-0a1b2c3d4e5f60718","vpcEndpointAccountId":"123456789012","eventCategory":"Data","tlsDetails":{{"tlsVersion":"TLSv1.2","cipherSuite":"ECDHE-RSA-AES128-GCM-SHA256","clientProvidedHostHeader":"logs-archive.s3.eu-west-1.amazonaws.com"}},"sessionCredentialFromConsole":"false","edgeDeviceDetails":null,"insightDetails":null,"annotation":"nightly archive job {i}, retention class glacier-ir, replication to us-east-1 pending, object lock governance mode until 2027-11-21","serviceEventDetails":{{"replicationRule":"archive-to-dr","destinationBucket":"arn:aws:s3:::logs-archive-dr-us-east-1","storageClass":"GLACIER_IR","kmsKeyArn":"arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab","checksumAlgorithm":"CRC32C","objectSize":52311,"versionId":"3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY+MTRCxf3vjVBH40Nr8X8gdRQBpUMLUo"}}}}"#,
         i % 250
     )
 }
 
 fn cloudflare(i: u64) -> String {
     format!(
-        r#"{{"ClientIP":"198.51.100.{}","ClientRequestHost":"www.example.com","ClientRequestMethod":"GET","ClientRequestURI":"/api/v1/items/{i}?page=2","EdgeEndTimestamp":"2026-11-21T07:00:01Z","EdgeResponseBytes":{},"EdgeResponseStatus":200,"EdgeStartTimestamp":"2026-11-21T07:00:00Z","RayID":"{i:016x}","CacheCacheStatus":"hit","ClientCountry":"de","ClientDeviceType":"desktop","ClientRequestUserAgent":"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36","OriginResponseStatus":0,"SecurityLevel":"med","WAFAction":"unknown"}}"#,
+        r#"{{"ClientIP":"198.51.100.{}","ClientRequestHost":"www.example.com","ClientRequestMethod":"GET","ClientRequestURI":"/api/v1/items/{i}?page=2","EdgeEndTimestamp":"2026-11-21T07:00:01Z","EdgeResponseBytes":{},"EdgeResponseStatus":200,"EdgeStartTimestamp":"2026-11-21T07:00:00Z","RayID":"{i:016x}","CacheCacheStatus":"hit","ClientCountry":"de","ClientDeviceType":"desktop","ClientRequestUserAgent":"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36","OriginResponseStatus":0,"SecurityLevel":"med","WAFAction":"unknown","ClientSSLProtocol":"TLSv1.3","ClientSSLCipher":"AEAD-AES128-GCM-SHA256","ClientRequestReferer":"https://www.example.com/catalog/search?q=widgets&page=1","ClientASN":3320,"EdgeColoCode":"FRA","EdgeServerIP":"104.16.0.{}","OriginIP":"192.0.2.10","OriginResponseTime":41000000,"WorkerSubrequest":false,"ZoneName":"example.com","BotScore":87,"BotScoreSrc":"Machine Learning","JA3Hash":"{i:032x}","ClientRequestPath":"/api/v1/items/{i}","ClientRequestProtocol":"HTTP/2","CacheResponseBytes":{},"EdgeRequestHost":"www.example.com","ParentRayID":"00"}}"#,
         i % 250,
-        1000 + i % 9000
+        1000 + i % 9000,
+        i % 250,
+        900 + i % 9000
     )
 }
 
 fn suricata(i: u64) -> String {
     format!(
-        r#"{{"timestamp":"2026-11-21T07:00:01.{:06}+0000","flow_id":{i},"in_iface":"eth0","event_type":"alert","src_ip":"10.0.0.{}","src_port":{},"dest_ip":"192.0.2.1","dest_port":443,"proto":"TCP","alert":{{"action":"allowed","gid":1,"signature_id":2013028,"rev":7,"signature":"ET POLICY curl User-Agent Outbound","category":"Attempted Information Leak","severity":2}},"http":{{"hostname":"example.com","url":"/download/tool-{i}.tar.gz","http_user_agent":"curl/8.4.0","http_content_type":"application/gzip","http_method":"GET","protocol":"HTTP/1.1","status":200,"length":{}}},"app_proto":"http","flow":{{"pkts_toserver":7,"pkts_toclient":12,"bytes_toserver":612,"bytes_toclient":14823,"start":"2026-11-21T07:00:00.000000+0000"}}}}"#,
+        r#"{{"timestamp":"2026-11-21T07:00:01.{:06}+0000","flow_id":{i},"in_iface":"eth0","event_type":"alert","src_ip":"10.0.0.{}","src_port":{},"dest_ip":"192.0.2.1","dest_port":443,"proto":"TCP","alert":{{"action":"allowed","gid":1,"signature_id":2013028,"rev":7,"signature":"ET POLICY curl User-Agent Outbound","category":"Attempted Information Leak","severity":2}},"http":{{"hostname":"example.com","url":"/download/tool-{i}.tar.gz","http_user_agent":"curl/8.4.0","http_content_type":"application/gzip","http_method":"GET","protocol":"HTTP/1.1","status":200,"length":{}}},"app_proto":"http","flow":{{"pkts_toserver":7,"pkts_toclient":12,"bytes_toserver":612,"bytes_toclient":14823,"start":"2026-11-21T07:00:00.000000+0000"}},"community_id":"1:{i:016x}=","host":"sensor-eu-1","payload_printable":"GET /download/tool-{i}.tar.gz HTTP/1.1\r\nHost: example.com\r\nUser-Agent: curl/8.4.0\r\nAccept: */*\r\n\r\n","stream":0,"packet_info":{{"linktype":1}},"fileinfo":{{"filename":"/download/tool-{i}.tar.gz","gaps":false,"state":"CLOSED","stored":false,"size":{},"tx_id":0,"sha256":"{i:064x}"}},"metadata":{{"flowbits":["http.dottedquadhost","ET.curl.ua"],"flowints":{{"http.anomaly.count":1}}}},"tx_id":0}}"#,
         i % 1_000_000,
         i % 250,
         1024 + i % 60000,
+        10_000 + i % 50_000,
         10_000 + i % 50_000
     )
 }
@@ -276,5 +279,13 @@ fn startup_1gib(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, write_and_read, sync_1k, startup_1gib);
+fn sample_sizes(_: &mut Criterion) {
+    let mut rng = 0x1234_5678_9ABC_DEF1u64;
+    let (evs, bytes) = events(1000, &mut rng);
+    let min = evs.iter().map(|e| e.message().map_or(0, str::len)).min().unwrap_or(0);
+    let max = evs.iter().map(|e| e.message().map_or(0, str::len)).max().unwrap_or(0);
+    eprintln!("sample messages: mean {} bytes, {min} to {max}", bytes / 1000);
+}
+
+criterion_group!(benches, sample_sizes, write_and_read, sync_1k, startup_1gib);
 criterion_main!(benches);
