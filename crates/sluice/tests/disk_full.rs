@@ -322,6 +322,7 @@ pipelines:
     let stats = get_json(&api, "/stats");
     let q = &stats["pipelines"]["p"]["queue"];
     assert_eq!(q["shards"][0]["stalled"], "disk full", "the stall shows in /stats: {q}");
+    assert!(q["stalled_nanos"].as_u64().unwrap_or(0) > 0, "stall time counts while the stall lasts: {q}");
     eprintln!(
         "disk full after {} events acknowledged ({:?}); {}; server refused {} requests",
         acked.len(),

@@ -448,6 +448,7 @@ impl Queue for PersistedQueue {
 
     fn stats(&self) -> QueueStats {
         let mut events = 0;
+        let mut stalling_now = 0u64;
         let shards = self
             .shards()
             .iter()
@@ -455,6 +456,7 @@ impl Queue for PersistedQueue {
                 let s = sh.state.lock();
                 let pending: u64 = s.pending.iter().map(|b| b.len() as u64).sum();
                 events += s.events + pending;
+                stalling_now += s.stalled_since.map_or(0, |t| t.elapsed().as_nanos() as u64);
                 sluice_core::ShardStats {
                     shard: sh.id,
                     events: s.events + pending,
@@ -476,7 +478,8 @@ impl Queue for PersistedQueue {
             fsyncs: m.fsyncs.load(Ordering::Relaxed),
             commit_latency: Some(m.commit_latency.snapshot_struct()),
             corrupt_frames: m.corrupt_frames.load(Ordering::Relaxed),
-            stalled_nanos: m.stalled_nanos.load(Ordering::Relaxed),
+            // Finished stalls, plus the ones going on now.
+            stalled_nanos: m.stalled_nanos.load(Ordering::Relaxed) + stalling_now,
         }
     }
 }

@@ -72,6 +72,8 @@ pub(crate) struct ShardState {
     pub writer_finished: bool,
     /// Why the writer is stuck (disk full), for stats.
     pub stalled: Option<String>,
+    /// Since when the writer has been waiting on the disk, while it is.
+    pub stalled_since: Option<Instant>,
 }
 
 impl ShardState {
@@ -253,6 +255,7 @@ impl Shard {
                 stopping: false,
                 writer_finished: false,
                 stalled: None,
+                stalled_since: None,
             }),
             wake: Condvar::new(),
             reader: Mutex::new(ReadCache::default()),
@@ -841,7 +844,9 @@ impl Writer {
                     if let Some(t) = since {
                         let waited = t.elapsed();
                         self.inner.metrics.stalled_nanos.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
-                        self.shard.state.lock().stalled = None;
+                        let mut st = self.shard.state.lock();
+                        st.stalled = None;
+                        st.stalled_since = None;
                         tracing::info!(shard = self.shard.id, waited = ?waited, "persisted queue writing again");
                     }
                     return true;
@@ -857,7 +862,11 @@ impl Writer {
                         logged = true;
                     }
                     since.get_or_insert_with(Instant::now);
-                    self.shard.state.lock().stalled = Some(why);
+                    {
+                        let mut st = self.shard.state.lock();
+                        st.stalled = Some(why);
+                        st.stalled_since.get_or_insert(since.unwrap_or_else(Instant::now));
+                    }
                     // Make room from what the outputs have acknowledged meanwhile.
                     let done = self.shard.state.lock().done_lsn;
                     if let Err(e) = self.checkpoint(done, true) {
