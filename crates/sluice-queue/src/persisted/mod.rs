@@ -410,7 +410,9 @@ impl Queue for PersistedQueue {
                     return out;
                 }
             } else {
-                notified.await;
+                // Woken by new data; the periodic look is a safety net (a disk read that failed
+                // for a moment leaves data behind with nobody to announce it).
+                let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
             }
         }
     }

@@ -89,6 +89,15 @@ impl ShardState {
     }
 }
 
+/// What a read from disk came to.
+enum DiskTake {
+    Batch(Batch),
+    /// No events, but the shard moved on (damaged frames consumed, or the front changed): try again.
+    Again,
+    /// Nothing could be read now (an I/O error); the range is kept for a later try.
+    Failed,
+}
+
 pub(crate) struct Shard {
     pub id: u32,
     pub dir: PathBuf,
@@ -343,16 +352,26 @@ impl Shard {
     /// Takes up to `want` events from the front of this shard, reading from disk if the front
     /// is on disk. `None` when the shard has nothing readable.
     pub fn take(self: &Arc<Self>, inner: &Arc<Inner>, want: usize) -> Option<Batch> {
-        match self.take_from_memory(inner, want) {
-            Ok(piece) => piece,
-            Err(()) => self.take_from_disk(inner, want),
+        // Go on while there is progress: a piece that held only damaged frames, or a front that
+        // another worker changed meanwhile, is no reason to report "nothing" while data waits.
+        for _ in 0..64 {
+            match self.take_from_memory(inner, want) {
+                Ok(piece) => return piece,
+                Err(()) => match self.take_from_disk(inner, want) {
+                    DiskTake::Batch(b) => return Some(b),
+                    DiskTake::Again => continue,
+                    DiskTake::Failed => return None,
+                },
+            }
         }
+        None
     }
 
-    fn take_from_disk(self: &Arc<Self>, inner: &Arc<Inner>, want: usize) -> Option<Batch> {
+    fn take_from_disk(self: &Arc<Self>, inner: &Arc<Inner>, want: usize) -> DiskTake {
         let front = {
             let mut s = self.state.lock();
-            match s.readable.pop_front()? {
+            let Some(front) = s.readable.pop_front() else { return DiskTake::Again };
+            match front {
                 Readable::Disk { start, end } => {
                     let seg = s.segments.iter().rev().find(|g| g.base <= start).copied();
                     (start, end, seg)
@@ -360,7 +379,7 @@ impl Shard {
                 mem => {
                     // Another worker took the disk entry meanwhile.
                     s.readable.push_front(mem);
-                    return None;
+                    return DiskTake::Again;
                 }
             }
         };
@@ -368,7 +387,7 @@ impl Shard {
         let Some(seg) = seg else {
             tracing::error!(shard = self.id, start, "queue position has no segment; skipping it");
             self.complete(inner, start, end, 0);
-            return None;
+            return DiskTake::Again;
         };
         // A piece never crosses a segment boundary.
         let seg_end = (seg.base + seg.len).min(end);
@@ -379,7 +398,7 @@ impl Shard {
                 tracing::error!(shard = self.id, segment = seg.id, offset = start - seg.base, error = %e,
                     "cannot read the persisted queue; will retry");
                 self.state.lock().readable.push_front(Readable::Disk { start, end });
-                return None;
+                return DiskTake::Failed;
             }
         };
         let piece_end = start + consumed;
@@ -390,11 +409,12 @@ impl Shard {
         inner.events.fetch_add(n as u64, Ordering::Relaxed);
         self.state.lock().events += n as u64;
         if n == 0 {
+            // Only damaged frames here (counted and logged): move on to what follows.
             self.complete(inner, start, piece_end, 0);
-            return None;
+            return if piece_end > start { DiskTake::Again } else { DiskTake::Failed };
         }
         let acker = self.range_acker(inner, start, piece_end, n);
-        Some(Batch::new(events, AckSet::single(acker, n), consumed as usize))
+        DiskTake::Batch(Batch::new(events, AckSet::single(acker, n), consumed as usize))
     }
 
     /// Reads frames from `[from, to)` of a segment, at most `want` events. Returns the events

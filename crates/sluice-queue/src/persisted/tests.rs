@@ -289,3 +289,28 @@ async fn reused_segments_never_yield_their_old_frames() {
     assert_eq!(q.metrics().torn_tails.load(Ordering::Relaxed), 0, "unused space is not damage");
     q.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_piece_of_only_damaged_frames_does_not_stall_the_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path(), 1, 1 << 20);
+    s.memory_bytes = 0; // every batch is read back from disk
+    let q = open(s).await;
+    push_durable(&q, numbered(0, 10)).await;
+    push_durable(&q, numbered(10, 10)).await;
+    // Damage every frame of the first batch, under the running queue.
+    let seg = segments(dir.path()).pop().unwrap();
+    let mut bytes = fs::read(&seg).unwrap();
+    let mut at = 64;
+    for _ in 0..10 {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        bytes[at + 20] ^= 0xff;
+        at += len + 12;
+    }
+    fs::write(&seg, &bytes).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), q.pop(100, Duration::ZERO)).await.unwrap().unwrap();
+    assert_eq!(numbers(&got), (10..20).collect::<Vec<_>>(), "the reader went on past the damaged piece");
+    got.complete();
+    assert_eq!(q.metrics().corrupt_frames.load(Ordering::Relaxed), 10);
+    q.shutdown().await;
+}
