@@ -7,11 +7,11 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::TcpStream;
+
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use common::*;
 
@@ -60,17 +60,6 @@ fn client(port: u16, first: u64, stop: Arc<AtomicBool>) -> (Vec<u64>, u64) {
     (acked, next)
 }
 
-fn wait_port(port: u16, s: &mut Sluice) {
-    let started = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = s.child.try_wait() {
-            panic!("sluice exited ({status}) at start:\n{}", s.log());
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "http input did not come up:\n{}", s.log());
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// Every `"n":<id>` in the output, with how often it appears.
 fn delivered(path: &std::path::Path) -> BTreeMap<u64, u32> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -96,7 +85,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_event() {
     let mut next = 0u64;
     for _ in 0..cycles {
         let mut s = Sluice::start_in(dir, &cfg, Stdio::null());
-        wait_port(port, &mut s);
+        s.wait_port(port);
         let stop = Arc::new(AtomicBool::new(false));
         let (first, flag) = (next, stop.clone());
         let c = std::thread::spawn(move || client(port, first, flag));

@@ -230,17 +230,6 @@ fn post_now(addr: &str, body: &[u8], timeout: Duration) -> std::io::Result<(u16,
     Ok((status, text))
 }
 
-fn wait_port(port: u16, s: &mut Sluice) {
-    let started = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = s.child.try_wait() {
-            panic!("sluice exited ({status}) at start:\n{}", s.log());
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "http input did not come up:\n{}", s.log());
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
@@ -295,7 +284,7 @@ pipelines:
     // Declared after the mount, so it is dropped (killed) before the unmount.
     let mut s = Sluice::start(&config);
     let api = s.api();
-    wait_port(port, &mut s);
+    s.wait_port(port);
 
     // Fill the disk: post until a request is not answered within a few seconds.
     let mut acked: BTreeSet<u64> = BTreeSet::new();

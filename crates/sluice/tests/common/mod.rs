@@ -93,6 +93,18 @@ impl Sluice {
         panic!("sluice did not log `{needle}` within {timeout:?}:\n{}", self.log());
     }
 
+    /// Waits until something listens on a local port (an input coming up).
+    pub fn wait_port(&mut self, port: u16) {
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("sluice exited ({status}) at start:\n{}", self.log());
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "port {port} did not come up:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// The monitoring API's address, read from the log.
     pub fn api(&mut self) -> String {
         self.wait_log("monitoring API listening", Duration::from_secs(20));
