@@ -268,6 +268,12 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
             "Damaged frames a persisted queue found and skipped.",
             &persisted.iter().map(|(l, s)| (l.clone(), s.corrupt_frames)).collect::<Vec<_>>(),
         );
+        counter(
+            &mut out,
+            "sluice_queue_unstored_events_total",
+            "Events a persisted queue accepted but could not store (unencodable, or a full disk at shutdown).",
+            &persisted.iter().map(|(l, s)| (l.clone(), s.unstored)).collect::<Vec<_>>(),
+        );
         gauge(
             &mut out,
             "sluice_queue_stalled_seconds_total",

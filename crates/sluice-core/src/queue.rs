@@ -33,6 +33,8 @@ pub struct QueueStats {
     pub commit_latency: Option<HistogramSnapshot>,
     /// Persisted queues: damaged frames found and skipped.
     pub corrupt_frames: u64,
+    /// Persisted queues: events accepted but never stored (unencodable, or a full disk at shutdown).
+    pub unstored: u64,
     /// Persisted queues: time writers waited on the disk (full, or failing).
     pub stalled_nanos: u64,
 }

@@ -155,5 +155,6 @@ pipelines:
     assert!(metric(&text, "sluice_queue_fsyncs_total{pipeline=\"m\"}") > 0.0);
     assert_eq!(metric(&text, "sluice_queue_shard_bytes{pipeline=\"m\",shard=\"0\"}"), 0.0);
     assert_eq!(metric(&text, "sluice_queue_corrupt_frames_total{pipeline=\"m\"}"), 0.0);
+    assert_eq!(metric(&text, "sluice_queue_unstored_events_total{pipeline=\"m\"}"), 0.0);
     assert!(metric(&text, "sluice_queue_commit_duration_seconds_count{pipeline=\"m\"}") > 0.0);
 }

@@ -134,7 +134,9 @@ pub struct PersistedMetrics {
     pub corrupt_frames: AtomicU64,
     pub torn_tails: AtomicU64,
     pub checkpoint_rebuilds: AtomicU64,
-    pub unencodable: AtomicU64,
+    /// Events the queue accepted but could not store: refused by the encoder, or still unwritten
+    /// when shutdown came during a full disk. Logged, and counted here so no drop is silent.
+    pub unstored: AtomicU64,
     /// Time writers spent waiting for the disk (full, or failing).
     pub stalled_nanos: AtomicU64,
 }
@@ -143,9 +145,6 @@ pub(crate) struct Inner {
     pub config: Settings,
     /// Bytes of unacknowledged frames plus estimates for batches not yet written.
     pub bytes: AtomicU64,
-    /// Events written (or read back) and not yet acknowledged.
-    pub events: AtomicU64,
-    pub written_events: AtomicU64,
     pub mem_bytes: AtomicU64,
     pub not_empty: Notify,
     pub not_full: Notify,
@@ -170,8 +169,6 @@ impl PersistedQueue {
             inner: Arc::new(Inner {
                 config,
                 bytes: AtomicU64::new(0),
-                events: AtomicU64::new(0),
-                written_events: AtomicU64::new(0),
                 mem_bytes: AtomicU64::new(0),
                 not_empty: Notify::new(),
                 not_full: Notify::new(),
@@ -480,6 +477,7 @@ impl Queue for PersistedQueue {
             fsyncs: m.fsyncs.load(Ordering::Relaxed),
             commit_latency: Some(m.commit_latency.snapshot_struct()),
             corrupt_frames: m.corrupt_frames.load(Ordering::Relaxed),
+            unstored: m.unstored.load(Ordering::Relaxed),
             // Finished stalls, plus the ones going on now.
             stalled_nanos: m.stalled_nanos.load(Ordering::Relaxed) + stalling_now,
         }

@@ -281,7 +281,6 @@ impl Shard {
             s.events = s.events.saturating_sub(events);
         }
         inner.bytes.fetch_sub(end - start, Ordering::Relaxed);
-        inner.events.fetch_sub(events, Ordering::Relaxed);
         inner.not_full.notify_waiters();
     }
 
@@ -301,7 +300,6 @@ impl Shard {
             s.readable.push_front(Readable::Disk { start, end });
             s.events = s.events.saturating_sub(events);
         }
-        inner.events.fetch_sub(events, Ordering::Relaxed);
         inner.not_empty.notify_waiters();
     }
 
@@ -406,7 +404,6 @@ impl Shard {
             self.state.lock().readable.push_front(Readable::Disk { start: piece_end, end });
         }
         let n = events.len();
-        inner.events.fetch_add(n as u64, Ordering::Relaxed);
         self.state.lock().events += n as u64;
         if n == 0 {
             // Only damaged frames here (counted and logged): move on to what follows.
@@ -689,7 +686,7 @@ impl Writer {
                     }
                     Err(e) => {
                         // Nothing of the frame is left in `buf`; the event is counted and logged.
-                        self.inner.metrics.unencodable.fetch_add(1, Ordering::Relaxed);
+                        self.inner.metrics.unstored.fetch_add(1, Ordering::Relaxed);
                         tracing::error!(shard = self.shard.id, error = %e,
                             "event cannot be stored in the persisted queue; dropped");
                         refused.push(i);
@@ -726,9 +723,11 @@ impl Writer {
         buf.truncate(live);
         if !ok {
             // Closed while the disk was full: these events were never stored.
+            let lost = work.iter().map(Batch::len).sum::<usize>();
+            self.inner.metrics.unstored.fetch_add(lost as u64, Ordering::Relaxed);
             tracing::error!(
                 shard = self.shard.id,
-                events = work.iter().map(Batch::len).sum::<usize>(),
+                events = lost,
                 "shutdown while the queue disk is full: events not stored"
             );
             self.inner.bytes.fetch_sub(estimate as u64, Ordering::Relaxed);
@@ -766,8 +765,6 @@ impl Writer {
                 readables.push(Readable::Disk { start, end });
             }
         }
-        self.inner.events.fetch_add(events, Ordering::Relaxed);
-        self.inner.written_events.fetch_add(events, Ordering::Relaxed);
         // The estimate stood for these bytes until now; the frames' real size replaces it.
         self.inner.bytes.fetch_add(written, Ordering::Relaxed);
         self.inner.bytes.fetch_sub(estimate as u64, Ordering::Relaxed);

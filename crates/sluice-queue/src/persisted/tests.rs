@@ -314,3 +314,23 @@ async fn a_piece_of_only_damaged_frames_does_not_stall_the_reader() {
     assert_eq!(q.metrics().corrupt_frames.load(Ordering::Relaxed), 10);
     q.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_the_codec_refuses_is_counted_and_its_neighbours_are_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    let mut events = numbered(0, 3);
+    let mut deep = Value::Null;
+    for _ in 0..300 {
+        deep = Value::Array(vec![deep]);
+    }
+    events[1].fields.insert("deep", deep);
+    push_durable(&q, events).await;
+    let got = drain(&q, 2, true).await;
+    assert_eq!(got, [0, 2], "the two storable events");
+    assert_eq!(q.stats().unstored, 1);
+    q.shutdown().await;
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    assert!(tokio::time::timeout(Duration::from_millis(300), q.pop(10, Duration::ZERO)).await.is_err(), "nothing left");
+    q.shutdown().await;
+}
