@@ -564,6 +564,7 @@ mod tests {
             sync_interval: Duration::from_millis(50),
             checkpoint_interval: Duration::from_millis(10),
             memory_bytes: 16 << 20,
+            direct_io: true,
         }
     }
 

@@ -20,6 +20,7 @@
 //! file held while a process uses the queue. The segment and frame format is `sluice-segment`'s.
 
 mod checkpoint;
+mod direct;
 pub mod inspect;
 mod shard;
 
@@ -69,6 +70,8 @@ pub struct PersistedQueueConfig {
     pub checkpoint_interval: HumanDuration,
     /// Written batches kept in memory for the workers; beyond this they are read back from disk.
     pub memory_bytes: ByteSize,
+    /// Write segments with `O_DIRECT` where the filesystem supports it.
+    pub direct_io: bool,
 }
 
 impl Default for PersistedQueueConfig {
@@ -82,6 +85,7 @@ impl Default for PersistedQueueConfig {
             sync_interval: HumanDuration(Duration::from_secs(1)),
             checkpoint_interval: HumanDuration(Duration::from_secs(1)),
             memory_bytes: ByteSize(16 << 20),
+            direct_io: true,
         }
     }
 }
@@ -97,6 +101,7 @@ pub(crate) struct Settings {
     pub sync_interval: Duration,
     pub checkpoint_interval: Duration,
     pub memory_bytes: usize,
+    pub direct_io: bool,
 }
 
 impl PersistedQueueConfig {
@@ -122,6 +127,7 @@ impl PersistedQueueConfig {
             sync_interval: self.sync_interval.0.max(Duration::from_millis(1)),
             checkpoint_interval: self.checkpoint_interval.0,
             memory_bytes: self.memory_bytes.as_usize(),
+            direct_io: self.direct_io,
         })
     }
 }
@@ -235,6 +241,9 @@ impl PersistedQueue {
                 shard: shard.clone(),
                 next_seq: recovered.next_seq,
                 active: recovered.active,
+                direct: None,
+                direct_buf: direct::AlignedBuf::new(if self.inner.config.direct_io { 1 << 20 } else { 0 }),
+                direct_io: self.inner.config.direct_io,
                 free: recovered.free,
                 checkpointed: shard.state.lock().done_lsn,
             };

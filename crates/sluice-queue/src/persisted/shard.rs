@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -31,6 +31,7 @@ use sluice_segment::{
 };
 
 use super::checkpoint::{self, Checkpoint};
+use super::direct::{AlignedBuf, BLOCK, DirectFile};
 use super::{Inner, SyncPolicy};
 
 /// How long a small group waits for more before it is written, and what counts as small.
@@ -110,34 +111,87 @@ pub(crate) struct Shard {
 #[derive(Default)]
 struct ReadCache {
     segment: u64,
-    /// File offset of `buf[0]`; `len` bytes of `buf` are valid.
+    /// File offset of the first valid byte; `len` bytes are valid.
     start: u64,
     len: usize,
     buf: Vec<u8>,
+    /// Reads with `O_DIRECT` into `aligned` (see `direct.rs` for why); off after the
+    /// filesystem refuses one.
+    direct: bool,
+    aligned: AlignedBuf,
     file: Option<(u64, File)>,
 }
 
 impl ReadCache {
+    fn new(direct: bool) -> ReadCache {
+        ReadCache { direct, ..ReadCache::default() }
+    }
+
     /// Makes `[from, from + want)` of the segment available (`want` capped by the caller).
     fn fill(&mut self, dir: &Path, segment: u64, from: u64, want: usize) -> io::Result<&[u8]> {
         let cached =
             self.segment == segment && self.start <= from && from + want as u64 <= self.start + self.len as u64;
         if !cached {
             if self.file.as_ref().is_none_or(|(id, _)| *id != segment) {
-                self.file = Some((segment, File::open(segment_path(dir, segment))?));
+                self.file = None;
+                let path = segment_path(dir, segment);
+                if self.direct {
+                    match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path) {
+                        Ok(f) => self.file = Some((segment, f)),
+                        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.direct = false,
+                        Err(e) => return Err(e),
+                    }
+                }
+                if self.file.is_none() {
+                    self.file = Some((segment, File::open(path)?));
+                }
             }
-            if self.buf.len() < want {
-                self.buf.resize(want, 0);
-            }
+            self.segment = u64::MAX;
             let (_, file) = self.file.as_ref().expect("opened above");
-            file.read_exact_at(&mut self.buf[..want], from)?;
+            if self.direct {
+                match read_direct(file, &mut self.aligned, from, want) {
+                    Ok((start, len)) => (self.start, self.len) = (start, len),
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        // Opened but not readable directly: buffered from now on.
+                        self.direct = false;
+                        self.file = None;
+                        return self.fill(dir, segment, from, want);
+                    }
+                    Err(e) => return Err(e),
+                }
+            } else {
+                if self.buf.len() < want {
+                    self.buf.resize(want, 0);
+                }
+                file.read_exact_at(&mut self.buf[..want], from)?;
+                (self.start, self.len) = (from, want);
+            }
             self.segment = segment;
-            self.start = from;
-            self.len = want;
         }
         let at = (from - self.start) as usize;
-        Ok(&self.buf[at..at + want])
+        if self.direct { Ok(&self.aligned.filled(self.len)[at..at + want]) } else { Ok(&self.buf[at..at + want]) }
     }
+}
+
+/// Reads `[from, from + want)` with block-aligned offset and length into `buf`; returns the
+/// file offset of `buf`'s first byte and how many bytes from there hold what was asked for.
+/// Bytes past `from + want` were read too but are not reported: the writer may not have
+/// written them yet.
+fn read_direct(file: &File, buf: &mut AlignedBuf, from: u64, want: usize) -> io::Result<(u64, usize)> {
+    let start = from & !(BLOCK as u64 - 1);
+    let need = (from - start) as usize + want;
+    let len = need.next_multiple_of(BLOCK);
+    let out = buf.slice(len);
+    let mut got = 0;
+    while got < need {
+        let n = file.read_at(&mut out[got..len], start + got as u64)?;
+        // Only the end of the file gives a short read; anything else cannot continue aligned.
+        if n == 0 || (got + n < need && (got + n) % BLOCK != 0) {
+            return Err(io::Error::new(ErrorKind::UnexpectedEof, "segment shorter than its recorded length"));
+        }
+        got += n;
+    }
+    Ok((start, need))
 }
 
 pub(crate) fn segment_path(dir: &Path, id: u64) -> PathBuf {
@@ -267,7 +321,7 @@ impl Shard {
                 stalled_since: None,
             }),
             wake: Condvar::new(),
-            reader: Mutex::new(ReadCache::default()),
+            reader: Mutex::new(ReadCache::new(inner.config.direct_io)),
         });
         Ok((shard, Recovered { next_seq, active, free }))
     }
@@ -574,6 +628,11 @@ pub(crate) struct Writer {
     pub shard: Arc<Shard>,
     pub next_seq: u64,
     pub active: Option<(File, SegInfo)>,
+    /// The active segment's direct-I/O handle, when the settings and the filesystem allow one.
+    pub direct: Option<DirectFile>,
+    pub direct_buf: AlignedBuf,
+    /// False once direct I/O turned out not to work here (or when it is switched off).
+    pub direct_io: bool,
     pub free: Vec<PathBuf>,
     /// The acknowledged position the checkpoint on disk records; read when the writer is made,
     /// before any worker can complete anything.
@@ -719,7 +778,7 @@ impl Writer {
         // whose old frames follow; the next group overwrites them.
         let live = buf.len();
         buf.extend_from_slice(&[0u8; 4]);
-        let ok = self.write_all(buf, seg.len);
+        let ok = self.write_all(buf, live, seg.len);
         buf.truncate(live);
         if !ok {
             // Closed while the disk was full: these events were never stored.
@@ -816,7 +875,8 @@ impl Writer {
                 // `truncate`, not `create_new`: a file left by an attempt that failed half-way
                 // (a full disk) is this same segment, not someone else's.
                 let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
-                if prewrite {
+                // Direct writes skip the page cache, so there are no pages to prepare.
+                if prewrite && !self.direct_io {
                     let zeros = vec![0u8; 1 << 20];
                     let mut at = 0;
                     while at < self.inner.config.segment_bytes {
@@ -849,14 +909,57 @@ impl Writer {
         Ok(())
     }
 
-    /// Writes at `offset`, waiting out a full disk. False if the queue closed while waiting.
-    fn write_all(&mut self, buf: &[u8], offset: u64) -> bool {
+    /// The direct-I/O handle for the active segment, opened on first use.
+    fn direct_file(&mut self) -> Option<&mut DirectFile> {
+        if !self.direct_io {
+            return None;
+        }
+        let (file, seg) = self.active.as_ref()?;
+        if self.direct.as_ref().is_none_or(|d| d.segment != seg.id) {
+            self.direct = None;
+            match DirectFile::open(&segment_path(&self.shard.dir, seg.id), seg.id, seg.len, file) {
+                Ok(Some(d)) => self.direct = Some(d),
+                Ok(None) => {
+                    tracing::info!(
+                        shard = self.shard.id,
+                        "direct I/O not supported here; the queue writes through the page cache"
+                    );
+                    self.direct_io = false;
+                }
+                Err(e) => {
+                    tracing::warn!(shard = self.shard.id, error = %e,
+                        "cannot open the segment for direct I/O; the queue writes through the page cache");
+                    self.direct_io = false;
+                }
+            }
+        }
+        self.direct.as_mut()
+    }
+
+    /// Writes the frames in `buf[..live]` at `offset`, followed by the end marker (`buf`
+    /// holds it after `live`), waiting out a full disk. False if the queue closed while waiting.
+    fn write_all(&mut self, buf: &[u8], live: usize, offset: u64) -> bool {
         let mut pause = Duration::from_millis(100);
         let mut logged = false;
         let mut since: Option<Instant> = None;
         loop {
+            let mut staging = std::mem::take(&mut self.direct_buf);
+            let written = match self.direct_file() {
+                Some(direct) => match direct.write(&mut staging, &buf[..live], offset) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        tracing::info!(shard = self.shard.id, error = %e,
+                            "direct I/O refused by the filesystem; the queue writes through the page cache");
+                        self.direct_io = false;
+                        self.direct = None;
+                        continue;
+                    }
+                    r => r,
+                },
+                None => self.active.as_ref().expect("an active segment").0.write_all_at(buf, offset),
+            };
+            self.direct_buf = staging;
             let (file, _) = self.active.as_ref().expect("an active segment");
-            match file.write_all_at(buf, offset) {
+            match written {
                 Ok(()) => {
                     if let Some(t) = since {
                         let waited = t.elapsed();

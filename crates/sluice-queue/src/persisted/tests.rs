@@ -17,6 +17,7 @@ fn settings(dir: &Path, shards: usize, segment_bytes: u64) -> Settings {
         sync_interval: Duration::from_millis(50),
         checkpoint_interval: Duration::from_millis(20),
         memory_bytes: 16 << 20,
+        direct_io: true,
     }
 }
 
@@ -333,4 +334,23 @@ async fn an_event_the_codec_refuses_is_counted_and_its_neighbours_are_stored() {
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
     assert!(tokio::time::timeout(Duration::from_millis(300), q.pop(10, Duration::ZERO)).await.is_err(), "nothing left");
     q.shutdown().await;
+}
+
+/// Read back from disk, a block read ahead of the writer must not be taken for frames the
+/// writer adds to that same block later (direct reads fetch whole blocks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_appended_to_a_block_already_read_are_read_fresh() {
+    for direct_io in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Settings { memory_bytes: 0, direct_io, ..settings(dir.path(), 1, 1 << 20) };
+        let q = open(s).await;
+        for round in 0..6 {
+            // A few small events each round: every round ends inside the block the last began in.
+            push_durable(&q, numbered(round * 7, 7)).await;
+            let got = drain(&q, 7, true).await;
+            assert_eq!(got, (round * 7..round * 7 + 7).collect::<Vec<_>>(), "round {round}, direct_io {direct_io}");
+        }
+        assert_eq!(q.stats().corrupt_frames, 0);
+        q.shutdown().await;
+    }
 }

@@ -1,0 +1,167 @@
+//! Writing a segment with `O_DIRECT`, bypassing the page cache.
+//!
+//! Why: on the machines this runs on, a buffered append spends most of its CPU time in the
+//! kernel filling freshly allocated page-cache pages (about 450 MiB/s per writer at 76% of a
+//! core), while a direct write of the same bytes runs at about 2 GB/s for a fifth of a core.
+//! A persisted queue that absorbs a backlog writes mostly into fresh pages, and its CPU time is
+//! taken from the workers.
+//!
+//! Direct I/O needs the buffer, the file offset and the length aligned to the block size, and
+//! frames are not. So every write starts at the block holding the end of the live frames and
+//! carries that block's live head again (kept in memory as `tail`), then the new frames, then
+//! zeros up to the next block boundary. Rewriting the head stores the same bytes in the same
+//! place, so a crash in the middle of it cannot damage frames already acknowledged; the zeros
+//! right after the live frames are the end marker the reader and recovery expect.
+//!
+//! Where the filesystem refuses `O_DIRECT` (tmpfs, some network filesystems), the writer keeps
+//! using buffered writes: [`DirectFile::open`] returns `None`.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Alignment of buffer, offset and length. 4 KiB covers every common logical block size.
+pub(crate) const BLOCK: usize = 4096;
+
+/// The end marker: this many zero bytes after the last live frame.
+const END_MARKER: usize = 4;
+
+/// A buffer whose usable part starts on a block boundary. The writer keeps one for its life:
+/// allocating it per segment would fault in fresh zeroed pages every time.
+#[derive(Default)]
+pub(crate) struct AlignedBuf {
+    storage: Vec<u8>,
+    start: usize,
+}
+
+impl AlignedBuf {
+    pub fn new(len: usize) -> AlignedBuf {
+        let storage = vec![0u8; len + BLOCK];
+        let start = storage.as_ptr().align_offset(BLOCK);
+        AlignedBuf { storage, start }
+    }
+
+    fn capacity(&self) -> usize {
+        self.storage.len().saturating_sub(BLOCK)
+    }
+
+    /// The first `len` bytes, as last written through [`AlignedBuf::slice`].
+    pub fn filled(&self, len: usize) -> &[u8] {
+        &self.storage[self.start..self.start + len]
+    }
+
+    /// The first `len` bytes, to write into; grows (losing the contents) when too small.
+    pub fn slice(&mut self, len: usize) -> &mut [u8] {
+        if len > self.capacity() {
+            *self = AlignedBuf::new(len.next_power_of_two());
+        }
+        &mut self.storage[self.start..self.start + len]
+    }
+}
+
+/// An open segment written with `O_DIRECT`.
+pub(crate) struct DirectFile {
+    file: File,
+    /// The segment this handle writes, to notice when the writer moved on to another.
+    pub segment: u64,
+    /// Live bytes of the block that holds the end of the live frames.
+    tail: [u8; BLOCK],
+    tail_len: usize,
+}
+
+impl DirectFile {
+    /// Opens `path` for direct writes after the `live_len` bytes already there (read back from
+    /// `buffered`, the writer's ordinary handle). `None` if the filesystem does not do direct
+    /// I/O.
+    pub fn open(path: &Path, segment: u64, live_len: u64, buffered: &File) -> io::Result<Option<DirectFile>> {
+        let file = match OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let block_start = live_len & !(BLOCK as u64 - 1);
+        let tail_len = (live_len - block_start) as usize;
+        let mut tail = [0u8; BLOCK];
+        buffered.read_exact_at(&mut tail[..tail_len], block_start)?;
+        Ok(Some(DirectFile { file, segment, tail, tail_len }))
+    }
+
+    /// Writes `frames` at `at`, the end of the live frames, followed by the end marker,
+    /// staging them in `buf`. EINVAL means the filesystem accepted the open but not the
+    /// write: the caller falls back.
+    pub fn write(&mut self, buf: &mut AlignedBuf, frames: &[u8], at: u64) -> io::Result<()> {
+        let block_start = at & !(BLOCK as u64 - 1);
+        let head = (at - block_start) as usize;
+        if head != self.tail_len {
+            return Err(io::Error::other(format!(
+                "direct writer out of step: live end at block offset {head}, {} bytes held",
+                self.tail_len
+            )));
+        }
+        let live_end = head + frames.len();
+        let padded = (live_end + END_MARKER).next_multiple_of(BLOCK);
+        let tail = &self.tail[..head];
+        let out = buf.slice(padded);
+        out[..head].copy_from_slice(tail);
+        out[head..live_end].copy_from_slice(frames);
+        out[live_end..padded].fill(0);
+        self.file.write_all_at(out, block_start)?;
+        let new_block = live_end & !(BLOCK - 1);
+        self.tail_len = live_end - new_block;
+        self.tail[..self.tail_len].copy_from_slice(&out[new_block..live_end]);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live(path: &Path) -> Vec<u8> {
+        std::fs::read(path).unwrap()
+    }
+
+    #[test]
+    fn writes_land_exactly_after_the_live_bytes_with_zeros_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seg");
+        // Stale bytes beyond the live head, as in a reused segment file.
+        std::fs::write(&path, vec![0xAAu8; 3 * BLOCK]).unwrap();
+        let buffered = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        buffered.write_all_at(&[7u8; 64], 0).unwrap();
+        let Some(mut d) = DirectFile::open(&path, 1, 64, &buffered).unwrap() else {
+            eprintln!("no O_DIRECT on this filesystem; nothing to test");
+            return;
+        };
+        let mut buf = AlignedBuf::new(BLOCK);
+        let mut expected = vec![7u8; 64];
+        let mut at = 64u64;
+        for (i, len) in [10usize, 4000, 1, 5000, 96].into_iter().enumerate() {
+            let frames = vec![i as u8 + 1; len];
+            d.write(&mut buf, &frames, at).unwrap();
+            at += len as u64;
+            expected.extend_from_slice(&frames);
+            let bytes = live(&path);
+            assert_eq!(&bytes[..expected.len()], &expected[..], "after write {i}");
+            let marker_end = (expected.len() + END_MARKER).next_multiple_of(BLOCK);
+            assert!(bytes[expected.len()..marker_end].iter().all(|&b| b == 0), "zeros follow write {i}");
+        }
+        // A write that does not start at the live end is refused, not misplaced.
+        assert!(d.write(&mut buf, b"x", at + 1).is_err());
+    }
+
+    #[test]
+    fn resumes_after_existing_live_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seg");
+        let existing: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &existing).unwrap();
+        let buffered = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let Some(mut d) = DirectFile::open(&path, 1, existing.len() as u64, &buffered).unwrap() else { return };
+        d.write(&mut AlignedBuf::new(BLOCK), b"next", existing.len() as u64).unwrap();
+        let bytes = live(&path);
+        assert_eq!(&bytes[..existing.len()], &existing[..]);
+        assert_eq!(&bytes[existing.len()..existing.len() + 4], b"next");
+    }
+}
