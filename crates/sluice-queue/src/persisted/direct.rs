@@ -87,6 +87,11 @@ impl DirectFile {
         Ok(Some(DirectFile { file, segment, tail, tail_len }))
     }
 
+    /// Writes a block-aligned buffer at a block-aligned offset, as it is.
+    pub fn write_raw(&self, blocks: &[u8], at: u64) -> io::Result<()> {
+        self.file.write_all_at(blocks, at)
+    }
+
     /// Writes `frames` at `at`, the end of the live frames, followed by the end marker,
     /// staging them in `buf`. EINVAL means the filesystem accepted the open but not the
     /// write: the caller falls back.

@@ -23,6 +23,7 @@ mod checkpoint;
 mod direct;
 pub mod inspect;
 mod shard;
+mod syncer;
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -242,6 +243,7 @@ impl PersistedQueue {
                 next_seq: recovered.next_seq,
                 active: recovered.active,
                 direct: None,
+                syncer: Arc::new(syncer::Syncer::default()),
                 direct_buf: direct::AlignedBuf::new(if self.inner.config.direct_io { 1 << 20 } else { 0 }),
                 direct_io: self.inner.config.direct_io,
                 free: recovered.free,
@@ -251,6 +253,12 @@ impl PersistedQueue {
                 // A new shard: its first segment is made now, off the write path, pages ready.
                 writer.start_segment(writer.next_seq, 0, true)?;
             }
+            let (syncer, inner, synced_shard) = (writer.syncer.clone(), self.inner.clone(), shard.clone());
+            writers.push(
+                std::thread::Builder::new()
+                    .name(format!("sluice-qsync-{id}"))
+                    .spawn(move || syncer.run(&inner, &synced_shard))?,
+            );
             writers.push(std::thread::Builder::new().name(format!("sluice-queue-{id}")).spawn(move || writer.run())?);
             shards.push(shard);
         }

@@ -32,6 +32,7 @@ use sluice_segment::{
 
 use super::checkpoint::{self, Checkpoint};
 use super::direct::{AlignedBuf, BLOCK, DirectFile};
+use super::syncer::{Syncer, Written, release};
 use super::{Inner, SyncPolicy};
 
 /// How long a small group waits for more before it is written, and what counts as small.
@@ -216,7 +217,7 @@ fn list_segments(dir: &Path) -> io::Result<Vec<(u64, u64)>> {
 /// What recovery found in a shard, for the writer to continue from.
 pub(crate) struct Recovered {
     pub next_seq: u64,
-    pub active: Option<(File, SegInfo)>,
+    pub active: Option<(Arc<File>, SegInfo)>,
     /// Acknowledged segment files kept for reuse.
     pub free: Vec<PathBuf>,
 }
@@ -270,7 +271,7 @@ impl Shard {
                 len = valid_len;
                 next_seq = next_seq.max(last_seq.map_or(seg_id, |s| s + 1));
                 let file = OpenOptions::new().read(true).write(true).open(&path)?;
-                active = Some((file, SegInfo { id: seg_id, base, len }));
+                active = Some((Arc::new(file), SegInfo { id: seg_id, base, len }));
             }
             let from = if seg_id == start_id {
                 start_offset.max(SEGMENT_HEADER_LEN as u64)
@@ -627,13 +628,15 @@ pub(crate) struct Writer {
     pub inner: Arc<Inner>,
     pub shard: Arc<Shard>,
     pub next_seq: u64,
-    pub active: Option<(File, SegInfo)>,
+    pub active: Option<(Arc<File>, SegInfo)>,
     /// The active segment's direct-I/O handle, when the settings and the filesystem allow one.
     pub direct: Option<DirectFile>,
     pub direct_buf: AlignedBuf,
     /// False once direct I/O turned out not to work here (or when it is switched off).
     pub direct_io: bool,
     pub free: Vec<PathBuf>,
+    /// Runs the fsyncs of `sync: commit` beside the writer (see `syncer.rs`).
+    pub syncer: Arc<Syncer>,
     /// The acknowledged position the checkpoint on disk records; read when the writer is made,
     /// before any worker can complete anything.
     pub checkpointed: u64,
@@ -675,11 +678,15 @@ impl Writer {
             };
             if !work.is_empty() {
                 self.inner.not_full.notify_waiters();
-                self.write_group(work, &mut buf, &mut ranges, policy, &mut last_sync, &mut unsynced);
+                self.write_group(work, &mut buf, &mut ranges, policy, &mut unsynced);
             }
             if unsynced && (closed || last_sync.elapsed() >= sync_interval) {
                 self.sync(&mut last_sync);
                 unsynced = false;
+            }
+            if closed {
+                // What is written must be released before the workers can finish with it.
+                self.syncer.wait_idle();
             }
             let done = self.shard.state.lock().done_lsn;
             if done != checkpointed && (closed || last_checkpoint.elapsed() >= self.inner.config.checkpoint_interval) {
@@ -697,6 +704,7 @@ impl Writer {
                 break;
             }
         }
+        self.syncer.stop();
         let mut s = self.shard.state.lock();
         s.writer_finished = true;
         drop(s);
@@ -721,7 +729,6 @@ impl Writer {
         buf: &mut Vec<u8>,
         ranges: &mut Vec<(usize, usize)>,
         policy: SyncPolicy,
-        last_sync: &mut Instant,
         unsynced: &mut bool,
     ) {
         buf.clear();
@@ -793,51 +800,27 @@ impl Writer {
             return;
         }
         let base = seg.base + seg.len;
-        if let Some((_, s)) = &mut self.active {
-            s.len += buf.len() as u64;
-        }
-        match policy {
-            SyncPolicy::Commit => self.sync(last_sync),
-            SyncPolicy::Interval => *unsynced = true,
-            SyncPolicy::None => {}
-        }
-        // Durable per the policy: acknowledge the inputs, then hand the events to the workers.
         let written = buf.len() as u64;
-        let mut mem = self.inner.mem_bytes.load(Ordering::Relaxed) as usize;
-        let mut readables = Vec::with_capacity(work.len());
-        let mut events = 0u64;
-        for ((batch, &(from, to)), ends) in work.iter_mut().zip(ranges.iter()).zip(event_ends) {
-            std::mem::take(&mut batch.acks).complete();
-            let (start, end) = (base + from as u64, base + to as u64);
-            events += batch.len() as u64;
-            if batch.is_empty() {
-                if end > start {
-                    readables.push(Readable::Disk { start, end });
-                }
-            } else if mem + batch.bytes <= self.inner.config.memory_bytes {
-                mem += batch.bytes;
-                self.inner.mem_bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
-                let ends = ends.into_iter().map(|e| base + e).collect();
-                let b = Batch::untracked(std::mem::take(&mut batch.events), batch.bytes);
-                readables.push(Readable::Mem { batch: b, start, ends });
-            } else {
-                readables.push(Readable::Disk { start, end });
-            }
+        let file = {
+            let (file, active) = self.active.as_mut().expect("an active segment");
+            active.len += written;
+            file.clone()
+        };
+        // The segment's length is updated now, not at release: by then the writer may have
+        // moved on to another segment.
+        if let Some(last) = self.shard.state.lock().segments.back_mut() {
+            last.len = base - last.base + written;
         }
-        // The estimate stood for these bytes until now; the frames' real size replaces it.
-        self.inner.bytes.fetch_add(written, Ordering::Relaxed);
-        self.inner.bytes.fetch_sub(estimate as u64, Ordering::Relaxed);
-        {
-            let mut s = self.shard.state.lock();
-            if let Some(last) = s.segments.back_mut() {
-                last.len = base - last.base + written;
+        let group =
+            Written { work, ranges: ranges.clone(), event_ends, base, written, estimate: estimate as u64, file };
+        match policy {
+            SyncPolicy::Commit => self.syncer.submit(group),
+            SyncPolicy::Interval => {
+                *unsynced = true;
+                release(&self.inner, &self.shard, group);
             }
-            s.readable.extend(readables);
-            s.bytes = (s.bytes + written).saturating_sub(estimate as u64);
-            s.events += events;
+            SyncPolicy::None => release(&self.inner, &self.shard, group),
         }
-        self.inner.not_empty.notify_waiters();
-        drop(work);
     }
 
     /// The active segment, rotated when `incoming` would push it past `segment_bytes`.
@@ -875,15 +858,8 @@ impl Writer {
                 // `truncate`, not `create_new`: a file left by an attempt that failed half-way
                 // (a full disk) is this same segment, not someone else's.
                 let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
-                // Direct writes skip the page cache, so there are no pages to prepare.
-                if prewrite && !self.direct_io {
-                    let zeros = vec![0u8; 1 << 20];
-                    let mut at = 0;
-                    while at < self.inner.config.segment_bytes {
-                        let n = zeros.len().min((self.inner.config.segment_bytes - at) as usize);
-                        file.write_all_at(&zeros[..n], at)?;
-                        at += n as u64;
-                    }
+                if prewrite {
+                    self.prewrite(&path, &file)?;
                 }
                 file
             }
@@ -905,7 +881,7 @@ impl Writer {
         s.segments.push_back(info);
         s.mark_done(base, base + SEGMENT_HEADER_LEN as u64);
         drop(s);
-        self.active = Some((file, info));
+        self.active = Some((Arc::new(file), info));
         Ok(())
     }
 
@@ -934,6 +910,38 @@ impl Writer {
             }
         }
         self.direct.as_mut()
+    }
+
+    /// Fills a new segment file with zeros, so that the writes to come neither allocate blocks
+    /// nor change the file's size (each of which would make every fdatasync write metadata
+    /// too), and, without direct I/O, find their page-cache pages ready.
+    fn prewrite(&mut self, path: &Path, file: &File) -> io::Result<()> {
+        let len = self.inner.config.segment_bytes;
+        let mut direct = if self.direct_io { DirectFile::open(path, 0, 0, file)? } else { None };
+        let chunk = (1usize << 20).min(len as usize).next_multiple_of(BLOCK);
+        let mut at = 0;
+        while at < len {
+            let n = chunk.min((len - at) as usize);
+            if let Some(d) = &direct {
+                let zeros = self.direct_buf.slice(n.next_multiple_of(BLOCK));
+                zeros.fill(0);
+                match d.write_raw(zeros, at) {
+                    Ok(()) => {
+                        at += n as u64;
+                        continue;
+                    }
+                    // Opened but refused: this filesystem is written through the page cache.
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        self.direct_io = false;
+                        direct = None;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            file.write_all_at(&vec![0u8; n], at)?;
+            at += n as u64;
+        }
+        Ok(())
     }
 
     /// Writes the frames in `buf[..live]` at `offset`, followed by the end marker (`buf`

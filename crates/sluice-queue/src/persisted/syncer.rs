@@ -1,0 +1,153 @@
+//! Pipelined group commit: a shard's fsyncs run on a thread of their own.
+//!
+//! With `sync: commit` a written group may be acknowledged only after an fdatasync that began
+//! after its write. If the writer itself waited for each fdatasync, the batches arriving
+//! meanwhile would wait too, and a burst would pay for one fdatasync per group, one after
+//! another. Here the writer hands each written group to the syncer and goes on writing; the
+//! syncer takes every group handed over so far, calls fdatasync once, then releases them in
+//! order. A burst thus costs its writes plus about one fdatasync at the end.
+//!
+//! Guarantee: a group is released (its inputs acknowledged, its events given to the workers)
+//! only after an fdatasync of its file that started after its write returned.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use sluice_core::Batch;
+
+use super::Inner;
+use super::shard::{Readable, Shard};
+
+/// One group, written but not yet released.
+pub(crate) struct Written {
+    pub work: Vec<Batch>,
+    /// Per batch, its `[from, to)` within the group's bytes.
+    pub ranges: Vec<(usize, usize)>,
+    /// Per batch, the group offset just past each event's frame.
+    pub event_ends: Vec<Vec<u64>>,
+    /// The group's first LSN.
+    pub base: u64,
+    /// The group's bytes on disk.
+    pub written: u64,
+    /// What the batches were counted as while pending.
+    pub estimate: u64,
+    /// The segment file the group went to.
+    pub file: Arc<File>,
+}
+
+/// Acknowledges a durable group's inputs, then hands its events to the workers: from memory
+/// while the memory budget allows, else as a range to read back.
+pub(crate) fn release(inner: &Inner, shard: &Shard, group: Written) {
+    let Written { mut work, ranges, event_ends, base, written, estimate, file: _ } = group;
+    let mut mem = inner.mem_bytes.load(Ordering::Relaxed) as usize;
+    let mut readables = Vec::with_capacity(work.len());
+    let mut events = 0u64;
+    for ((batch, &(from, to)), ends) in work.iter_mut().zip(ranges.iter()).zip(event_ends) {
+        std::mem::take(&mut batch.acks).complete();
+        let (start, end) = (base + from as u64, base + to as u64);
+        events += batch.len() as u64;
+        if batch.is_empty() {
+            if end > start {
+                readables.push(Readable::Disk { start, end });
+            }
+        } else if mem + batch.bytes <= inner.config.memory_bytes {
+            mem += batch.bytes;
+            inner.mem_bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
+            let ends = ends.into_iter().map(|e| base + e).collect();
+            let b = Batch::untracked(std::mem::take(&mut batch.events), batch.bytes);
+            readables.push(Readable::Mem { batch: b, start, ends });
+        } else {
+            readables.push(Readable::Disk { start, end });
+        }
+    }
+    // The estimate stood for these bytes until now; the frames' real size replaces it.
+    inner.bytes.fetch_add(written, Ordering::Relaxed);
+    inner.bytes.fetch_sub(estimate, Ordering::Relaxed);
+    {
+        let mut s = shard.state.lock();
+        s.readable.extend(readables);
+        s.bytes = (s.bytes + written).saturating_sub(estimate);
+        s.events += events;
+    }
+    inner.not_empty.notify_waiters();
+    drop(work);
+}
+
+#[derive(Default)]
+struct Queue {
+    groups: Vec<Written>,
+    /// A pass (fdatasync and release) is under way.
+    busy: bool,
+    stop: bool,
+}
+
+/// The hand-over point between a shard's writer and its syncer thread.
+#[derive(Default)]
+pub(crate) struct Syncer {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    idle: Condvar,
+}
+
+impl Syncer {
+    pub fn submit(&self, group: Written) {
+        self.queue.lock().groups.push(group);
+        self.wake.notify_one();
+    }
+
+    /// Waits until every group submitted so far is released.
+    pub fn wait_idle(&self) {
+        let mut q = self.queue.lock();
+        while q.busy || !q.groups.is_empty() {
+            self.idle.wait(&mut q);
+        }
+    }
+
+    /// Ends the thread once everything submitted is released.
+    pub fn stop(&self) {
+        self.queue.lock().stop = true;
+        self.wake.notify_one();
+    }
+
+    /// The syncer thread's body.
+    pub fn run(&self, inner: &Inner, shard: &Shard) {
+        loop {
+            let groups = {
+                let mut q = self.queue.lock();
+                while q.groups.is_empty() && !q.stop {
+                    self.wake.wait(&mut q);
+                }
+                if q.groups.is_empty() {
+                    break;
+                }
+                q.busy = true;
+                std::mem::take(&mut q.groups)
+            };
+            // Earlier files were sealed with their own fsync before the writer moved on, but
+            // a group handed over before that seal is covered only if its file is synced here.
+            let mut synced: Vec<*const File> = Vec::with_capacity(2);
+            for group in groups.iter().rev() {
+                let key = Arc::as_ptr(&group.file);
+                if synced.contains(&key) {
+                    continue;
+                }
+                synced.push(key);
+                let started = Instant::now();
+                if let Err(e) = group.file.sync_data() {
+                    tracing::error!(shard = shard.id, error = %e, "fdatasync of the persisted queue failed");
+                }
+                inner.metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
+                inner.metrics.commit_latency.observe(started.elapsed());
+            }
+            for group in groups {
+                release(inner, shard, group);
+            }
+            self.queue.lock().busy = false;
+            self.idle.notify_all();
+        }
+        self.idle.notify_all();
+    }
+}
