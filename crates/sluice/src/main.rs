@@ -25,6 +25,17 @@ use tokio_util::sync::CancellationToken;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc gives freed memory back to the kernel after 10 ms by default, and batches come and
+/// go faster than that: each new one faulted fresh zeroed pages in again (a tenth of the CPU
+/// time of a persisted-queue run went to clearing pages). Keeping it for a second costs a
+/// little RSS and no faults.
+fn tune_allocator() {
+    // `mi_option_purge_delay` in mimalloc's option enumeration (v2 and v3).
+    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    // SAFETY: sets a plain integer option; mimalloc reads it when it next purges.
+    unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, 1000) };
+}
+
 // One worker: lines typed or piped in come out in the order they went in.
 const DEFAULT_CONFIG: &str = "\
 pipelines:
@@ -90,6 +101,7 @@ enum QueueCommand {
 }
 
 fn main() -> ExitCode {
+    tune_allocator();
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {

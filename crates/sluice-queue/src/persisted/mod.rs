@@ -302,12 +302,16 @@ impl PersistedQueue {
                 Err(()) => on_disk.push(shard.clone()),
             }
         }
+        // Read on the worker's own thread: one read of at most a few MiB plus decoding is the
+        // same order of work as the processors do per batch, and `block_in_place` handed the
+        // runtime to another thread per read (so each worker's allocations wandered between
+        // threads' heaps, faulting fresh pages in).
         for shard in on_disk {
             let have = out.as_ref().map_or(0, Batch::len);
             if have >= want {
                 break;
             }
-            if let Some(piece) = blocking(|| shard.take(&self.inner, want - have)) {
+            if let Some(piece) = shard.take(&self.inner, want - have) {
                 match &mut out {
                     Some(b) => b.append(piece),
                     None => out = Some(piece),
