@@ -89,6 +89,8 @@ fn config(shards: usize, memory_bytes: u64) -> PersistedQueueConfig {
         sync: SyncPolicy::Commit,
         checkpoint_interval: HumanDuration(Duration::from_millis(200)),
         memory_bytes: ByteSize(memory_bytes),
+        // To compare with direct I/O: SLUICE_BENCH_DIRECT_IO=true.
+        direct_io: std::env::var("SLUICE_BENCH_DIRECT_IO").is_ok_and(|v| v == "true"),
         ..PersistedQueueConfig::default()
     }
 }

@@ -40,6 +40,7 @@ struct QueueParams {
     shards: usize,
     /// `memory_bytes`: 0 makes every batch go back to disk for reading.
     memory: &'static str,
+    direct_io: bool,
 }
 
 fn spec(path: &Path, p: QueueParams) -> ComponentSpec {
@@ -49,11 +50,12 @@ fn spec(path: &Path, p: QueueParams) -> ComponentSpec {
     inputs: [{{type: stdin}}]
     outputs: [{{type: stdout}}]
     queue: {{type: persisted, path: '{}', shards: {}, segment_bytes: 64KiB, max_bytes: 4MiB, \
-         checkpoint_interval: 10ms, memory_bytes: {}}}
+         checkpoint_interval: 10ms, memory_bytes: {}, direct_io: {}}}
 ",
         path.display(),
         p.shards,
-        p.memory
+        p.memory,
+        p.direct_io
     );
     let root = sluice_config::model::load_str(&text, "model.yml").unwrap();
     root.pipelines.into_iter().next().unwrap().queue
@@ -137,8 +139,8 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn params(shards: impl Strategy<Value = usize>) -> impl Strategy<Value = QueueParams> {
-    (shards, prop::sample::select(vec!["0", "16KiB", "16MiB"]))
-        .prop_map(|(shards, memory)| QueueParams { shards, memory })
+    (shards, prop::sample::select(vec!["0", "16KiB", "16MiB"]), any::<bool>())
+        .prop_map(|(shards, memory, direct_io)| QueueParams { shards, memory, direct_io })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -616,10 +618,10 @@ proptest! {
 /// handled its events: they must come back after a restart.
 #[test]
 fn a_batch_dropped_without_completion_comes_back_after_restart() {
-    for memory in ["0", "16MiB"] {
+    for (memory, direct_io) in [("0", false), ("0", true), ("16MiB", false)] {
         let ops = vec![Op::Push { n: 10, wait: true }, Op::Pop { max: 10 }, Op::DropOutstanding(0)];
-        let result = runtime().block_on(run_model(QueueParams { shards: 1, memory }, ops));
-        assert!(result.is_ok(), "memory_bytes {memory}: {}", result.unwrap_err());
+        let result = runtime().block_on(run_model(QueueParams { shards: 1, memory, direct_io }, ops));
+        assert!(result.is_ok(), "memory_bytes {memory}, direct_io {direct_io}: {}", result.unwrap_err());
     }
 }
 
@@ -627,7 +629,7 @@ fn a_batch_dropped_without_completion_comes_back_after_restart() {
 /// checkpointed at shutdown (and not delivered again after a clean restart).
 #[test]
 fn events_completed_right_after_start_are_checkpointed() {
-    let params = QueueParams { shards: 1, memory: "16MiB" };
+    let params = QueueParams { shards: 1, memory: "16MiB", direct_io: false };
     for round in 0..20 {
         let result: Result<(), String> = runtime().block_on(async {
             let dir = tempfile::tempdir().unwrap();

@@ -86,7 +86,7 @@ impl Default for PersistedQueueConfig {
             sync_interval: HumanDuration(Duration::from_secs(1)),
             checkpoint_interval: HumanDuration(Duration::from_secs(1)),
             memory_bytes: ByteSize(16 << 20),
-            direct_io: true,
+            direct_io: false,
         }
     }
 }
