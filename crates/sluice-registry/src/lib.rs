@@ -145,6 +145,9 @@ struct Shared {
     /// `flush_interval` is zero: a commit that makes the pending list non-empty wakes the writer.
     eager: bool,
     disabled: bool,
+    /// An in-memory registry ([`Registry::in_memory`]): nothing is queued or written.
+    memory_only: bool,
+    warned_memory_only: std::sync::atomic::AtomicBool,
     stats: RegistryStats,
     log_bytes: AtomicU64,
 }
@@ -170,7 +173,7 @@ pub struct Registry {
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Held for the registry's lifetime: one process owns a registry directory.
-    _lock: File,
+    _lock: Option<File>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -354,6 +357,8 @@ impl Registry {
             wake: Condvar::new(),
             eager: opts.flush_interval.is_zero(),
             disabled,
+            memory_only: false,
+            warned_memory_only: Default::default(),
             stats: RegistryStats::default(),
             log_bytes: AtomicU64::new(writer.log_len),
         });
@@ -362,7 +367,32 @@ impl Registry {
             .name("sluice-registry".into())
             .spawn(move || writer.run(&thread_shared))
             .map_err(io_err)?;
-        Ok(Arc::new(Registry { shared, writer: Mutex::new(Some(handle)), _lock: lock }))
+        Ok(Arc::new(Registry { shared, writer: Mutex::new(Some(handle)), _lock: Some(lock) }))
+    }
+
+    /// A registry that keeps cursors in memory only and writes nothing: for a process none of
+    /// whose inputs resumes from a position (so it touches no directory), and for tests.
+    /// Taking a cursor on it logs a warning once, since nothing taken there survives a restart.
+    pub fn in_memory() -> Arc<Registry> {
+        let shared = Arc::new(Shared {
+            dir: PathBuf::from("(in memory)"),
+            slots: RwLock::new(HashMap::new()),
+            pending: Mutex::new(Vec::new()),
+            control: Mutex::new(Control { stopped: true, ..Control::default() }),
+            wake: Condvar::new(),
+            eager: false,
+            disabled: false,
+            memory_only: true,
+            warned_memory_only: Default::default(),
+            stats: RegistryStats::default(),
+            log_bytes: AtomicU64::new(0),
+        });
+        Arc::new(Registry { shared, writer: Mutex::new(None), _lock: None })
+    }
+
+    /// False for [`Registry::in_memory`].
+    pub fn is_persistent(&self) -> bool {
+        !self.shared.memory_only
     }
 
     /// Reads the registry in `dir` without taking it over: no lock, no truncation, no rewrite.
@@ -410,6 +440,11 @@ impl Registry {
         if let Some(slot) = self.shared.slots.read().get(key) {
             return Cursor { slot: slot.clone(), shared: self.shared.clone() };
         }
+        if self.shared.memory_only && !self.shared.warned_memory_only.swap(true, Ordering::Relaxed) {
+            tracing::warn!(key, "a cursor was taken on an in-memory registry: positions will not survive a restart");
+        }
+        // In memory, a slot is born dirty so that commits never queue it for a writer.
+        let initial = if self.shared.memory_only { DIRTY } else { 0 };
         let mut slots = self.shared.slots.write();
         let slot = slots
             .entry(key.into())
@@ -417,7 +452,7 @@ impl Registry {
                 Arc::new(Slot {
                     key: key.into(),
                     offset: AtomicU64::new(0),
-                    state: AtomicU8::new(0),
+                    state: AtomicU8::new(initial),
                     meta: Mutex::new(Arc::new(Meta::null())),
                     updated_ms: AtomicU64::new(now_ms()),
                 })
@@ -432,6 +467,9 @@ impl Registry {
         let mut slots = self.shared.slots.write();
         if let Some(slot) = slots.remove(key) {
             slot.state.fetch_or(REMOVED, Ordering::SeqCst);
+            if self.shared.memory_only {
+                return;
+            }
             // Queued under the map's lock, so a cursor created again afterwards queues after it.
             self.shared.push(PendingOp::Remove(key.into()));
         }

@@ -38,12 +38,13 @@ struct State {
     feeds: BTreeMap<String, BTreeSet<String>>,
     /// Summaries of pipelines stopped by reloads, reported again at shutdown.
     stopped: Vec<PipelineSummary>,
+    /// Durable (in `data_dir/registry`) once some input uses it, opened once (at start or at
+    /// the reload that brings the first such input), kept across reloads, closed at shutdown.
+    registry: Arc<Registry>,
 }
 
 pub struct Engine {
     bus: Arc<PipelineBus>,
-    /// Opened once at start in `data_dir/registry`, kept across reloads, closed at shutdown.
-    registry: Arc<Registry>,
     pub metrics: Arc<MetricsRegistry>,
     state: Mutex<State>,
     inputs_changed: Arc<Notify>,
@@ -62,7 +63,8 @@ impl Engine {
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
         let built = build_all(&config, &bus)?;
-        let registry = open_registry(&config).await?;
+        let registry =
+            if built.iter().any(uses_registry) { open_registry(&config).await? } else { Registry::in_memory() };
         let mut running: BTreeMap<String, RunningPipeline> = BTreeMap::new();
         for b in built {
             metrics.register(b.metrics.clone());
@@ -82,9 +84,8 @@ impl Engine {
         }
         Ok(Engine {
             bus,
-            registry,
             metrics,
-            state: Mutex::new(State { config, running, feeds, stopped: Vec::new() }),
+            state: Mutex::new(State { config, running, feeds, stopped: Vec::new(), registry }),
             inputs_changed,
         })
     }
@@ -119,6 +120,10 @@ impl Engine {
         report.stopped =
             state.running.keys().filter(|n| !config.pipelines.iter().any(|p| &p.name == *n)).cloned().collect();
 
+        if !state.registry.is_persistent() && fresh.iter().any(uses_registry) {
+            state.registry = open_registry(&config).await?;
+        }
+
         let timeout = config.shutdown_timeout;
         let to_stop: BTreeSet<&String> = report.stopped.iter().chain(&report.restarted).collect();
         for name in upstream_first(&state.feeds) {
@@ -134,7 +139,7 @@ impl Engine {
         for b in fresh {
             self.metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &self.bus, &config.data_dir, &self.registry, self.inputs_changed.clone())
+            match RunningPipeline::start(b, &self.bus, &config.data_dir, &state.registry, self.inputs_changed.clone())
                 .await
             {
                 Ok(p) => {
@@ -192,13 +197,13 @@ impl Engine {
             }
         }
         // Every input has stopped and every acknowledgement has arrived: write what is pending.
-        close_registry(&self.registry).await;
+        close_registry(&state.registry).await;
         summaries
     }
 
     /// The registry of input positions.
-    pub fn registry(&self) -> &Arc<Registry> {
-        &self.registry
+    pub async fn registry(&self) -> Arc<Registry> {
+        self.state.lock().await.registry.clone()
     }
 
     /// Summaries of the running pipelines, as they stand.
@@ -209,6 +214,10 @@ impl Engine {
     pub fn bus(&self) -> &Arc<PipelineBus> {
         &self.bus
     }
+}
+
+fn uses_registry(b: &crate::build::BuiltPipeline) -> bool {
+    b.inputs.iter().any(|i| i.input.uses_registry())
 }
 
 /// Opens the registry in `data_dir/registry` with the config's options.
