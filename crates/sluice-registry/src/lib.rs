@@ -405,7 +405,15 @@ impl Registry {
             });
         }
         let in_use = lock_held(dir);
-        let rec = format::recover(dir).map_err(|source| RegistryError::Io { dir: dir.to_path_buf(), source })?;
+        let mut rec = format::recover(dir).map_err(|source| RegistryError::Io { dir: dir.to_path_buf(), source })?;
+        // The owner may have compacted between our reads of the snapshot and the log: read again.
+        for _ in 0..3 {
+            if !(in_use && rec.needs_rewrite) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            rec = format::recover(dir).map_err(|source| RegistryError::Io { dir: dir.to_path_buf(), source })?;
+        }
         let entries = rec
             .state
             .into_iter()
@@ -655,7 +663,6 @@ impl Writer {
                     }
                     let offset = slot.offset.load(Ordering::SeqCst);
                     let meta = slot.meta.lock().clone();
-                    slot.updated_ms.store(now, Ordering::Relaxed);
                     match self.state.get_mut(&*slot.key) {
                         Some(e) if Arc::ptr_eq(&e.meta, &meta) => {
                             if e.offset == offset {
@@ -677,6 +684,7 @@ impl Writer {
                             self.state.insert(slot.key.to_string(), DurableEntry { offset, meta, updated_ms: now });
                         }
                     }
+                    slot.updated_ms.store(now, Ordering::Relaxed);
                     records += 1;
                 }
             }
