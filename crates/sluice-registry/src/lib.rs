@@ -31,6 +31,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
 
 use format::{DurableEntry, Meta, State};
+pub use sluice_core::metrics::RegistryMetrics;
 
 /// The environment switch that turns [`Cursor::commit`] into a no-op (for benchmarks that
 /// measure what the registry costs).
@@ -79,19 +80,7 @@ pub struct Entry {
     pub updated: SystemTime,
 }
 
-/// Counters of the background writer.
-#[derive(Debug, Default)]
-pub struct RegistryStats {
-    /// Batches written to the op log.
-    pub flushes: AtomicU64,
-    pub fsyncs: AtomicU64,
-    pub records_written: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub compactions: AtomicU64,
-    pub write_errors: AtomicU64,
-}
-
-/// A copy of [`RegistryStats`] plus gauges.
+/// A copy of the writer's [`RegistryMetrics`], plus the keys pending right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StatsSnapshot {
     pub flushes: u64,
@@ -148,8 +137,7 @@ struct Shared {
     /// An in-memory registry ([`Registry::in_memory`]): nothing is queued or written.
     memory_only: bool,
     warned_memory_only: std::sync::atomic::AtomicBool,
-    stats: RegistryStats,
-    log_bytes: AtomicU64,
+    stats: Arc<RegistryMetrics>,
     /// Test support: the number of upcoming file writes to fail.
     #[cfg(test)]
     fail_writes: Arc<std::sync::atomic::AtomicU32>,
@@ -364,11 +352,13 @@ impl Registry {
             disabled,
             memory_only: false,
             warned_memory_only: Default::default(),
-            stats: RegistryStats::default(),
-            log_bytes: AtomicU64::new(writer.log_len),
+            stats: Arc::default(),
             #[cfg(test)]
             fail_writes: writer.fail_writes.clone(),
         });
+        shared.stats.log_bytes.store(writer.log_len, Ordering::Relaxed);
+        shared.stats.keys.store(writer.state.len() as u64, Ordering::Relaxed);
+        shared.stats.durable_unix_ms.store(now_ms(), Ordering::Relaxed);
         let thread_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("sluice-registry".into())
@@ -391,8 +381,7 @@ impl Registry {
             disabled: false,
             memory_only: true,
             warned_memory_only: Default::default(),
-            stats: RegistryStats::default(),
-            log_bytes: AtomicU64::new(0),
+            stats: Arc::default(),
             #[cfg(test)]
             fail_writes: Default::default(),
         });
@@ -547,17 +536,22 @@ impl Registry {
     pub fn stats(&self) -> StatsSnapshot {
         let s = &self.shared.stats;
         StatsSnapshot {
-            flushes: s.flushes.load(Ordering::Relaxed),
-            fsyncs: s.fsyncs.load(Ordering::Relaxed),
-            records_written: s.records_written.load(Ordering::Relaxed),
-            bytes_written: s.bytes_written.load(Ordering::Relaxed),
-            compactions: s.compactions.load(Ordering::Relaxed),
-            write_errors: s.write_errors.load(Ordering::Relaxed),
+            flushes: s.flushes.get(),
+            fsyncs: s.fsyncs.get(),
+            records_written: s.records_written.get(),
+            bytes_written: s.bytes_written.get(),
+            compactions: s.compactions.get(),
+            write_errors: s.write_errors.get(),
             pending_keys: self.shared.pending.lock().len() as u64,
             keys: self.shared.slots.read().values().filter(|s| s.state.load(Ordering::Relaxed) & LIVE != 0).count()
                 as u64,
-            log_bytes: self.shared.log_bytes.load(Ordering::Relaxed),
+            log_bytes: s.log_bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// The writer's figures, for the monitoring API.
+    pub fn metrics(&self) -> Arc<RegistryMetrics> {
+        self.shared.stats.clone()
     }
 }
 
@@ -642,7 +636,7 @@ impl Writer {
             retry_at = match &result {
                 Ok(()) => None,
                 Err(e) => {
-                    shared.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                    shared.stats.write_errors.add(1);
                     tracing::error!(dir = %self.dir.display(), "registry write failed (retrying): {e}");
                     Some(Instant::now() + self.opts.flush_interval.max(Duration::from_secs(1)))
                 }
@@ -665,7 +659,18 @@ impl Writer {
             let mut pending = shared.pending.lock();
             std::mem::swap(&mut *pending, &mut self.batch);
         }
+        let taken = self.batch.len() as u64;
         let now = now_ms();
+        self.write_batch(shared, now)?;
+        let s = &shared.stats;
+        s.log_bytes.store(self.log_len, Ordering::Relaxed);
+        s.keys.store(self.state.len() as u64, Ordering::Relaxed);
+        s.flushed_keys.store(taken, Ordering::Relaxed);
+        s.durable_unix_ms.store(now, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_batch(&mut self, shared: &Shared, now: u64) -> io::Result<()> {
         self.buf.clear();
         let mut records = 0u64;
         for op in self.batch.drain(..) {
@@ -711,8 +716,7 @@ impl Writer {
         }
         if self.needs_rewrite {
             self.compact()?;
-            shared.stats.compactions.fetch_add(1, Ordering::Relaxed);
-            shared.log_bytes.store(self.log_len, Ordering::Relaxed);
+            shared.stats.compactions.add(1);
             return Ok(());
         }
         if !self.buf.is_empty() {
@@ -720,9 +724,8 @@ impl Writer {
         }
         if self.log_len >= self.opts.compact_after_bytes.max(self.snapshot_len) {
             self.compact()?;
-            shared.stats.compactions.fetch_add(1, Ordering::Relaxed);
+            shared.stats.compactions.add(1);
         }
-        shared.log_bytes.store(self.log_len, Ordering::Relaxed);
         Ok(())
     }
 
@@ -740,10 +743,10 @@ impl Writer {
             Ok(()) => {
                 self.log_len += self.buf.len() as u64;
                 let s = &shared.stats;
-                s.flushes.fetch_add(1, Ordering::Relaxed);
-                s.fsyncs.fetch_add(1, Ordering::Relaxed);
-                s.records_written.fetch_add(records, Ordering::Relaxed);
-                s.bytes_written.fetch_add(self.buf.len() as u64, Ordering::Relaxed);
+                s.flushes.add(1);
+                s.fsyncs.add(1);
+                s.records_written.add(records);
+                s.bytes_written.add(self.buf.len() as u64);
                 Ok(())
             }
             Err(e) => {
