@@ -603,7 +603,11 @@ impl Writer {
     }
 
     fn run(mut self, shared: &Shared) {
-        let mut next_flush = Instant::now() + self.opts.flush_interval;
+        // With a zero interval the writer sleeps until a commit wakes it; it still wakes this
+        // often, idle, so that the lag it reports stays fresh.
+        const IDLE_WAKE: Duration = Duration::from_secs(1);
+        let interval = if self.opts.flush_interval.is_zero() { IDLE_WAKE } else { self.opts.flush_interval };
+        let mut next_flush = Instant::now() + interval;
         let mut retry_at: Option<Instant> = None;
         loop {
             let (ticket, stop) = {
@@ -617,13 +621,7 @@ impl Writer {
                         if now >= at {
                             break;
                         }
-                    } else if self.opts.flush_interval.is_zero() {
-                        if !shared.pending.lock().is_empty() {
-                            break;
-                        }
-                        shared.wake.wait(&mut c);
-                        continue;
-                    } else if now >= next_flush {
+                    } else if now >= next_flush || (shared.eager && !shared.pending.lock().is_empty()) {
                         break;
                     }
                     let deadline = retry_at.unwrap_or(next_flush);
@@ -631,7 +629,7 @@ impl Writer {
                 }
                 (c.requested, c.stop)
             };
-            next_flush = Instant::now() + self.opts.flush_interval;
+            next_flush = Instant::now() + interval;
             let result = self.cycle(shared);
             retry_at = match &result {
                 Ok(()) => None,
