@@ -192,6 +192,8 @@ impl std::fmt::Debug for Cursor {
 impl Cursor {
     /// Records `offset` as the key's newest cursor. No syscall, no allocation in steady state,
     /// and no lock the writer holds during I/O; the writer persists it with its next flush.
+    /// Only the commit that finds the key clean queues it (a short, uncontended lock); with a
+    /// zero flush interval that commit also wakes the writer.
     #[inline]
     pub fn commit(&self, offset: u64) {
         if self.shared.disabled {
