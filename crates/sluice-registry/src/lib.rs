@@ -15,6 +15,9 @@
 //! everything pending. Start-up recovers the snapshot and the op log up to the first bad record,
 //! names the file and offset of any damage, and survives a crash at any step of compaction
 //! (see the `format` module).
+//!
+//! Limits: a key is at most 64 KiB and metadata at most 1 MiB of JSON; beyond that the update is
+//! refused and logged rather than written as a record recovery would reject.
 
 mod format;
 
@@ -219,7 +222,13 @@ impl Cursor {
     /// Replaces the key's metadata (file identity, path after a rename); rare. Persisted with
     /// the next flush. Like a commit, it creates the key if it does not exist yet.
     pub fn set_meta(&self, meta: Value) {
-        *self.slot.meta.lock() = Arc::new(Meta::new(meta));
+        let meta = Meta::new(meta);
+        if meta.bytes.len() > format::MAX_META_LEN {
+            tracing::error!(key = %self.slot.key, bytes = meta.bytes.len(), limit = format::MAX_META_LEN,
+                "registry metadata too large; keeping the previous metadata");
+            return;
+        }
+        *self.slot.meta.lock() = Arc::new(meta);
         self.mark_dirty();
     }
 
@@ -275,7 +284,13 @@ impl Registry {
     /// starts the background writer.
     pub fn open(dir: &Path, opts: RegistryOptions) -> Result<Arc<Registry>, RegistryError> {
         let io_err = |source| RegistryError::Io { dir: dir.to_path_buf(), source };
-        fs::create_dir_all(dir).map_err(io_err)?;
+        if !dir.is_dir() {
+            fs::create_dir_all(dir).map_err(io_err)?;
+            // The new directory's own entry must be durable too, or a crash could lose it whole.
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                format::sync_dir(parent).map_err(io_err)?;
+            }
+        }
         let lock =
             File::options().create(true).truncate(false).write(true).open(dir.join(format::LOCK)).map_err(io_err)?;
         if !lock_exclusive(&lock) {
@@ -684,6 +699,11 @@ impl Writer {
                 PendingOp::Slot(slot) => {
                     let prev = slot.state.fetch_and(!DIRTY, Ordering::SeqCst);
                     if prev & REMOVED != 0 {
+                        continue;
+                    }
+                    if slot.key.len() > format::MAX_KEY_LEN {
+                        tracing::error!(key_prefix = %slot.key.chars().take(64).collect::<String>(),
+                            bytes = slot.key.len(), limit = format::MAX_KEY_LEN, "registry key too long; not written");
                         continue;
                     }
                     let offset = slot.offset.load(Ordering::SeqCst);

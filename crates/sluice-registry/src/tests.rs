@@ -557,6 +557,24 @@ fn a_failed_write_is_reported_and_retried_by_rewriting() {
     assert_eq!(offsets(&r), pairs(&[("a", 10), ("b", 2), ("c", 3)]));
 }
 
+#[test]
+fn oversized_keys_and_metadata_are_refused_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Registry::open(dir.path(), manual()).unwrap();
+    let c = r.cursor("k");
+    c.set_meta(json!({"path": "/a"}));
+    c.set_meta(json!({"blob": "x".repeat(format::MAX_META_LEN + 1)}));
+    c.commit(1);
+    r.cursor(&"k".repeat(format::MAX_KEY_LEN + 1)).commit(2);
+    r.cursor("z").commit(3);
+    r.close().unwrap();
+    drop(r);
+    let view = Registry::read(dir.path()).unwrap();
+    assert!(view.warnings.is_empty(), "{:?}", view.warnings);
+    let got: Vec<(String, u64, Value)> = view.entries.into_iter().map(|e| (e.key, e.offset, e.meta)).collect();
+    assert_eq!(got, [("k".to_string(), 1, json!({"path": "/a"})), ("z".to_string(), 3, Value::Null)]);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Commit(u8, u64),
