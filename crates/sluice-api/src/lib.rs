@@ -23,7 +23,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use parking_lot::Mutex;
 use serde_json::{Value as Json, json};
-use sluice_core::metrics::{Counter, Histogram, LATENCY_BUCKETS, MetricsRegistry, PipelineMetrics, RegistryMetrics};
+use sluice_core::metrics::{Histogram, LATENCY_BUCKETS, MetricsRegistry, PipelineMetrics};
 use tokio_util::sync::CancellationToken;
 
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -337,7 +337,8 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
     out
 }
 
-fn registry_metrics(out: &mut String, r: &RegistryMetrics) {
+fn registry_metrics(out: &mut String, r: &sluice_core::metrics::RegistryMetrics) {
+    use sluice_core::metrics::Counter;
     let counters: [(&str, &str, &Counter); 6] = [
         (
             "sluice_registry_flushes_total",
@@ -373,7 +374,7 @@ fn registry_metrics(out: &mut String, r: &RegistryMetrics) {
     }
 }
 
-fn registry_lag(r: &RegistryMetrics) -> f64 {
+fn registry_lag(r: &sluice_core::metrics::RegistryMetrics) -> f64 {
     let durable = r.durable_unix_ms.load(std::sync::atomic::Ordering::Relaxed);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     now.saturating_sub(durable) as f64 / 1000.0
@@ -449,7 +450,7 @@ mod tests {
         let reg = Arc::new(MetricsRegistry::default());
         assert!(!render_prometheus(&reg, Duration::from_secs(1)).contains("sluice_registry_"));
         assert!(render_stats(&ApiState::new(reg.clone()))["registry"].is_null());
-        let r = Arc::new(RegistryMetrics::default());
+        let r = Arc::new(sluice_core::metrics::RegistryMetrics::default());
         r.fsyncs.add(3);
         r.keys.store(10, std::sync::atomic::Ordering::Relaxed);
         reg.set_registry(r);
