@@ -16,6 +16,19 @@
 //! names the file and offset of any damage, and survives a crash at any step of compaction
 //! (see the `format` module).
 //!
+//! ```no_run
+//! use std::path::Path;
+//! use sluice_registry::{Registry, RegistryOptions};
+//!
+//! let registry = Registry::open(Path::new("data/registry"), RegistryOptions::default())?;
+//! let start = registry.get("file:2049:131").map_or(0, |e| e.offset); // where to resume
+//! let cursor = registry.cursor("file:2049:131");
+//! cursor.set_meta(serde_json::json!({"path": "/var/log/app.log"})); // rare
+//! cursor.commit(start + 4096); // on every acknowledgement: in memory only
+//! registry.close()?; // at shutdown: everything pending is written
+//! # Ok::<(), sluice_registry::RegistryError>(())
+//! ```
+//!
 //! Limits: a key is at most 64 KiB and metadata at most 1 MiB of JSON; beyond that the update is
 //! refused and logged rather than written as a record recovery would reject.
 
