@@ -565,6 +565,9 @@ impl Registry {
 
     pub fn stats(&self) -> StatsSnapshot {
         let s = &self.shared.stats;
+        // One lock at a time: `remove` takes the slots and then the pending list.
+        let pending_keys = self.shared.pending.lock().len() as u64;
+        let keys = self.shared.slots.read().values().filter(|s| s.state.load(Ordering::Relaxed) & LIVE != 0).count();
         StatsSnapshot {
             flushes: s.flushes.get(),
             fsyncs: s.fsyncs.get(),
@@ -572,9 +575,8 @@ impl Registry {
             bytes_written: s.bytes_written.get(),
             compactions: s.compactions.get(),
             write_errors: s.write_errors.get(),
-            pending_keys: self.shared.pending.lock().len() as u64,
-            keys: self.shared.slots.read().values().filter(|s| s.state.load(Ordering::Relaxed) & LIVE != 0).count()
-                as u64,
+            pending_keys,
+            keys: keys as u64,
             log_bytes: s.log_bytes.load(Ordering::Relaxed),
         }
     }
