@@ -499,6 +499,49 @@ fn many_threads_commit_while_the_writer_flushes() {
 }
 
 #[test]
+fn removes_reads_and_flushes_race_with_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = RegistryOptions { flush_interval: Duration::ZERO, compact_after_bytes: 8 << 10 };
+    let r = Registry::open(dir.path(), opts.clone()).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (r, stop) = (&r, &stop);
+        for t in 0..2 {
+            s.spawn(move || {
+                let mut round = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    for k in 0..20 {
+                        r.cursor(&format!("k{k}")).commit(round * 10 + t);
+                    }
+                }
+            });
+        }
+        s.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for k in 0..20 {
+                    r.remove(&format!("k{k}"));
+                }
+                let _ = (r.stats(), r.entries(), r.get("k1"));
+                r.flush().unwrap();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+    });
+    // Quiet now: one last state, written and read back identically.
+    r.cursor("k1").commit(7);
+    r.remove("k2");
+    r.flush().unwrap();
+    let in_memory = offsets(&r);
+    r.close().unwrap();
+    drop(r);
+    let r = Registry::open(dir.path(), opts).unwrap();
+    assert_eq!(offsets(&r), in_memory);
+    assert!(in_memory.contains(&("k1".to_string(), 7)));
+}
+
+#[test]
 fn in_memory_registry_keeps_cursors_and_writes_nothing() {
     let r = Registry::in_memory();
     assert!(!r.is_persistent());
