@@ -12,6 +12,8 @@ use sluice_core::bus::PipelineBus;
 use sluice_core::metrics::MetricsRegistry;
 use tokio::sync::{Mutex, Notify};
 
+use sluice_registry::{Registry, RegistryOptions};
+
 use crate::build::{build_all, build_pipeline, check_links, upstream_first};
 use crate::pipeline::{PipelineSummary, RunningPipeline};
 
@@ -36,6 +38,9 @@ struct State {
     feeds: BTreeMap<String, BTreeSet<String>>,
     /// Summaries of pipelines stopped by reloads, reported again at shutdown.
     stopped: Vec<PipelineSummary>,
+    /// Durable (in `data_dir/registry`) once some input uses it, opened once (at start or at
+    /// the reload that brings the first such input), kept across reloads, closed at shutdown.
+    registry: Arc<Registry>,
 }
 
 pub struct Engine {
@@ -58,11 +63,16 @@ impl Engine {
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
         let built = build_all(&config, &bus)?;
+        let registry = if built.iter().any(uses_registry) {
+            open_registry(&config, &metrics).await?
+        } else {
+            Registry::in_memory()
+        };
         let mut running: BTreeMap<String, RunningPipeline> = BTreeMap::new();
         for b in built {
             metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &bus, &config.data_dir, inputs_changed.clone()).await {
+            match RunningPipeline::start(b, &bus, &config.data_dir, &registry, inputs_changed.clone()).await {
                 Ok(p) => {
                     running.insert(name, p);
                 }
@@ -70,6 +80,7 @@ impl Engine {
                     for (_, p) in std::mem::take(&mut running) {
                         p.stop(config.shutdown_timeout, false).await;
                     }
+                    close_registry(&registry).await;
                     return Err(sluice_config::ConfigError::new(e).into());
                 }
             }
@@ -77,7 +88,7 @@ impl Engine {
         Ok(Engine {
             bus,
             metrics,
-            state: Mutex::new(State { config, running, feeds, stopped: Vec::new() }),
+            state: Mutex::new(State { config, running, feeds, stopped: Vec::new(), registry }),
             inputs_changed,
         })
     }
@@ -112,6 +123,10 @@ impl Engine {
         report.stopped =
             state.running.keys().filter(|n| !config.pipelines.iter().any(|p| &p.name == *n)).cloned().collect();
 
+        if !state.registry.is_persistent() && fresh.iter().any(uses_registry) {
+            state.registry = open_registry(&config, &self.metrics).await?;
+        }
+
         let timeout = config.shutdown_timeout;
         let to_stop: BTreeSet<&String> = report.stopped.iter().chain(&report.restarted).collect();
         for name in upstream_first(&state.feeds) {
@@ -127,7 +142,9 @@ impl Engine {
         for b in fresh {
             self.metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &self.bus, &config.data_dir, self.inputs_changed.clone()).await {
+            match RunningPipeline::start(b, &self.bus, &config.data_dir, &state.registry, self.inputs_changed.clone())
+                .await
+            {
                 Ok(p) => {
                     state.running.insert(name, p);
                 }
@@ -138,8 +155,11 @@ impl Engine {
                 }
             }
         }
-        if state.config.api != config.api || state.config.data_dir != config.data_dir {
-            tracing::warn!("changes to `api` and `data_dir` take effect at the next restart");
+        if state.config.api != config.api
+            || state.config.data_dir != config.data_dir
+            || state.config.registry != config.registry
+        {
+            tracing::warn!("changes to `api`, `data_dir` and `registry` take effect at the next restart");
         }
         state.feeds = feeds;
         state.config = config;
@@ -179,7 +199,14 @@ impl Engine {
                 summaries.push(p.stop(timeout, drain).await);
             }
         }
+        // Every input has stopped and every acknowledgement has arrived: write what is pending.
+        close_registry(&state.registry).await;
         summaries
+    }
+
+    /// The registry of input positions.
+    pub async fn registry(&self) -> Arc<Registry> {
+        self.state.lock().await.registry.clone()
     }
 
     /// Summaries of the running pipelines, as they stand.
@@ -189,5 +216,85 @@ impl Engine {
 
     pub fn bus(&self) -> &Arc<PipelineBus> {
         &self.bus
+    }
+}
+
+fn uses_registry(b: &crate::build::BuiltPipeline) -> bool {
+    b.inputs.iter().any(|i| i.input.uses_registry())
+}
+
+/// Opens the registry in `data_dir/registry` with the config's options and publishes its figures.
+async fn open_registry(config: &RootConfig, metrics: &MetricsRegistry) -> Result<Arc<Registry>, ConfigErrors> {
+    let dir = config.data_dir.join("registry");
+    let opts = RegistryOptions {
+        flush_interval: config.registry.flush_interval.0,
+        compact_after_bytes: config.registry.compact_after.0,
+    };
+    let opened = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || Registry::open(&dir, opts)
+    })
+    .await;
+    match opened {
+        Ok(Ok(r)) => {
+            metrics.set_registry(r.metrics());
+            Ok(r)
+        }
+        Ok(Err(e)) => Err(sluice_config::ConfigError::new(format!("cannot open the registry: {e}")).into()),
+        Err(e) => {
+            Err(sluice_config::ConfigError::new(format!("cannot open the registry in {}: {e}", dir.display())).into())
+        }
+    }
+}
+
+/// Writes everything pending in the registry and stops its writer (off the async threads: it fsyncs).
+async fn close_registry(registry: &Arc<Registry>) {
+    let r = registry.clone();
+    match tokio::task::spawn_blocking(move || r.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("closing the registry: {e}"),
+        Err(e) => tracing::error!(dir = %registry.dir().display(), "closing the registry: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(data_dir: &std::path::Path) -> RootConfig {
+        let text = format!(
+            "data_dir: {}\napi: {{enabled: false}}\npipelines:\n  p:\n    inputs: [{{type: generator, count: 10}}]\n    outputs: [{{type: blackhole}}]\n",
+            data_dir.display()
+        );
+        sluice_config::model::load_str(&text, "test.yml").unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_positioned_inputs_the_registry_stays_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let engine = Engine::start(config(&data)).await.unwrap();
+        assert!(!engine.registry().await.is_persistent());
+        engine.inputs_finished().await;
+        engine.shutdown(true).await;
+        assert!(!data.join("registry").exists(), "a registry directory was created for nothing");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_registry_that_cannot_open_is_an_error_naming_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_dir = dir.path().join("plain-file");
+        std::fs::write(&not_a_dir, b"x").unwrap();
+        let e = open_registry(&config(&not_a_dir), &MetricsRegistry::default()).await.unwrap_err().to_string();
+        assert!(e.contains("cannot open the registry") && e.contains("plain-file/registry"), "{e}");
+
+        let data = dir.path().join("data");
+        let metrics = MetricsRegistry::default();
+        let held = open_registry(&config(&data), &metrics).await.unwrap();
+        let e = open_registry(&config(&data), &metrics).await.unwrap_err().to_string();
+        assert!(e.contains("in use by another process") && e.contains("data/registry"), "{e}");
+        close_registry(&held).await;
+        assert!(held.is_persistent());
+        assert!(metrics.registry().is_some(), "the registry's figures were not published");
     }
 }
