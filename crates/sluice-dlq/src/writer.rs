@@ -290,6 +290,9 @@ struct Writer {
     last_tick: Instant,
     last_log: Instant,
     unlogged: Unlogged,
+    /// Entries were refused for room since the last tick: check that the oldest segments
+    /// still exist (someone may have deleted files by hand to make room).
+    refused_since_tick: bool,
 }
 
 impl Writer {
@@ -308,6 +311,7 @@ impl Writer {
             last_tick: now,
             last_log: now,
             unlogged: Unlogged::default(),
+            refused_since_tick: false,
         }
     }
 
@@ -393,6 +397,9 @@ impl Writer {
         if now >= self.last_tick + TICK {
             self.last_tick = now;
             self.expire(sluice_core::value::now_nanos());
+            if std::mem::take(&mut self.refused_since_tick) {
+                self.forget_missing_oldest();
+            }
             self.log_drops(false);
         }
     }
@@ -466,6 +473,7 @@ impl Writer {
                 StoragePolicy::DropNewer => {
                     Counters::add(&self.shared.counters.dropped_newer, 1);
                     self.unlogged.dropped_newer += 1;
+                    self.refused_since_tick = true;
                     return Ok(false);
                 }
                 StoragePolicy::DropOlder => {
@@ -534,6 +542,29 @@ impl Writer {
             Counters::add(&self.shared.counters.expired, info.entries);
             self.unlogged.expired += info.entries;
             self.delete_file(id, &info);
+        }
+    }
+
+    /// While the DLQ refuses entries for room: drops from the index the oldest sealed segments
+    /// whose files are gone (deleted by hand), one `stat` each, stopping at the first that
+    /// exists. At most once per tick and only while full, so the write path and the size
+    /// policy still never look at the directory.
+    fn forget_missing_oldest(&mut self) {
+        loop {
+            let first = self.shared.index.lock().segments.first_key_value().map(|(id, s)| (*id, *s));
+            let Some((id, info)) = first else { return };
+            if !info.sealed {
+                return;
+            }
+            let path = self.shared.path_of(id, &info);
+            match fs::symlink_metadata(&path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    tracing::warn!(segment = %path.display(), entries = info.entries,
+                        "dead letter segment deleted by someone else; no longer counted");
+                    self.shared.index.lock().remove(id);
+                }
+                _ => return,
+            }
         }
     }
 
