@@ -247,6 +247,44 @@ pub struct DlqStats {
     pub newest_entry_time: Option<i64>,
 }
 
+/// The size policy's decision for an entry (see [`DeadLetterQueue::room_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Room {
+    /// It fits under `max_bytes`.
+    Fits,
+    /// [`StoragePolicy::DropNewer`] and it does not fit: the entry is dropped.
+    Reject,
+    /// [`StoragePolicy::DropOlder`]: this segment (the oldest sealed one) goes first.
+    EvictOldest(u64),
+    /// [`StoragePolicy::DropOlder`] with only the open segment left: it is sealed, then evicted.
+    SealOpen,
+}
+
+/// One segment as the index knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentSummary {
+    pub id: u64,
+    pub bytes: u64,
+    pub entries: u64,
+    pub oldest_entry_time: Option<i64>,
+    pub newest_entry_time: Option<i64>,
+    pub sealed: bool,
+}
+
+impl SegmentSummary {
+    pub(crate) fn new(id: u64, s: &shared::SegInfo) -> SegmentSummary {
+        let times = s.entries > 0;
+        SegmentSummary {
+            id,
+            bytes: s.bytes,
+            entries: s.entries,
+            oldest_entry_time: times.then_some(s.oldest),
+            newest_entry_time: times.then_some(s.newest),
+            sealed: s.sealed,
+        }
+    }
+}
+
 /// A place in a DLQ: a segment and a byte offset in it. A position returned with an entry is
 /// the offset just after that entry.
 ///

@@ -12,8 +12,8 @@ use std::sync::{Arc, OnceLock, Weak};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::DlqStats;
 use crate::naming::{self, Summary};
+use crate::{DlqStats, Room, StoragePolicy};
 
 /// One segment in the index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +67,23 @@ impl Index {
         self.bytes -= old.bytes;
         self.entries -= old.entries;
         Some(old)
+    }
+
+    /// The size policy's decision for `need` more bytes, with `open` the segment being written
+    /// (never evicted while open). O(log n): the totals are kept, the oldest segment is the
+    /// map's first key.
+    pub fn room(&self, need: u64, max_bytes: u64, policy: StoragePolicy, open: Option<u64>) -> Room {
+        if self.bytes.saturating_add(need) <= max_bytes {
+            return Room::Fits;
+        }
+        match policy {
+            StoragePolicy::DropNewer => Room::Reject,
+            // Only the open segment can be skipped, and it is the last: at most two steps.
+            StoragePolicy::DropOlder => match self.segments.keys().find(|id| Some(**id) != open) {
+                Some(id) => Room::EvictOldest(*id),
+                None => Room::SealOpen,
+            },
+        }
     }
 
     pub fn oldest_time(&self) -> Option<i64> {

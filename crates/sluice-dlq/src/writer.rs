@@ -20,7 +20,7 @@ use crate::naming::{self, LOCK_FILE};
 use crate::segment;
 use crate::shared::{Counters, Index, SegInfo, Shared, shared_for, sync_dir};
 use crate::{
-    CODEC_DEAD_LETTER, DROP_LOG_INTERVAL, DeadLetter, DlqError, DlqOptions, DlqStats, DlqSync, StoragePolicy,
+    CODEC_DEAD_LETTER, DROP_LOG_INTERVAL, DeadLetter, DlqError, DlqOptions, DlqStats, DlqSync, Room, SegmentSummary,
     WriteOutcome,
 };
 
@@ -44,6 +44,7 @@ enum Cmd {
 /// through a `flock` on `lock`, across processes).
 pub struct DeadLetterQueue {
     shared: Arc<Shared>,
+    opts: DlqOptions,
     tx: Mutex<Option<mpsc::Sender<Cmd>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     lock: Mutex<Option<File>>,
@@ -76,7 +77,7 @@ impl DeadLetterQueue {
             next_id
         };
         let (tx, rx) = mpsc::channel();
-        let writer = Writer::new(shared.clone(), opts, next_id);
+        let writer = Writer::new(shared.clone(), opts.clone(), next_id);
         let thread = std::thread::Builder::new()
             .name("sluice-dlq".into())
             .spawn(move || writer.run(rx))
@@ -91,6 +92,7 @@ impl DeadLetterQueue {
         shared.bump();
         Ok(Arc::new(DeadLetterQueue {
             shared,
+            opts,
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
             lock: Mutex::new(Some(lock)),
@@ -120,6 +122,24 @@ impl DeadLetterQueue {
 
     pub fn stats(&self) -> DlqStats {
         self.shared.stats()
+    }
+
+    /// The oldest segment, from the index (no file system access).
+    pub fn oldest_segment(&self) -> Option<SegmentSummary> {
+        self.shared.index.lock().segments.first_key_value().map(|(id, s)| SegmentSummary::new(*id, s))
+    }
+
+    /// The newest segment (the open one, if any), from the index.
+    pub fn newest_segment(&self) -> Option<SegmentSummary> {
+        self.shared.index.lock().segments.last_key_value().map(|(id, s)| SegmentSummary::new(*id, s))
+    }
+
+    /// What the size policy would decide now for an entry taking `frame_bytes` on disk (the
+    /// same decision the writer makes, made from the index alone).
+    pub fn room_for(&self, frame_bytes: u64) -> Room {
+        let ix = self.shared.index.lock();
+        let open = ix.segments.last_key_value().filter(|(_, s)| !s.sealed).map(|(id, _)| *id);
+        ix.room(frame_bytes, self.opts.max_bytes, self.opts.storage_policy, open)
     }
 
     /// Seals the open segment, fsyncs, stops the writer thread and releases the directory.
@@ -465,23 +485,20 @@ impl Writer {
         }
         loop {
             let header = if self.open.is_none() { HEADER } else { 0 };
-            let stored = self.shared.index.lock().bytes;
-            if stored + self.buf.len() as u64 + header + frame <= self.opts.max_bytes {
-                break;
-            }
-            match self.opts.storage_policy {
-                StoragePolicy::DropNewer => {
+            let need = self.buf.len() as u64 + header + frame;
+            let open_id = self.open.as_ref().map(|o| o.id);
+            let room = self.shared.index.lock().room(need, self.opts.max_bytes, self.opts.storage_policy, open_id);
+            match room {
+                Room::Fits => break,
+                Room::Reject => {
                     Counters::add(&self.shared.counters.dropped_newer, 1);
                     self.unlogged.dropped_newer += 1;
                     self.refused_since_tick = true;
                     return Ok(false);
                 }
-                StoragePolicy::DropOlder => {
-                    if !self.evict_oldest()? {
-                        // Only the open segment is left: seal it so the next round evicts it.
-                        self.seal()?;
-                    }
-                }
+                Room::EvictOldest(id) => self.evict(id),
+                // Only the open segment is left: seal it so the next round evicts it.
+                Room::SealOpen => self.seal()?,
             }
         }
         if self.open.is_none() {
@@ -499,18 +516,12 @@ impl Writer {
         Ok(true)
     }
 
-    /// Deletes the oldest sealed segment. False if there is none.
-    fn evict_oldest(&mut self) -> Result<bool, DlqError> {
-        let open_id = self.open.as_ref().map(|o| o.id);
-        let (id, info) = {
-            let mut ix = self.shared.index.lock();
-            let Some((&id, _)) = ix.segments.iter().find(|(id, _)| Some(**id) != open_id) else { return Ok(false) };
-            (id, ix.remove(id).expect("present"))
-        };
+    /// Deletes a sealed segment to make room.
+    fn evict(&mut self, id: u64) {
+        let Some(info) = self.shared.index.lock().remove(id) else { return };
         Counters::add(&self.shared.counters.dropped_older, info.entries);
         self.unlogged.dropped_older += info.entries;
         self.delete_file(id, &info);
-        Ok(true)
     }
 
     /// Deletes retired segments from the oldest on while their newest entry is older than
