@@ -4,13 +4,13 @@
 //! Nothing here changes a segment; only [`purge`] deletes, and it refuses while a writer (of
 //! this process or another) has the directory.
 
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::naming::{self, LOCK_FILE};
+use crate::naming;
 use crate::reader::{Cursor, Item as CursorItem, remove_files};
 use crate::segment;
+use crate::shared::try_lock;
 use crate::{DeadLetter, DlqError, Position, ReadFrom};
 
 /// One segment file.
@@ -167,22 +167,4 @@ pub fn purge(dir: &Path) -> Result<u64, DlqError> {
 /// Whether a writer holds `dir`.
 pub fn writer_active(dir: &Path) -> Result<bool, DlqError> {
     Ok(try_lock(dir)?.is_none())
-}
-
-/// Takes the writer lock of `dir` if it is free (`None` if a writer holds it).
-fn try_lock(dir: &Path) -> Result<Option<File>, DlqError> {
-    let path = dir.join(LOCK_FILE);
-    let file = match File::options().create(true).truncate(false).write(true).open(&path) {
-        Ok(f) => f,
-        Err(e) => return Err(DlqError::io(path, e)),
-    };
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Ok(None);
-        }
-        return Err(DlqError::io(path, e));
-    }
-    Ok(Some(file))
 }

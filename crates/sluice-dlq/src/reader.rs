@@ -157,6 +157,7 @@ impl Cursor {
                 let start = if id == self.pos.segment { self.pos.offset } else { 0 };
                 match SegmentFile::open(&view.path, id, start) {
                     Ok(Ok(file)) => {
+                        missing_retried = false;
                         self.pos = Position { segment: id, offset: file.pos };
                         self.cur = Some((file, view.path));
                     }
@@ -263,8 +264,11 @@ impl std::fmt::Debug for DlqReader {
 }
 
 impl DlqReader {
-    /// Opens an existing DLQ directory for reading from `from`. Works with or without a writer.
+    /// Opens a DLQ directory for reading from `from` (creating the directory if it does not
+    /// exist yet, so a reader can start before the first dead letter). Works with or without a
+    /// writer.
     pub fn open(dir: &Path, from: ReadFrom) -> Result<DlqReader, DlqError> {
+        std::fs::create_dir_all(dir).map_err(|e| DlqError::io(dir, e))?;
         let cursor = Cursor::open(dir, from)?;
         let changed = cursor.shared.changed.subscribe();
         Ok(DlqReader { cursor, changed, damaged: 0 })

@@ -16,9 +16,9 @@ use sluice_segment::{SEGMENT_HEADER_LEN, SegmentHeader, append_frame, frame_size
 use tokio::sync::oneshot;
 
 use crate::entry::encode_entry;
-use crate::naming::{self, LOCK_FILE};
+use crate::naming;
 use crate::segment;
-use crate::shared::{Counters, Index, SegInfo, Shared, shared_for, sync_dir};
+use crate::shared::{Counters, Index, SegInfo, Shared, shared_for, sync_dir, try_lock};
 use crate::{
     CODEC_DEAD_LETTER, DROP_LOG_INTERVAL, DeadLetter, DlqError, DlqOptions, DlqStats, DlqSync, Room, SegmentSummary,
     WriteOutcome,
@@ -186,18 +186,7 @@ impl Drop for DeadLetterQueue {
 }
 
 fn lock_dir(dir: &Path) -> Result<File, DlqError> {
-    let path = dir.join(LOCK_FILE);
-    let file =
-        File::options().create(true).truncate(false).write(true).open(&path).map_err(|e| DlqError::io(&path, e))?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(DlqError::AlreadyOpen(dir.to_path_buf()));
-        }
-        return Err(DlqError::io(path, e));
-    }
-    Ok(file)
+    try_lock(dir)?.ok_or_else(|| DlqError::AlreadyOpen(dir.to_path_buf()))
 }
 
 /// One directory read: sealed segments from their names; segments left open are recovered
