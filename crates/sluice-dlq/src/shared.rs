@@ -50,6 +50,8 @@ pub(crate) struct Index {
     pub segments: BTreeMap<u64, SegInfo>,
     pub bytes: u64,
     pub entries: u64,
+    /// The id the writer gives its next segment.
+    pub next_id: u64,
 }
 
 impl Index {

@@ -477,3 +477,34 @@ async fn unencodable_events_are_counted_not_stored() {
     assert_eq!(q.stats().unencodable, 1);
     assert_eq!(ns(&read_all(dir.path(), ReadFrom::Beginning).await), vec![11, 12]);
 }
+
+#[tokio::test]
+async fn segment_ids_are_never_reused_and_stale_positions_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    q.write(letters(10..12)).await.unwrap();
+    q.close().unwrap();
+    drop(q);
+    let end = read_all(dir.path(), ReadFrom::Beginning).await.last().unwrap().1;
+    assert_eq!(end.segment, 1);
+    // Everything consumed and deleted: the next segment still gets a new id, so the saved
+    // position does not hide the new entries.
+    assert_eq!(DlqReader::open(dir.path(), ReadFrom::Position(end)).unwrap().delete_consumed(end).unwrap(), 1);
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    q.write(letters(12..13)).await.unwrap();
+    assert_eq!(segment_files(dir.path()), vec![(2, false)]);
+    assert_eq!(ns(&read_all(dir.path(), ReadFrom::Position(end)).await), vec![12]);
+    q.close().unwrap();
+    drop(q);
+    // Purge keeps the record too.
+    assert_eq!(inspect::purge(dir.path()).unwrap(), 1);
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    q.write(letters(13..14)).await.unwrap();
+    assert_eq!(segment_files(dir.path()), vec![(3, false)]);
+    // A position from a previous life of the directory (past every id used) reads from the start.
+    let future = Position { segment: 99, offset: 64 };
+    assert_eq!(ns(&read_all(dir.path(), ReadFrom::Position(future)).await), vec![13]);
+    q.close().unwrap();
+    drop(q);
+    assert_eq!(ns(&read_all(dir.path(), ReadFrom::Position(future)).await), vec![13]);
+}
