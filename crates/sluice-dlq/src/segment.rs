@@ -3,12 +3,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use sluice_segment::{
     DEFAULT_MAX_FRAME_LEN, FRAME_OVERHEAD, FrameCursor, FrameResult, SEGMENT_HEADER_LEN, SegmentHeader, resync,
 };
+
+use sluice_segment::files::read_at_most;
 
 use crate::CODEC_DEAD_LETTER;
 use crate::entry::entry_time;
@@ -59,7 +60,7 @@ impl SegmentFile {
     pub fn open(path: &Path, id: u64, pos: u64) -> io::Result<Result<SegmentFile, String>> {
         let file = File::open(path)?;
         let mut header = [0u8; SEGMENT_HEADER_LEN];
-        let n = read_up_to(&file, &mut header, 0)?;
+        let n = read_at_most(&file, &mut header, 0)?;
         if let Err(reason) = check_header(&header[..n], id) {
             return Ok(Err(reason));
         }
@@ -145,24 +146,10 @@ impl SegmentFile {
         let start = self.buf.len();
         let target = (want_end - self.pos) as usize;
         self.buf.resize(target, 0);
-        let n = read_up_to(&self.file, &mut self.buf[start..], self.pos + start as u64)?;
+        let n = read_at_most(&self.file, &mut self.buf[start..], self.pos + start as u64)?;
         self.buf.truncate(start + n);
         Ok(())
     }
-}
-
-/// Reads into `buf` at `offset` until it is full or the file ends; returns the bytes read.
-pub(crate) fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 /// What scanning a segment found.

@@ -178,24 +178,11 @@ pub(crate) fn shared_for(dir: &Path) -> io::Result<Arc<Shared>> {
     Ok(shared)
 }
 
-/// Makes directory entries (created, renamed, deleted files) durable.
-pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
+pub(crate) use sluice_segment::files::sync_dir;
 
 /// Takes the writer lock of `dir` (an exclusive `flock` on its `lock` file) if it is free;
 /// `None` if a writer of this process or another holds it. The lock lasts as long as the file.
 pub(crate) fn try_lock(dir: &Path) -> Result<Option<File>, DlqError> {
     let path = dir.join(naming::LOCK_FILE);
-    let file =
-        File::options().create(true).truncate(false).write(true).open(&path).map_err(|e| DlqError::io(&path, e))?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Ok(None);
-        }
-        return Err(DlqError::io(path, e));
-    }
-    Ok(Some(file))
+    sluice_segment::files::try_lock_exclusive(&path).map_err(|e| DlqError::io(path, e))
 }
