@@ -41,6 +41,8 @@ pub(crate) struct SegmentFile {
     buf_at: u64,
     /// File offset of the next frame.
     pub pos: u64,
+    /// The last read stopped at the end of the file (before the limit it was asked for).
+    eof: bool,
 }
 
 /// Checks a segment header: ours, and for this segment.
@@ -65,7 +67,7 @@ impl SegmentFile {
             return Ok(Err(reason));
         }
         let pos = pos.max(SEGMENT_HEADER_LEN as u64);
-        Ok(Ok(SegmentFile { id, file, buf: Vec::new(), buf_at: pos, pos }))
+        Ok(Ok(SegmentFile { id, file, buf: Vec::new(), buf_at: pos, pos, eof: false }))
     }
 
     /// The file's current length (for a reader with no writer to ask).
@@ -85,7 +87,8 @@ impl SegmentFile {
         loop {
             self.fill(limit, want)?;
             let rel = (self.pos - self.buf_at) as usize;
-            let reaches_limit = self.buf_at + self.buf.len() as u64 >= limit;
+            // A file shorter than the limit (cut by hand) ends the search too.
+            let reaches_limit = self.eof || self.buf_at + self.buf.len() as u64 >= limit;
             let offset = self.pos;
             let mut cursor = FrameCursor::new(&self.buf, rel);
             match cursor.next_frame() {
@@ -136,6 +139,7 @@ impl SegmentFile {
         if self.pos >= self.buf_at && want_end <= have_end {
             return Ok(());
         }
+        self.eof = false;
         if self.pos >= self.buf_at && self.pos < have_end && want_end > have_end {
             // Keep what is already read from `pos` on, and read the rest after it.
             self.buf.drain(..(self.pos - self.buf_at) as usize);
@@ -147,6 +151,7 @@ impl SegmentFile {
         let target = (want_end - self.pos) as usize;
         self.buf.resize(target, 0);
         let n = read_at_most(&self.file, &mut self.buf[start..], self.pos + start as u64)?;
+        self.eof = start + n < target;
         self.buf.truncate(start + n);
         Ok(())
     }

@@ -553,3 +553,16 @@ async fn inspect_describes_open_and_sealed_segments_and_their_damage() {
     assert_eq!(ns(&reader.next_batch(100, false).await.unwrap()), vec![10, 11, 12, 13]);
     assert_eq!(reader.damaged_frames(), 1);
 }
+
+#[tokio::test]
+async fn a_file_cut_by_hand_under_a_running_writer_does_not_hang_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    q.write(letters(10..15)).await.unwrap();
+    let open = dir.path().join(naming::open_name(1));
+    let len = fs::metadata(&open).unwrap().len();
+    fs::OpenOptions::new().write(true).open(&open).unwrap().set_len(len - 30).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(20), read_all(dir.path(), ReadFrom::Beginning)).await.unwrap();
+    assert_eq!(ns(&got), vec![10, 11, 12, 13]);
+    q.close().unwrap();
+}
