@@ -137,9 +137,90 @@ fn write(c: &mut Criterion) {
             })
         });
     }
+    // Eight tasks writing one entry each at a time: the writer groups them.
+    g.throughput(Throughput::Elements(8));
+    g.bench_function("500B_sync_interval_1s/8_tasks_x_1", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                let tasks: Vec<_> = (0..8)
+                    .map(|_| {
+                        let q = q.clone();
+                        tokio::spawn(async move {
+                            for i in 0..iters {
+                                q.write(vec![letter(i)]).await.unwrap();
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                start.elapsed()
+            })
+        })
+    });
+    g.finish();
+    q.close().unwrap();
+
+    // For reference: fdatasync before every write returns, batches of 100.
+    let dir = tempfile::tempdir().unwrap();
+    let opts = DlqOptions { sync: DlqSync::Commit, storage_policy: StoragePolicy::DropOlder, ..Default::default() };
+    let q = DeadLetterQueue::open(dir.path(), opts).unwrap();
+    let mut g = c.benchmark_group("write");
+    g.sample_size(10).measurement_time(Duration::from_secs(5));
+    g.throughput(Throughput::Elements(100));
+    let template: Vec<DeadLetter> = (0..100).map(letter).collect();
+    g.bench_function("500B_sync_commit/100", |b| {
+        b.iter_custom(|iters| {
+            let batches: Vec<Vec<DeadLetter>> = (0..iters).map(|_| template.clone()).collect();
+            rt.block_on(async {
+                let start = Instant::now();
+                for entries in batches {
+                    q.write(entries).await.unwrap();
+                }
+                start.elapsed()
+            })
+        })
+    });
     g.finish();
     q.close().unwrap();
 }
 
-criterion_group!(benches, index, write);
+/// Reading back: every frame's CRC checked and every entry decoded.
+fn read(c: &mut Criterion) {
+    const N: u64 = 100_000;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = DlqOptions { sync: DlqSync::None, ..Default::default() };
+    let q = DeadLetterQueue::open(dir.path(), opts).unwrap();
+    rt.block_on(async {
+        for b in 0..N / 1000 {
+            q.write((b * 1000..(b + 1) * 1000).map(letter).collect()).await.unwrap();
+        }
+    });
+    q.close().unwrap();
+    let mut g = c.benchmark_group("read");
+    g.sample_size(10).measurement_time(Duration::from_secs(5));
+    g.throughput(Throughput::Elements(N));
+    g.bench_function("500B_100k_entries", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let mut r = sluice_dlq::DlqReader::open(dir.path(), sluice_dlq::ReadFrom::Beginning).unwrap();
+                let mut n = 0;
+                loop {
+                    let batch = r.next_batch(1000, false).await.unwrap();
+                    if batch.is_empty() {
+                        break;
+                    }
+                    n += batch.len() as u64;
+                }
+                assert_eq!(n, N);
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, index, write, read);
 criterion_main!(benches);
