@@ -57,9 +57,9 @@ fn directory_with(n: usize) -> tempfile::TempDir {
     dir
 }
 
-fn open_full(dir: &Path) -> Arc<DeadLetterQueue> {
-    // Exactly full, drop_older: the decision has to find the segment to evict.
-    let stored = sluice_dlq::inspect::stats(dir).unwrap().bytes;
+/// Opens `dir` with `max_bytes` = what it stores: exactly full, drop_older, so the size
+/// decision has to find the segment to evict.
+fn open_full(dir: &Path, stored: u64) -> Arc<DeadLetterQueue> {
     let opts = DlqOptions {
         segment_bytes: 1024,
         max_bytes: stored,
@@ -75,7 +75,8 @@ fn index(c: &mut Criterion) {
     g.sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
     for n in COUNTS {
         let dir = directory_with(n);
-        let q = open_full(dir.path());
+        let stored = sluice_dlq::inspect::stats(dir.path()).unwrap().bytes;
+        let q = open_full(dir.path(), stored);
         assert_eq!(q.stats().segments, n as u64);
         assert_eq!(q.room_for(600), Room::EvictOldest(1));
         g.bench_with_input(BenchmarkId::new("oldest_segment", n), &n, |b, _| {
@@ -95,7 +96,7 @@ fn index(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let start = Instant::now();
-                    let q = open_full(dir.path());
+                    let q = open_full(dir.path(), stored);
                     total += start.elapsed();
                     assert_eq!(q.stats().segments, n as u64);
                     q.close().unwrap();

@@ -83,9 +83,10 @@ impl SegmentFile {
         if self.pos >= limit {
             return Ok(Next::End);
         }
-        let mut want = CHUNK;
+        if self.pos < self.buf_at || self.pos >= self.buf_at + self.buf.len() as u64 {
+            self.fill(limit, CHUNK)?;
+        }
         loop {
-            self.fill(limit, want)?;
             let rel = (self.pos - self.buf_at) as usize;
             // A file shorter than the limit (cut by hand) ends the search too.
             let reaches_limit = self.eof || self.buf_at + self.buf.len() as u64 >= limit;
@@ -116,7 +117,8 @@ impl SegmentFile {
                     // The frame (or the next valid one) may lie beyond the buffer: read more.
                     let len = self.buf.get(rel..rel + 4).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4")));
                     let frame = if len <= DEFAULT_MAX_FRAME_LEN { len as usize + FRAME_OVERHEAD } else { 0 };
-                    want = (self.buf.len() - rel).saturating_mul(2).max(frame).max(CHUNK);
+                    let want = (self.buf.len() - rel).saturating_mul(2).max(frame).max(CHUNK);
+                    self.fill(limit, want)?;
                 }
                 FrameResult::Torn { .. } => {
                     return Ok(match resync(&self.buf, rel + 1, DEFAULT_MAX_FRAME_LEN) {

@@ -413,6 +413,8 @@ impl Writer {
             && let Err(e) = self.seal()
         {
             tracing::error!(dir = %self.dir().display(), error = %e, "sealing the idle dead letter segment failed");
+            // Try again after another idle period, not in a loop.
+            self.last_write = now;
         }
         if now >= self.last_tick + TICK {
             self.last_tick = now;
@@ -498,7 +500,14 @@ impl Writer {
                 }
                 Room::EvictOldest(id) => self.evict(id),
                 // Only the open segment is left: seal it so the next round evicts it.
-                Room::SealOpen => self.seal()?,
+                Room::SealOpen if self.open.is_some() => self.seal()?,
+                Room::SealOpen => {
+                    // Nothing left to evict and still no room: only an entry larger than
+                    // max_bytes gets here, which the check above already refuses.
+                    Counters::add(&self.shared.counters.dropped_newer, 1);
+                    self.unlogged.too_large += 1;
+                    return Ok(false);
+                }
             }
         }
         if self.open.is_none() {
