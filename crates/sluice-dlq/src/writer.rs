@@ -203,23 +203,28 @@ fn build_index(shared: &Shared, ix: &mut Index, durable: bool) -> Result<(u64, O
     let highest = listing.highest_id();
     let mut last_ids = listing.last_ids.clone();
     last_ids.sort_unstable();
+    let mut changed = false;
     // Extra marks (a crash between creating one and removing the old one) are merged.
     while last_ids.len() > 1 {
         let stale = dir.join(naming::last_id_name(last_ids.remove(0)));
         fs::remove_file(&stale).or_else(ignore_not_found).map_err(|e| DlqError::io(stale, e))?;
+        changed = true;
     }
-    *ix = Index::default();
+    let mut segments = Vec::with_capacity(listing.segments.len());
     for (id, summary) in listing.segments {
         match summary {
-            Some(s) => ix.insert(id, SegInfo::from_summary(&s)),
+            Some(s) => segments.push((id, SegInfo::from_summary(&s))),
             None => {
+                changed = true;
                 if let Some(info) = recover_open(shared, id, durable)? {
-                    ix.insert(id, info);
+                    segments.push((id, info));
                 }
             }
         }
     }
-    if durable {
+    // Sorted input: the map is built in bulk.
+    *ix = Index::from_sorted(segments);
+    if durable && changed {
         sync_dir(dir).map_err(|e| DlqError::io(dir, e))?;
     }
     Ok((highest + 1, last_ids.pop()))
