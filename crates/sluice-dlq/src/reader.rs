@@ -15,7 +15,9 @@ use tokio::sync::watch;
 
 use crate::entry::decode_entry_with;
 use crate::naming::{self, Summary};
-use crate::segment::{Next, SegmentFile};
+use sluice_segment::SEGMENT_HEADER_LEN;
+
+use crate::segment::{HeaderState, Next, SegmentFile};
 use crate::shared::{Counters, Shared, shared_for, sync_dir};
 use crate::{DeadLetter, DlqError, Position, ReadFrom};
 
@@ -173,17 +175,26 @@ impl Cursor {
                 let Some((id, view)) = self.locate(self.pos.segment)? else { return Ok(None) };
                 let start = if id == self.pos.segment { self.pos.offset } else { 0 };
                 match SegmentFile::open(&view.path, id, start) {
-                    Ok(Ok(file)) => {
+                    // Being created (offline: no index to hide it until its header is written).
+                    Ok((_, HeaderState::Short)) if !view.complete => return Ok(None),
+                    Ok((file, header)) => {
                         missing_retried = false;
                         self.pos = Position { segment: id, offset: file.pos };
-                        self.cur = Some((file, view.path));
+                        let path = view.path;
+                        self.cur = Some((file, path.clone()));
+                        // Reported once, when reading starts at the top of the segment.
+                        let reason = match header {
+                            HeaderState::Ok => None,
+                            HeaderState::Short => Some("the file is shorter than a segment header".to_string()),
+                            HeaderState::Bad(reason) => Some(reason),
+                        };
+                        if let Some(reason) = reason
+                            && start <= SEGMENT_HEADER_LEN as u64
+                        {
+                            let reason = format!("segment header: {reason}; reading its frames anyway");
+                            return Ok(Some(Item::Damaged { segment: id, path, offset: 0, reason }));
+                        }
                     }
-                    Ok(Err(reason)) if view.complete => {
-                        self.finish_segment(id);
-                        return Ok(Some(Item::Damaged { segment: id, path: view.path, offset: 0, reason }));
-                    }
-                    // A header being written right now, or a crash's leftover: wait for more.
-                    Ok(Err(_)) => return Ok(None),
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
                         // Renamed by a seal or deleted since we looked: look again once, then move on.
                         if missing_retried {
