@@ -10,13 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_segment::EventDecoder;
+use sluice_segment::{EventDecoder, SEGMENT_HEADER_LEN};
 use tokio::sync::watch;
 
 use crate::entry::decode_entry_with;
 use crate::naming::{self, Summary};
-use sluice_segment::SEGMENT_HEADER_LEN;
-
 use crate::segment::{HeaderState, Next, SegmentFile};
 use crate::shared::{Counters, Shared, shared_for, sync_dir};
 use crate::{DeadLetter, DlqError, Position, ReadFrom};
@@ -39,11 +37,17 @@ pub(crate) enum Item {
     },
 }
 
-/// How a segment looks to the cursor right now.
-struct View {
-    path: PathBuf,
+/// How much of the current segment can be read.
+struct Extent {
     /// Readable length; `None`: the file's length.
     limit: Option<u64>,
+    /// Nothing more will be appended (sealed, or a later segment exists).
+    complete: bool,
+}
+
+/// A segment found by [`Cursor::locate`].
+struct View {
+    path: PathBuf,
     /// Nothing more will be appended (sealed, or a later segment exists).
     complete: bool,
 }
@@ -58,6 +62,8 @@ pub(crate) struct Cursor {
     decoder: EventDecoder,
     /// The directory as last listed, when no writer of this process has it.
     listing: Option<Vec<(u64, Option<Summary>)>>,
+    /// The path of the segment read last, for reporting damage found as it finished.
+    last_path: PathBuf,
 }
 
 impl Cursor {
@@ -85,7 +91,15 @@ impl Cursor {
                 pos = Position::default();
             }
         }
-        Ok(Cursor { shared, pos, from_time, cur: None, decoder: EventDecoder::new(), listing: None })
+        Ok(Cursor {
+            shared,
+            pos,
+            from_time,
+            cur: None,
+            decoder: EventDecoder::new(),
+            listing: None,
+            last_path: PathBuf::new(),
+        })
     }
 
     fn list(&mut self) -> Result<&[(u64, Option<Summary>)], DlqError> {
@@ -109,7 +123,7 @@ impl Cursor {
                         continue;
                     }
                     let path = self.shared.path_of(id, info);
-                    return Ok(Some((id, View { path, limit: Some(info.bytes), complete })));
+                    return Ok(Some((id, View { path, complete })));
                 }
                 return Ok(None);
             }
@@ -127,25 +141,25 @@ impl Cursor {
                     continue;
                 }
                 let path = naming::path_of(&self.shared.dir, *id, summary.as_ref());
-                return Ok(Some((*id, View { path, limit: None, complete })));
+                return Ok(Some((*id, View { path, complete })));
             }
         }
         Ok(None)
     }
 
-    /// The current segment's view, re-read (re-listing the directory when offline and `refresh`).
-    fn view(&mut self, id: u64, path: &Path, refresh: bool) -> Result<View, DlqError> {
+    /// The current segment's readable limit and completeness, re-read (re-listing the
+    /// directory when offline and `refresh`).
+    fn view(&mut self, id: u64, refresh: bool) -> Result<Extent, DlqError> {
         {
             let ix = self.shared.index.lock();
             if ix.attached {
                 // Gone from the index (deleted while we read it): what the open file holds is all.
                 return Ok(match ix.segments.get(&id) {
-                    Some(info) => View {
-                        path: path.to_path_buf(),
+                    Some(info) => Extent {
                         limit: Some(info.bytes),
                         complete: info.sealed || ix.segments.range(id + 1..).next().is_some(),
                     },
-                    None => View { path: path.to_path_buf(), limit: None, complete: true },
+                    None => Extent { limit: None, complete: true },
                 });
             }
         }
@@ -159,11 +173,13 @@ impl Cursor {
             // Deleted, or a later segment exists.
             _ => true,
         };
-        Ok(View { path: path.to_path_buf(), limit: None, complete })
+        Ok(Extent { limit: None, complete })
     }
 
     fn finish_segment(&mut self, id: u64) {
-        self.cur = None;
+        if let Some((_, path)) = self.cur.take() {
+            self.last_path = path;
+        }
         self.pos = Position { segment: id + 1, offset: 0 };
     }
 
@@ -209,18 +225,15 @@ impl Cursor {
                 }
                 continue;
             }
-            let (id, path) = {
-                let (file, path) = self.cur.as_ref().expect("a segment");
-                (file.id, path.clone())
-            };
-            let view = self.view(id, &path, false)?;
+            let id = self.cur.as_ref().expect("a segment").0.id;
+            let view = self.view(id, false)?;
             let next = {
-                let (file, _) = self.cur.as_mut().expect("a segment");
+                let (file, path) = self.cur.as_mut().expect("a segment");
                 let limit = match view.limit {
                     Some(l) => l,
-                    None => file.file_len().map_err(|e| DlqError::io(&path, e))?,
+                    None => file.file_len().map_err(|e| DlqError::io(&*path, e))?,
                 };
-                match file.next(limit).map_err(|e| DlqError::io(&path, e))? {
+                match file.next(limit).map_err(|e| DlqError::io(&*path, e))? {
                     Next::Frame { offset, end, body } => {
                         self.pos = Position { segment: id, offset: end };
                         Some(
@@ -251,21 +264,26 @@ impl Cursor {
                     return Ok(Some(Item::Entry(entry, self.pos, offset)));
                 }
                 Some(Err((offset, reason))) => {
+                    // The segment may be finished (a torn tail): its path was kept for this.
+                    let path = match &self.cur {
+                        Some((file, path)) if file.id == id => path.clone(),
+                        _ => self.last_path.clone(),
+                    };
                     return Ok(Some(Item::Damaged { segment: id, path, offset, reason }));
                 }
                 None => {
                     // At the readable end: done with this segment only if nothing more can come.
-                    let complete = view.complete || self.view(id, &path, true)?.complete;
+                    let complete = view.complete || self.view(id, true)?.complete;
                     if !complete {
                         return Ok(None);
                     }
                     // A segment completed between the read and the check may have grown: read on.
                     let grown = {
-                        let view = self.view(id, &path, false)?;
-                        let (file, _) = self.cur.as_ref().expect("a segment");
+                        let view = self.view(id, false)?;
+                        let (file, path) = self.cur.as_ref().expect("a segment");
                         let len = match view.limit {
                             Some(l) => l,
-                            None => file.file_len().map_err(|e| DlqError::io(&path, e))?,
+                            None => file.file_len().map_err(|e| DlqError::io(path, e))?,
                         };
                         len > file.pos
                     };
