@@ -89,6 +89,16 @@ pub fn build_pipeline(
     let mut processors = Vec::new();
     for c in &spec.processors {
         let cond = condition(c).map_err(|e| errors.push(e)).ok().flatten();
+        if !spec.dead_letter_queue.enabled && sluice_processors::sends_to_dead_letter_queue(c) {
+            errors.push(c.key_error(
+                "on_failure",
+                format!(
+                    "`on_failure: dlq` needs the pipeline's dead letter queue: set \
+                     `pipelines.{}.dead_letter_queue.enabled: true`",
+                    spec.name
+                ),
+            ));
+        }
         match sluice_processors::build(c) {
             Ok(processor) => processors.push(BuiltProcessor {
                 id: c.id.clone(),

@@ -13,6 +13,7 @@ use sluice_core::metrics::MetricsRegistry;
 use tokio::sync::{Mutex, Notify};
 
 use crate::build::{build_all, build_pipeline, check_links, upstream_first};
+use crate::dead_letter::OpenDeadLetterQueue;
 use crate::pipeline::{PipelineSummary, RunningPipeline};
 
 #[derive(Debug, Clone)]
@@ -62,7 +63,7 @@ impl Engine {
         for b in built {
             metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &bus, &config.data_dir, inputs_changed.clone()).await {
+            match RunningPipeline::start(b, &bus, &config.data_dir, inputs_changed.clone(), None).await {
                 Ok(p) => {
                     running.insert(name, p);
                 }
@@ -114,10 +115,19 @@ impl Engine {
 
         let timeout = config.shutdown_timeout;
         let to_stop: BTreeSet<&String> = report.stopped.iter().chain(&report.restarted).collect();
+        // A restarted pipeline whose dead letter queue settings did not change keeps it open.
+        let mut kept_dead_letter_queues: BTreeMap<String, OpenDeadLetterQueue> = BTreeMap::new();
         for name in upstream_first(&state.feeds) {
             if to_stop.contains(&name)
-                && let Some(p) = state.running.remove(&name)
+                && let Some(mut p) = state.running.remove(&name)
             {
+                let new_spec = config.pipelines.iter().find(|s| s.name == name);
+                if let Some(spec) = new_spec
+                    && p.dead_letter_queue().is_some_and(|d| d.fits(spec, &config.data_dir))
+                    && let Some(d) = p.take_dead_letter_queue()
+                {
+                    kept_dead_letter_queues.insert(name.clone(), d);
+                }
                 let summary = p.stop(timeout, false).await;
                 self.metrics.unregister(&name);
                 state.stopped.push(summary);
@@ -127,7 +137,8 @@ impl Engine {
         for b in fresh {
             self.metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &self.bus, &config.data_dir, self.inputs_changed.clone()).await {
+            let reuse = kept_dead_letter_queues.remove(&name);
+            match RunningPipeline::start(b, &self.bus, &config.data_dir, self.inputs_changed.clone(), reuse).await {
                 Ok(p) => {
                     state.running.insert(name, p);
                 }
@@ -137,6 +148,9 @@ impl Engine {
                     failed.push(sluice_config::ConfigError::new(e));
                 }
             }
+        }
+        for (name, d) in kept_dead_letter_queues {
+            d.close(&name);
         }
         if state.config.api != config.api || state.config.data_dir != config.data_dir {
             tracing::warn!("changes to `api` and `data_dir` take effect at the next restart");

@@ -5,15 +5,24 @@
 //! the events its `if:` selects. Outputs run one after another; a batch is acknowledged after
 //! every output has delivered or rejected its share. If shutdown aborts an output mid-send,
 //! the batch is not acknowledged (its inputs will see it as abandoned).
+//!
+//! With a dead letter queue: an event a processor fails on with `on_failure: dlq` leaves the
+//! batch, and an event an output rejects *permanently* is kept for it; once every output is
+//! done, the batch's entries are written in one call, and the batch is acknowledged only after
+//! that write returned (durable per the queue's `sync`). A write counts as handling the event
+//! even when the queue could not store it (counted and logged as lost). Events given up after
+//! retries, and all rejections when there is no dead letter queue, are counted as failed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_core::metrics::PipelineMetrics;
 use sluice_core::{Event, Queue};
+use sluice_dlq::DeadLetter;
 use sluice_processors::Verdict;
 
 use crate::build::{BuiltOutput, BuiltProcessor};
+use crate::dead_letter::DeadLetterSink;
 
 pub struct Worker {
     pub pipeline: String,
@@ -24,6 +33,7 @@ pub struct Worker {
     pub metrics: Arc<PipelineMetrics>,
     pub batch_size: usize,
     pub batch_delay: Duration,
+    pub dead_letters: Arc<DeadLetterSink>,
 }
 
 impl Worker {
@@ -32,15 +42,20 @@ impl Worker {
             let started = Instant::now();
             let taken = batch.len() as u64;
             self.metrics.events_in.add(taken);
-            let dropped = self.process(&mut batch.events);
-            let delivered = self.deliver(&batch.events).await;
+            let mut dead_letters = Vec::new();
+            let dropped = self.process(&mut batch.events, &mut dead_letters);
+            let delivered = self.deliver(&batch.events, &mut dead_letters).await;
+            if delivered.is_some() {
+                // Entries from processors are not in the batch any more: they are handled here.
+                self.dead_letters.write(dead_letters).await;
+            }
             let elapsed = started.elapsed();
             self.metrics.batch_duration.observe(elapsed);
             self.metrics.worker_busy_nanos.add(elapsed.as_nanos() as u64);
             self.metrics.dropped.add(dropped);
             match delivered {
                 Some(failed) => {
-                    self.metrics.events_out.add(batch.len() as u64);
+                    self.metrics.events_out.add(batch.events.len() as u64);
                     self.metrics.failed.add(failed);
                     batch.complete();
                 }
@@ -53,13 +68,14 @@ impl Worker {
         }
     }
 
-    /// Applies the processors; returns how many events they dropped.
-    fn process(&self, events: &mut Vec<Event>) -> u64 {
+    /// Applies the processors; returns how many events they dropped. Events sent to the dead
+    /// letter queue leave `events` for `dead_letters`.
+    fn process(&self, events: &mut Vec<Event>, dead_letters: &mut Vec<DeadLetter>) -> u64 {
         let mut dropped_total = 0;
         for p in self.processors.iter() {
             let started = Instant::now();
             let before = events.len();
-            let (mut seen, mut dropped, mut failed) = (0u64, 0u64, 0u64);
+            let (mut seen, mut dropped, mut failed, mut dead) = (0u64, 0u64, 0u64, 0u64);
             events.retain_mut(|e| {
                 if let Some(c) = &p.condition
                     && !c.eval(e)
@@ -77,15 +93,28 @@ impl Worker {
                         failed += 1;
                         true
                     }
+                    Verdict::DeadLetter(reason) => {
+                        failed += 1;
+                        // Refused (no queue, or a replayed event failing again): it stays in
+                        // the batch, tagged, as with `on_failure: tag`.
+                        if !self.dead_letters.admits(e, &p.id, &reason) {
+                            return true;
+                        }
+                        dead += 1;
+                        let event = std::mem::take(e);
+                        dead_letters.push(self.dead_letters.entry(event, reason, &p.id, &p.metrics.type_name, 1));
+                        false
+                    }
                 }
             });
-            debug_assert_eq!(before - events.len(), dropped as usize);
+            debug_assert_eq!(before - events.len(), (dropped + dead) as usize);
             p.metrics.events_in.add(seen);
-            p.metrics.events_out.add(seen - dropped);
+            p.metrics.events_out.add(seen - dropped - dead);
             p.metrics.dropped.add(dropped);
             p.metrics.failed.add(failed);
             p.metrics.duration.observe(started.elapsed());
             dropped_total += dropped;
+            self.metrics.diverted_to_dead_letter_queue.add(dead);
             if events.is_empty() {
                 break;
             }
@@ -93,8 +122,10 @@ impl Worker {
         dropped_total
     }
 
-    /// Sends to every output; returns the number of rejected events, or `None` if aborted.
-    async fn deliver(&self, events: &[Event]) -> Option<u64> {
+    /// Sends to every output; returns the number of events rejected and not kept for the dead
+    /// letter queue, or `None` if aborted. Permanent rejections go to `dead_letters` when the
+    /// pipeline has a dead letter queue.
+    async fn deliver(&self, events: &[Event], dead_letters: &mut Vec<DeadLetter>) -> Option<u64> {
         let mut rejected_total = 0;
         for o in self.outputs.iter() {
             let selected: Vec<&Event> = match &o.condition {
@@ -111,11 +142,24 @@ impl Worker {
             o.metrics.events_out.add(selected.len() as u64 - rejected);
             o.metrics.failed.add(rejected);
             o.metrics.duration.observe(started.elapsed());
-            if let Some(first) = delivery.rejected.first() {
-                tracing::error!(pipeline = %self.pipeline, output = %o.id, rejected, reason = %first.reason,
-                    "output rejected events for good");
+            let mut failed = 0u64;
+            let mut first_reason: Option<String> = None;
+            for r in delivery.rejected {
+                let event = selected[r.index];
+                if r.permanent && self.dead_letters.admits(event, &o.id, &r.reason) {
+                    let entry =
+                        self.dead_letters.entry(event.clone(), r.reason, &o.id, &o.metrics.type_name, r.attempts);
+                    dead_letters.push(entry);
+                } else {
+                    failed += 1;
+                    first_reason.get_or_insert(r.reason);
+                }
             }
-            rejected_total += rejected;
+            if let Some(reason) = first_reason {
+                tracing::error!(pipeline = %self.pipeline, output = %o.id, rejected = failed, reason = %reason,
+                    "output rejected events for good; they are counted as failed");
+            }
+            rejected_total += failed;
         }
         Some(rejected_total)
     }
