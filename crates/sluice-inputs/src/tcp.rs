@@ -277,6 +277,7 @@ pub(crate) mod tests {
             shutdown: CancellationToken::new(),
             bus: Arc::new(PipelineBus::default()),
             data_dir: PathBuf::from("."),
+            registry: sluice_registry::Registry::in_memory(),
         };
         (ctx, rx)
     }

@@ -12,6 +12,8 @@ use sluice_core::bus::PipelineBus;
 use sluice_core::metrics::MetricsRegistry;
 use tokio::sync::{Mutex, Notify};
 
+use sluice_registry::{Registry, RegistryOptions};
+
 use crate::build::{build_all, build_pipeline, check_links, upstream_first};
 use crate::dead_letter::OpenDeadLetterQueue;
 use crate::pipeline::{PipelineSummary, RunningPipeline};
@@ -37,6 +39,9 @@ struct State {
     feeds: BTreeMap<String, BTreeSet<String>>,
     /// Summaries of pipelines stopped by reloads, reported again at shutdown.
     stopped: Vec<PipelineSummary>,
+    /// Durable (in `data_dir/registry`) once some input uses it, opened once (at start or at
+    /// the reload that brings the first such input), kept across reloads, closed at shutdown.
+    registry: Arc<Registry>,
 }
 
 pub struct Engine {
@@ -59,11 +64,13 @@ impl Engine {
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
         let built = build_all(&config, &bus)?;
+        let registry =
+            if built.iter().any(uses_registry) { open_registry(&config).await? } else { Registry::in_memory() };
         let mut running: BTreeMap<String, RunningPipeline> = BTreeMap::new();
         for b in built {
             metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &bus, &config.data_dir, inputs_changed.clone(), None).await {
+            match RunningPipeline::start(b, &bus, &config.data_dir, &registry, inputs_changed.clone(), None).await {
                 Ok(p) => {
                     running.insert(name, p);
                 }
@@ -71,6 +78,7 @@ impl Engine {
                     for (_, p) in std::mem::take(&mut running) {
                         p.stop(config.shutdown_timeout, false).await;
                     }
+                    close_registry(&registry).await;
                     return Err(sluice_config::ConfigError::new(e).into());
                 }
             }
@@ -78,7 +86,7 @@ impl Engine {
         Ok(Engine {
             bus,
             metrics,
-            state: Mutex::new(State { config, running, feeds, stopped: Vec::new() }),
+            state: Mutex::new(State { config, running, feeds, stopped: Vec::new(), registry }),
             inputs_changed,
         })
     }
@@ -113,6 +121,10 @@ impl Engine {
         report.stopped =
             state.running.keys().filter(|n| !config.pipelines.iter().any(|p| &p.name == *n)).cloned().collect();
 
+        if !state.registry.is_persistent() && fresh.iter().any(uses_registry) {
+            state.registry = open_registry(&config).await?;
+        }
+
         let timeout = config.shutdown_timeout;
         let to_stop: BTreeSet<&String> = report.stopped.iter().chain(&report.restarted).collect();
         // A restarted pipeline whose dead letter queue settings did not change keeps it open.
@@ -138,7 +150,16 @@ impl Engine {
             self.metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
             let reuse = kept_dead_letter_queues.remove(&name);
-            match RunningPipeline::start(b, &self.bus, &config.data_dir, self.inputs_changed.clone(), reuse).await {
+            match RunningPipeline::start(
+                b,
+                &self.bus,
+                &config.data_dir,
+                &state.registry,
+                self.inputs_changed.clone(),
+                reuse,
+            )
+            .await
+            {
                 Ok(p) => {
                     state.running.insert(name, p);
                 }
@@ -152,8 +173,11 @@ impl Engine {
         for (name, d) in kept_dead_letter_queues {
             d.close(&name);
         }
-        if state.config.api != config.api || state.config.data_dir != config.data_dir {
-            tracing::warn!("changes to `api` and `data_dir` take effect at the next restart");
+        if state.config.api != config.api
+            || state.config.data_dir != config.data_dir
+            || state.config.registry != config.registry
+        {
+            tracing::warn!("changes to `api`, `data_dir` and `registry` take effect at the next restart");
         }
         state.feeds = feeds;
         state.config = config;
@@ -193,7 +217,14 @@ impl Engine {
                 summaries.push(p.stop(timeout, drain).await);
             }
         }
+        // Every input has stopped and every acknowledgement has arrived: write what is pending.
+        close_registry(&state.registry).await;
         summaries
+    }
+
+    /// The registry of input positions.
+    pub async fn registry(&self) -> Arc<Registry> {
+        self.state.lock().await.registry.clone()
     }
 
     /// Summaries of the running pipelines, as they stand.
@@ -203,5 +234,40 @@ impl Engine {
 
     pub fn bus(&self) -> &Arc<PipelineBus> {
         &self.bus
+    }
+}
+
+fn uses_registry(b: &crate::build::BuiltPipeline) -> bool {
+    b.inputs.iter().any(|i| i.input.uses_registry())
+}
+
+/// Opens the registry in `data_dir/registry` with the config's options.
+async fn open_registry(config: &RootConfig) -> Result<Arc<Registry>, ConfigErrors> {
+    let dir = config.data_dir.join("registry");
+    let opts = RegistryOptions {
+        flush_interval: config.registry.flush_interval.0,
+        compact_after_bytes: config.registry.compact_after.0,
+    };
+    let opened = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || Registry::open(&dir, opts)
+    })
+    .await;
+    match opened {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(sluice_config::ConfigError::new(format!("cannot open the registry: {e}")).into()),
+        Err(e) => {
+            Err(sluice_config::ConfigError::new(format!("cannot open the registry in {}: {e}", dir.display())).into())
+        }
+    }
+}
+
+/// Writes everything pending in the registry and stops its writer (off the async threads: it fsyncs).
+async fn close_registry(registry: &Arc<Registry>) {
+    let r = registry.clone();
+    match tokio::task::spawn_blocking(move || r.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("closing the registry: {e}"),
+        Err(e) => tracing::error!(dir = %registry.dir().display(), "closing the registry: {e}"),
     }
 }
