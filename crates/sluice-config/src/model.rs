@@ -730,9 +730,7 @@ pipelines:
         assert!(all.contains("b.yml:14:23: pipelines.web.dead_letter_queue.storage_policy:"), "{all}");
         assert!(all.contains("drop_newer"), "{all}");
 
-        let bad = format!(
-            "{GOOD}    dead_letter_queue:\n      colour: red\n"
-        );
+        let bad = format!("{GOOD}    dead_letter_queue:\n      colour: red\n");
         let all = load_str(&bad, "b.yml").unwrap_err().to_string();
         assert!(all.contains("pipelines.web.dead_letter_queue.colour: unknown field"), "{all}");
         let bad =

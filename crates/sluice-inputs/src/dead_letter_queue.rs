@@ -186,8 +186,10 @@ impl Input for DeadLetterQueueInput {
         std::fs::create_dir_all(&dir).map_err(|e| InputError::io(format!("creating {}", dir.display()), e))?;
         let canonical = dir.canonicalize().map_err(|e| InputError::io(dir.display(), e))?;
         let key = registry_key(&canonical);
+        // Looked up before taking a cursor, which would create the key.
+        let resume =
+            if self.commit_offsets { ctx.registry.get(&key).map(|e| Position::from_u64(e.offset)) } else { None };
         let cursor = self.commit_offsets.then(|| ctx.registry.cursor(&key));
-        let resume = cursor.as_ref().and_then(|_| ctx.registry.get(&key)).map(|e| Position::from_u64(e.offset));
         let from = match resume {
             Some(p) => ReadFrom::Position(p),
             None => self.start,

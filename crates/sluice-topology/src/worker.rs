@@ -145,7 +145,10 @@ impl Worker {
             let mut failed = 0u64;
             let mut first_reason: Option<String> = None;
             for r in delivery.rejected {
-                let event = selected[r.index];
+                let Some(&event) = selected.get(r.index) else {
+                    failed += 1;
+                    continue;
+                };
                 if r.permanent && self.dead_letters.admits(event, &o.id, &r.reason) {
                     let entry =
                         self.dead_letters.entry(event.clone(), r.reason, &o.id, &o.metrics.type_name, r.attempts);

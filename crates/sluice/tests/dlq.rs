@@ -494,3 +494,76 @@ fn config_errors_name_the_place() {
     assert!(text.contains("pipelines.web.inputs[0].start_from"), "{text}");
     assert!(text.contains("give `pipeline`"), "{text}");
 }
+
+#[test]
+fn a_reload_keeps_the_queue_when_its_settings_did_not_change_and_start_from_picks_a_time() {
+    let port = free_port();
+    let config = |workers: u32, max_bytes: &str| {
+        format!(
+            "data_dir: '{{dir}}/data'
+api: {{enabled: false}}
+pipelines:
+  web:
+    workers: {workers}
+    inputs: [{{type: tcp, address: '127.0.0.1:{port}'}}]
+    processors: [{{type: json, on_failure: dlq}}]
+    outputs: [{{type: blackhole}}]
+    dead_letter_queue: {{enabled: true, max_bytes: {max_bytes}}}
+"
+        )
+    };
+    let mut s = Sluice::start(&config(1, "1MiB"));
+    s.wait_port(port);
+    let send = |line: &str| {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(format!("{line}\n").as_bytes()).unwrap();
+    };
+    let opened = |s: &Sluice| s.log().matches("dead letter queue open").count();
+    let stored = |s: &Sluice| {
+        let (entries, _) = show(&s.path("data"), "web");
+        entries.len()
+    };
+    send("first, not json");
+    wait_until("the first entry", Duration::from_secs(30), || stored(&s) == 1);
+
+    let reload = |s: &mut Sluice, text: String, times: usize| {
+        std::fs::write(&s.config, text.replace("{dir}", s.dir.path().to_str().unwrap())).unwrap();
+        s.signal("HUP");
+        wait_until("the reload", Duration::from_secs(30), || s.log().matches("config reloaded").count() == times);
+    };
+    reload(&mut s, config(2, "1MiB"), 1);
+    assert_eq!(opened(&s), 1, "the queue was kept open across the restart of the pipeline:\n{}", s.log());
+    send("second, not json");
+    wait_until("the second entry", Duration::from_secs(30), || stored(&s) == 2);
+
+    reload(&mut s, config(2, "2MiB"), 2);
+    assert_eq!(opened(&s), 2, "new settings: closed and opened again:\n{}", s.log());
+    send("third, not json");
+    wait_until("the third entry", Duration::from_secs(30), || stored(&s) == 3);
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+
+    let (entries, _) = show(&s.path("data"), "web");
+    let messages: Vec<&str> = entries.iter().map(|e| e["event"]["message"].as_str().unwrap()).collect();
+    assert_eq!(messages, ["first, not json", "second, not json", "third, not json"]);
+    let since = entries[1]["time"].as_str().unwrap().to_string();
+    let dir = s.into_dir();
+    let mut r = Sluice::start_in(
+        dir,
+        &format!(
+            "data_dir: '{{dir}}/data'
+api: {{enabled: false}}
+pipelines:
+  fix:
+    inputs: [{{type: dead_letter_queue, pipeline: web, start_from: '{since}', follow: false, commit_offsets: false}}]
+    outputs: [{{type: file, path: '{{dir}}/since.ndjson'}}]
+"
+        ),
+        Stdio::null(),
+    );
+    let (status, log) = r.wait(Duration::from_secs(60));
+    assert!(status.success(), "{log}");
+    let got: Vec<String> =
+        lines_of(&r.path("since.ndjson")).iter().map(|d| d["message"].as_str().unwrap().to_string()).collect();
+    assert_eq!(got, ["second, not json", "third, not json"], "entries from that time on");
+}
