@@ -57,9 +57,9 @@ fn directory_with(n: usize) -> tempfile::TempDir {
     dir
 }
 
-fn open_full(dir: &Path) -> Arc<DeadLetterQueue> {
-    // Exactly full, drop_older: the decision has to find the segment to evict.
-    let stored = sluice_dlq::inspect::stats(dir).unwrap().bytes;
+/// Opens `dir` with `max_bytes` = what it stores: exactly full, drop_older, so the size
+/// decision has to find the segment to evict.
+fn open_full(dir: &Path, stored: u64) -> Arc<DeadLetterQueue> {
     let opts = DlqOptions {
         segment_bytes: 1024,
         max_bytes: stored,
@@ -75,7 +75,8 @@ fn index(c: &mut Criterion) {
     g.sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
     for n in COUNTS {
         let dir = directory_with(n);
-        let q = open_full(dir.path());
+        let stored = sluice_dlq::inspect::stats(dir.path()).unwrap().bytes;
+        let q = open_full(dir.path(), stored);
         assert_eq!(q.stats().segments, n as u64);
         assert_eq!(q.room_for(600), Room::EvictOldest(1));
         g.bench_with_input(BenchmarkId::new("oldest_segment", n), &n, |b, _| {
@@ -95,7 +96,7 @@ fn index(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let start = Instant::now();
-                    let q = open_full(dir.path());
+                    let q = open_full(dir.path(), stored);
                     total += start.elapsed();
                     assert_eq!(q.stats().segments, n as u64);
                     q.close().unwrap();
@@ -137,9 +138,90 @@ fn write(c: &mut Criterion) {
             })
         });
     }
+    // Eight tasks writing one entry each at a time: the writer groups them.
+    g.throughput(Throughput::Elements(8));
+    g.bench_function("500B_sync_interval_1s/8_tasks_x_1", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                let tasks: Vec<_> = (0..8)
+                    .map(|_| {
+                        let q = q.clone();
+                        tokio::spawn(async move {
+                            for i in 0..iters {
+                                q.write(vec![letter(i)]).await.unwrap();
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                start.elapsed()
+            })
+        })
+    });
+    g.finish();
+    q.close().unwrap();
+
+    // For reference: fdatasync before every write returns, batches of 100.
+    let dir = tempfile::tempdir().unwrap();
+    let opts = DlqOptions { sync: DlqSync::Commit, storage_policy: StoragePolicy::DropOlder, ..Default::default() };
+    let q = DeadLetterQueue::open(dir.path(), opts).unwrap();
+    let mut g = c.benchmark_group("write");
+    g.sample_size(10).measurement_time(Duration::from_secs(5));
+    g.throughput(Throughput::Elements(100));
+    let template: Vec<DeadLetter> = (0..100).map(letter).collect();
+    g.bench_function("500B_sync_commit/100", |b| {
+        b.iter_custom(|iters| {
+            let batches: Vec<Vec<DeadLetter>> = (0..iters).map(|_| template.clone()).collect();
+            rt.block_on(async {
+                let start = Instant::now();
+                for entries in batches {
+                    q.write(entries).await.unwrap();
+                }
+                start.elapsed()
+            })
+        })
+    });
     g.finish();
     q.close().unwrap();
 }
 
-criterion_group!(benches, index, write);
+/// Reading back: every frame's CRC checked and every entry decoded.
+fn read(c: &mut Criterion) {
+    const N: u64 = 100_000;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = DlqOptions { sync: DlqSync::None, ..Default::default() };
+    let q = DeadLetterQueue::open(dir.path(), opts).unwrap();
+    rt.block_on(async {
+        for b in 0..N / 1000 {
+            q.write((b * 1000..(b + 1) * 1000).map(letter).collect()).await.unwrap();
+        }
+    });
+    q.close().unwrap();
+    let mut g = c.benchmark_group("read");
+    g.sample_size(10).measurement_time(Duration::from_secs(5));
+    g.throughput(Throughput::Elements(N));
+    g.bench_function("500B_100k_entries", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let mut r = sluice_dlq::DlqReader::open(dir.path(), sluice_dlq::ReadFrom::Beginning).unwrap();
+                let mut n = 0;
+                loop {
+                    let batch = r.next_batch(1000, false).await.unwrap();
+                    if batch.is_empty() {
+                        break;
+                    }
+                    n += batch.len() as u64;
+                }
+                assert_eq!(n, N);
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, index, write, read);
 criterion_main!(benches);

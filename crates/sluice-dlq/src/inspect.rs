@@ -8,9 +8,10 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::naming::{self, LOCK_FILE};
+use crate::naming;
 use crate::reader::{Cursor, Item as CursorItem, remove_files};
 use crate::segment;
+use crate::shared::try_lock;
 use crate::{DeadLetter, DlqError, Position, ReadFrom};
 
 /// One segment file.
@@ -145,13 +146,17 @@ pub fn entries(dir: &Path, from: ReadFrom) -> Result<Entries, DlqError> {
 }
 
 /// Deletes every segment of `dir` (sealed, open and set-aside `.damaged` ones). Refuses while a
-/// writer has the directory. Returns how many files were deleted.
+/// writer has the directory. The record of the highest segment id used is kept, so new segments
+/// get new ids and positions saved before the purge cannot point past them. Returns how many
+/// segment files were deleted.
 pub fn purge(dir: &Path) -> Result<u64, DlqError> {
     let _lock = match try_lock(dir)? {
         Some(lock) => lock,
         None => return Err(DlqError::AlreadyOpen(dir.to_path_buf())),
     };
+    let highest = naming::list(dir).map_err(|e| DlqError::io(dir, e))?.highest_id();
     let mut paths = Vec::new();
+    let mut marks = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| DlqError::io(dir, e))? {
         let entry = entry.map_err(|e| DlqError::io(dir, e))?;
         let name = entry.file_name();
@@ -159,30 +164,25 @@ pub fn purge(dir: &Path) -> Result<u64, DlqError> {
         let damaged = name.strip_suffix(".damaged").is_some_and(|n| naming::parse(n).is_some());
         if damaged || naming::parse(name).is_some() {
             paths.push(entry.path());
+        } else if name.starts_with(naming::LAST_ID_PREFIX) {
+            marks.push(entry.path());
         }
     }
-    remove_files(dir, &paths)
+    if highest > 0 {
+        let mark = dir.join(naming::last_id_name(highest));
+        if !marks.contains(&mark) {
+            File::create(&mark).map_err(|e| DlqError::io(&mark, e))?;
+        }
+        paths.extend(marks.into_iter().filter(|m| *m != mark));
+    }
+    let marks_removed = paths
+        .iter()
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(naming::LAST_ID_PREFIX)))
+        .count() as u64;
+    Ok(remove_files(dir, &paths)? - marks_removed)
 }
 
 /// Whether a writer holds `dir`.
 pub fn writer_active(dir: &Path) -> Result<bool, DlqError> {
     Ok(try_lock(dir)?.is_none())
-}
-
-/// Takes the writer lock of `dir` if it is free (`None` if a writer holds it).
-fn try_lock(dir: &Path) -> Result<Option<File>, DlqError> {
-    let path = dir.join(LOCK_FILE);
-    let file = match File::options().create(true).truncate(false).write(true).open(&path) {
-        Ok(f) => f,
-        Err(e) => return Err(DlqError::io(path, e)),
-    };
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Ok(None);
-        }
-        return Err(DlqError::io(path, e));
-    }
-    Ok(Some(file))
 }

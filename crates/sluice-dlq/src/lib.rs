@@ -24,7 +24,10 @@
 //! the rename that seals it. Only a segment left open by a crash is scanned frame by frame; a
 //! torn tail is cut there, and the segment is sealed. A segment file that disappears under the
 //! writer (deleted by hand) is dropped from the index when the writer next touches it, so the
-//! size accounting never stays "full"; the next start-up sees exactly what is on disk.
+//! size accounting never stays "full"; the next start-up sees exactly what is on disk. While the
+//! writer refuses entries for room ([`StoragePolicy::DropNewer`]) it also checks, once a second,
+//! that its oldest segments still exist (one `stat` each, from the oldest, stopping at the
+//! first that does), so deleting files by hand to make room takes effect without a restart.
 //!
 //! # On disk (a contract)
 //!
@@ -33,12 +36,17 @@
 //! ```text
 //! <id:010>.open                                          the segment being written (at most one)
 //! <id:010>_<entries>_<bytes>_<oldest-ns>_<newest-ns>.dlq a sealed segment and its summary
+//! last-segment-<id:010>                                  empty; the highest segment id ever used
 //! lock                                                   held (flock) while a writer has it open
+//! <id:010>.open.damaged                                  an open segment whose header was unusable
 //! ```
 //!
 //! `id` is the segment number, rising from 1; `bytes` is the file's length; times are entry
 //! times ([`DeadLetter::time`]) in nanoseconds since the Unix epoch, in decimal, possibly
-//! negative. Other files are ignored.
+//! negative. Other files are ignored. Segment ids are never reused, even after every segment has
+//! been consumed or purged (`last-segment-<id>` remembers them), so a saved [`Position`] never
+//! points past new entries; a position past every id the directory has used (the directory was
+//! deleted and re-created) reads from the beginning, with a warning.
 //!
 //! A segment is `sluice-segment`'s format: a 64-byte [`SegmentHeader`](sluice_segment::SegmentHeader)
 //! with codec id [`CODEC_DEAD_LETTER`] (`first_seq` = `id << 32`), then one frame per entry:

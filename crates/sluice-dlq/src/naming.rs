@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 /// The file a writer holds an exclusive `flock` on.
 pub(crate) const LOCK_FILE: &str = "lock";
 const OPEN_SUFFIX: &str = ".open";
+/// An empty file whose name records the highest segment id ever used, so ids are never reused
+/// after every segment has been deleted (positions kept elsewhere would otherwise point past
+/// new entries).
+pub(crate) const LAST_ID_PREFIX: &str = "last-segment-";
 const SEALED_SUFFIX: &str = ".dlq";
 
 /// What a sealed segment's name records.
@@ -31,6 +35,14 @@ pub(crate) fn open_name(id: u64) -> String {
 
 pub(crate) fn sealed_name(id: u64, s: &Summary) -> String {
     format!("{id:010}_{}_{}_{}_{}{SEALED_SUFFIX}", s.entries, s.bytes, s.oldest, s.newest)
+}
+
+pub(crate) fn last_id_name(id: u64) -> String {
+    format!("{LAST_ID_PREFIX}{id:010}")
+}
+
+fn parse_last_id(name: &str) -> Option<u64> {
+    name.strip_prefix(LAST_ID_PREFIX).and_then(parse_id)
 }
 
 pub(crate) fn path_of(dir: &Path, id: u64, sealed: Option<&Summary>) -> PathBuf {
@@ -72,10 +84,21 @@ pub(crate) struct Listing {
     pub segments: Vec<(u64, Option<Summary>)>,
     /// Open-named files shadowed by a sealed segment of the same id.
     pub shadowed: Vec<u64>,
+    /// Ids recorded by high-water mark files (normally one).
+    pub last_ids: Vec<u64>,
+}
+
+impl Listing {
+    /// The highest segment id this directory has used, as far as its files tell.
+    pub fn highest_id(&self) -> u64 {
+        let segments = self.segments.last().map_or(0, |(id, _)| *id);
+        self.last_ids.iter().copied().max().unwrap_or(0).max(segments)
+    }
 }
 
 pub(crate) fn list(dir: &Path) -> io::Result<Listing> {
     let mut segments = Vec::new();
+    let mut last_ids = Vec::new();
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
@@ -83,7 +106,7 @@ pub(crate) fn list(dir: &Path) -> io::Result<Listing> {
         match parse(name) {
             Some(Name::Open(id)) => segments.push((id, None)),
             Some(Name::Sealed(id, s)) => segments.push((id, Some(s))),
-            None => {}
+            None => last_ids.extend(parse_last_id(name)),
         }
     }
     // Sealed before open for the same id, so dedup keeps the sealed one.
@@ -96,7 +119,7 @@ pub(crate) fn list(dir: &Path) -> io::Result<Listing> {
         }
         dup
     });
-    Ok(Listing { segments, shadowed })
+    Ok(Listing { segments, shadowed, last_ids })
 }
 
 #[cfg(test)]

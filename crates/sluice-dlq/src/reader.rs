@@ -61,11 +61,28 @@ pub(crate) struct Cursor {
 impl Cursor {
     pub fn open(dir: &Path, from: ReadFrom) -> Result<Cursor, DlqError> {
         let shared = shared_for(dir).map_err(|e| DlqError::io(dir, e))?;
-        let (pos, from_time) = match from {
+        let (mut pos, from_time) = match from {
             ReadFrom::Beginning => (Position::default(), None),
             ReadFrom::Time(t) => (Position::default(), Some(t)),
             ReadFrom::Position(p) => (p, None),
         };
+        if pos.segment > 0 {
+            // A position past every segment id this directory has used is from another life
+            // of it (deleted and re-created): reading from there would skip everything.
+            let attached = {
+                let ix = shared.index.lock();
+                ix.attached.then(|| ix.next_id.saturating_sub(1))
+            };
+            let highest = match attached {
+                Some(h) => h,
+                None => naming::list(&shared.dir).map_err(|e| DlqError::io(&shared.dir, e))?.highest_id(),
+            };
+            if pos.segment > highest {
+                tracing::warn!(dir = %shared.dir.display(), segment = pos.segment, highest_segment = highest,
+                    "dead letter queue position is past every segment this directory has had; reading from the beginning");
+                pos = Position::default();
+            }
+        }
         Ok(Cursor { shared, pos, from_time, cur: None, decoder: EventDecoder::new(), listing: None })
     }
 
@@ -157,6 +174,7 @@ impl Cursor {
                 let start = if id == self.pos.segment { self.pos.offset } else { 0 };
                 match SegmentFile::open(&view.path, id, start) {
                     Ok(Ok(file)) => {
+                        missing_retried = false;
                         self.pos = Position { segment: id, offset: file.pos };
                         self.cur = Some((file, view.path));
                     }
@@ -263,8 +281,11 @@ impl std::fmt::Debug for DlqReader {
 }
 
 impl DlqReader {
-    /// Opens an existing DLQ directory for reading from `from`. Works with or without a writer.
+    /// Opens a DLQ directory for reading from `from` (creating the directory if it does not
+    /// exist yet, so a reader can start before the first dead letter). Works with or without a
+    /// writer.
     pub fn open(dir: &Path, from: ReadFrom) -> Result<DlqReader, DlqError> {
+        std::fs::create_dir_all(dir).map_err(|e| DlqError::io(dir, e))?;
         let cursor = Cursor::open(dir, from)?;
         let changed = cursor.shared.changed.subscribe();
         Ok(DlqReader { cursor, changed, damaged: 0 })
@@ -280,7 +301,9 @@ impl DlqReader {
     /// `follow` waits for the writer of this process to write more (without a writer in this
     /// process it looks again every 500 ms).
     ///
-    /// Reads are plain file reads of at most a few MiB per call, done on the calling task.
+    /// Cancel-safe: entries are only taken from the files in the synchronous part that ends in
+    /// the return, so dropping the future (e.g. in `select!`) loses nothing. Reads are plain
+    /// file reads of at most a few MiB per call, done on the calling task.
     pub async fn next_batch(&mut self, max: usize, follow: bool) -> Result<Vec<(DeadLetter, Position)>, DlqError> {
         loop {
             self.changed.borrow_and_update();

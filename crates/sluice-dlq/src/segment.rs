@@ -3,12 +3,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use sluice_segment::{
     DEFAULT_MAX_FRAME_LEN, FRAME_OVERHEAD, FrameCursor, FrameResult, SEGMENT_HEADER_LEN, SegmentHeader, resync,
 };
+
+use sluice_segment::files::read_at_most;
 
 use crate::CODEC_DEAD_LETTER;
 use crate::entry::entry_time;
@@ -40,6 +41,8 @@ pub(crate) struct SegmentFile {
     buf_at: u64,
     /// File offset of the next frame.
     pub pos: u64,
+    /// The last read stopped at the end of the file (before the limit it was asked for).
+    eof: bool,
 }
 
 /// Checks a segment header: ours, and for this segment.
@@ -59,12 +62,12 @@ impl SegmentFile {
     pub fn open(path: &Path, id: u64, pos: u64) -> io::Result<Result<SegmentFile, String>> {
         let file = File::open(path)?;
         let mut header = [0u8; SEGMENT_HEADER_LEN];
-        let n = read_up_to(&file, &mut header, 0)?;
+        let n = read_at_most(&file, &mut header, 0)?;
         if let Err(reason) = check_header(&header[..n], id) {
             return Ok(Err(reason));
         }
         let pos = pos.max(SEGMENT_HEADER_LEN as u64);
-        Ok(Ok(SegmentFile { id, file, buf: Vec::new(), buf_at: pos, pos }))
+        Ok(Ok(SegmentFile { id, file, buf: Vec::new(), buf_at: pos, pos, eof: false }))
     }
 
     /// The file's current length (for a reader with no writer to ask).
@@ -80,11 +83,13 @@ impl SegmentFile {
         if self.pos >= limit {
             return Ok(Next::End);
         }
-        let mut want = CHUNK;
+        if self.pos < self.buf_at || self.pos >= self.buf_at + self.buf.len() as u64 {
+            self.fill(limit, CHUNK)?;
+        }
         loop {
-            self.fill(limit, want)?;
             let rel = (self.pos - self.buf_at) as usize;
-            let reaches_limit = self.buf_at + self.buf.len() as u64 >= limit;
+            // A file shorter than the limit (cut by hand) ends the search too.
+            let reaches_limit = self.eof || self.buf_at + self.buf.len() as u64 >= limit;
             let offset = self.pos;
             let mut cursor = FrameCursor::new(&self.buf, rel);
             match cursor.next_frame() {
@@ -112,7 +117,8 @@ impl SegmentFile {
                     // The frame (or the next valid one) may lie beyond the buffer: read more.
                     let len = self.buf.get(rel..rel + 4).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4")));
                     let frame = if len <= DEFAULT_MAX_FRAME_LEN { len as usize + FRAME_OVERHEAD } else { 0 };
-                    want = (self.buf.len() - rel).saturating_mul(2).max(frame).max(CHUNK);
+                    let want = (self.buf.len() - rel).saturating_mul(2).max(frame).max(CHUNK);
+                    self.fill(limit, want)?;
                 }
                 FrameResult::Torn { .. } => {
                     return Ok(match resync(&self.buf, rel + 1, DEFAULT_MAX_FRAME_LEN) {
@@ -135,6 +141,7 @@ impl SegmentFile {
         if self.pos >= self.buf_at && want_end <= have_end {
             return Ok(());
         }
+        self.eof = false;
         if self.pos >= self.buf_at && self.pos < have_end && want_end > have_end {
             // Keep what is already read from `pos` on, and read the rest after it.
             self.buf.drain(..(self.pos - self.buf_at) as usize);
@@ -145,24 +152,11 @@ impl SegmentFile {
         let start = self.buf.len();
         let target = (want_end - self.pos) as usize;
         self.buf.resize(target, 0);
-        let n = read_up_to(&self.file, &mut self.buf[start..], self.pos + start as u64)?;
+        let n = read_at_most(&self.file, &mut self.buf[start..], self.pos + start as u64)?;
+        self.eof = start + n < target;
         self.buf.truncate(start + n);
         Ok(())
     }
-}
-
-/// Reads into `buf` at `offset` until it is full or the file ends; returns the bytes read.
-pub(crate) fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 /// What scanning a segment found.

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::naming::{self, Summary};
-use crate::{DlqStats, Room, StoragePolicy};
+use crate::{DlqError, DlqStats, Room, StoragePolicy};
 
 /// One segment in the index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +50,8 @@ pub(crate) struct Index {
     pub segments: BTreeMap<u64, SegInfo>,
     pub bytes: u64,
     pub entries: u64,
+    /// The id the writer gives its next segment.
+    pub next_id: u64,
 }
 
 impl Index {
@@ -176,7 +178,11 @@ pub(crate) fn shared_for(dir: &Path) -> io::Result<Arc<Shared>> {
     Ok(shared)
 }
 
-/// Makes directory entries (created, renamed, deleted files) durable.
-pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+pub(crate) use sluice_segment::files::sync_dir;
+
+/// Takes the writer lock of `dir` (an exclusive `flock` on its `lock` file) if it is free;
+/// `None` if a writer of this process or another holds it. The lock lasts as long as the file.
+pub(crate) fn try_lock(dir: &Path) -> Result<Option<File>, DlqError> {
+    let path = dir.join(naming::LOCK_FILE);
+    sluice_segment::files::try_lock_exclusive(&path).map_err(|e| DlqError::io(path, e))
 }

@@ -477,3 +477,92 @@ async fn unencodable_events_are_counted_not_stored() {
     assert_eq!(q.stats().unencodable, 1);
     assert_eq!(ns(&read_all(dir.path(), ReadFrom::Beginning).await), vec![11, 12]);
 }
+
+#[tokio::test]
+async fn segment_ids_are_never_reused_and_stale_positions_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    q.write(letters(10..12)).await.unwrap();
+    q.close().unwrap();
+    drop(q);
+    let end = read_all(dir.path(), ReadFrom::Beginning).await.last().unwrap().1;
+    assert_eq!(end.segment, 1);
+    // Everything consumed and deleted: the next segment still gets a new id, so the saved
+    // position does not hide the new entries.
+    assert_eq!(DlqReader::open(dir.path(), ReadFrom::Position(end)).unwrap().delete_consumed(end).unwrap(), 1);
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    q.write(letters(12..13)).await.unwrap();
+    assert_eq!(segment_files(dir.path()), vec![(2, false)]);
+    assert_eq!(ns(&read_all(dir.path(), ReadFrom::Position(end)).await), vec![12]);
+    q.close().unwrap();
+    drop(q);
+    // Purge keeps the record too.
+    assert_eq!(inspect::purge(dir.path()).unwrap(), 1);
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    q.write(letters(13..14)).await.unwrap();
+    assert_eq!(segment_files(dir.path()), vec![(3, false)]);
+    // A position from a previous life of the directory (past every id used) reads from the start.
+    let future = Position { segment: 99, offset: 64 };
+    assert_eq!(ns(&read_all(dir.path(), ReadFrom::Position(future)).await), vec![13]);
+    q.close().unwrap();
+    drop(q);
+    assert_eq!(ns(&read_all(dir.path(), ReadFrom::Position(future)).await), vec![13]);
+}
+
+#[tokio::test]
+async fn a_reader_opened_before_the_writer_is_woken_by_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("not-yet");
+    let mut reader = DlqReader::open(&path, ReadFrom::Beginning).unwrap();
+    assert!(reader.next_batch(10, false).await.unwrap().is_empty());
+    let follower = tokio::spawn(async move { reader.next_batch(10, true).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Another spelling of the same directory meets the same in-process state.
+    let q = DeadLetterQueue::open(&dir.path().join(".").join("not-yet"), opts()).unwrap();
+    q.write(letters(10..13)).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(20), follower).await.unwrap().unwrap();
+    assert_eq!(ns(&got), vec![10, 11, 12]);
+}
+
+#[tokio::test]
+async fn inspect_describes_open_and_sealed_segments_and_their_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = DlqOptions { max_bytes: 1 << 20, ..tiny(StoragePolicy::DropNewer) };
+    let q = DeadLetterQueue::open(dir.path(), o.clone()).unwrap();
+    q.write(letters(10..15)).await.unwrap();
+    q.crash();
+    drop(q);
+    // Damage the second entry of the open segment.
+    let open = dir.path().join(naming::open_name(2));
+    let mut bytes = fs::read(&open).unwrap();
+    let f = frame_bytes(10) as usize;
+    bytes[64 + f + 40] ^= 1;
+    fs::write(&open, &bytes).unwrap();
+    let segs = inspect::segments(dir.path()).unwrap();
+    assert_eq!(segs.len(), 2);
+    assert!(segs[0].sealed && !segs[1].sealed);
+    assert_eq!((segs[1].entries, segs[1].damaged_frames, segs[1].bytes), (1, 1, 64 + 2 * f as u64));
+    let s = inspect::stats(dir.path()).unwrap();
+    assert_eq!((s.segments, s.sealed_segments, s.entries, s.writer_active), (2, 1, 4, false));
+    assert_eq!((s.oldest_entry_time, s.newest_entry_time), (Some(1_000_010), Some(1_000_013)));
+    // Recovery keeps the damaged frame (and counts it); readers skip it.
+    let q = DeadLetterQueue::open(dir.path(), o).unwrap();
+    assert_eq!(q.stats().corrupt_frames, 1);
+    assert_eq!(q.stats().entries, 4);
+    let mut reader = DlqReader::open(dir.path(), ReadFrom::Beginning).unwrap();
+    assert_eq!(ns(&reader.next_batch(100, false).await.unwrap()), vec![10, 11, 12, 13]);
+    assert_eq!(reader.damaged_frames(), 1);
+}
+
+#[tokio::test]
+async fn a_file_cut_by_hand_under_a_running_writer_does_not_hang_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    q.write(letters(10..15)).await.unwrap();
+    let open = dir.path().join(naming::open_name(1));
+    let len = fs::metadata(&open).unwrap().len();
+    fs::OpenOptions::new().write(true).open(&open).unwrap().set_len(len - 30).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(20), read_all(dir.path(), ReadFrom::Beginning)).await.unwrap();
+    assert_eq!(ns(&got), vec![10, 11, 12, 13]);
+    q.close().unwrap();
+}

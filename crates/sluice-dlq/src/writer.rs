@@ -16,9 +16,9 @@ use sluice_segment::{SEGMENT_HEADER_LEN, SegmentHeader, append_frame, frame_size
 use tokio::sync::oneshot;
 
 use crate::entry::encode_entry;
-use crate::naming::{self, LOCK_FILE};
+use crate::naming;
 use crate::segment;
-use crate::shared::{Counters, Index, SegInfo, Shared, shared_for, sync_dir};
+use crate::shared::{Counters, Index, SegInfo, Shared, shared_for, sync_dir, try_lock};
 use crate::{
     CODEC_DEAD_LETTER, DROP_LOG_INTERVAL, DeadLetter, DlqError, DlqOptions, DlqStats, DlqSync, Room, SegmentSummary,
     WriteOutcome,
@@ -65,19 +65,20 @@ impl DeadLetterQueue {
         let shared = shared_for(dir).map_err(|e| DlqError::io(dir, e))?;
         let dir = shared.dir.clone();
         let lock = lock_dir(&dir)?;
-        let next_id = {
+        let (next_id, last_id_mark) = {
             // Held through the build, so a reader deleting consumed segments either finishes
             // before the directory is read or goes through the index after.
             let mut ix = shared.index.lock();
             if ix.attached {
                 return Err(DlqError::AlreadyOpen(dir));
             }
-            let next_id = build_index(&shared, &mut ix, opts.sync != DlqSync::None)?;
+            let (next_id, last_id_mark) = build_index(&shared, &mut ix, opts.sync != DlqSync::None)?;
             ix.attached = true;
-            next_id
+            ix.next_id = next_id;
+            (next_id, last_id_mark)
         };
         let (tx, rx) = mpsc::channel();
-        let writer = Writer::new(shared.clone(), opts.clone(), next_id);
+        let writer = Writer::new(shared.clone(), opts.clone(), next_id, last_id_mark);
         let thread = std::thread::Builder::new()
             .name("sluice-dlq".into())
             .spawn(move || writer.run(rx))
@@ -186,33 +187,29 @@ impl Drop for DeadLetterQueue {
 }
 
 fn lock_dir(dir: &Path) -> Result<File, DlqError> {
-    let path = dir.join(LOCK_FILE);
-    let file =
-        File::options().create(true).truncate(false).write(true).open(&path).map_err(|e| DlqError::io(&path, e))?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(DlqError::AlreadyOpen(dir.to_path_buf()));
-        }
-        return Err(DlqError::io(path, e));
-    }
-    Ok(file)
+    try_lock(dir)?.ok_or_else(|| DlqError::AlreadyOpen(dir.to_path_buf()))
 }
 
 /// One directory read: sealed segments from their names; segments left open are recovered
 /// (torn tail cut) and sealed, or deleted when they hold no entry. Returns the next segment id.
-fn build_index(shared: &Shared, ix: &mut Index, durable: bool) -> Result<u64, DlqError> {
+/// Returns the next segment id and the high-water mark file's id.
+fn build_index(shared: &Shared, ix: &mut Index, durable: bool) -> Result<(u64, Option<u64>), DlqError> {
     let dir = &shared.dir;
     let listing = naming::list(dir).map_err(|e| DlqError::io(dir, e))?;
     for id in &listing.shadowed {
         tracing::warn!(dir = %dir.display(), segment = id,
             "a sealed segment and an open one share id {id}; the open one is ignored");
     }
-    let mut max_id = 0;
+    let highest = listing.highest_id();
+    let mut last_ids = listing.last_ids.clone();
+    last_ids.sort_unstable();
+    // Extra marks (a crash between creating one and removing the old one) are merged.
+    while last_ids.len() > 1 {
+        let stale = dir.join(naming::last_id_name(last_ids.remove(0)));
+        fs::remove_file(&stale).or_else(ignore_not_found).map_err(|e| DlqError::io(stale, e))?;
+    }
     *ix = Index::default();
     for (id, summary) in listing.segments {
-        max_id = max_id.max(id);
         match summary {
             Some(s) => ix.insert(id, SegInfo::from_summary(&s)),
             None => {
@@ -225,7 +222,7 @@ fn build_index(shared: &Shared, ix: &mut Index, durable: bool) -> Result<u64, Dl
     if durable {
         sync_dir(dir).map_err(|e| DlqError::io(dir, e))?;
     }
-    Ok(max_id + 1)
+    Ok((highest + 1, last_ids.pop()))
 }
 
 /// Scans a segment a crash left open: cuts a torn tail, then seals it (renames it with its
@@ -301,6 +298,8 @@ struct Writer {
     shared: Arc<Shared>,
     opts: DlqOptions,
     next_id: u64,
+    /// The id the high-water mark file records.
+    last_id_mark: Option<u64>,
     open: Option<Open>,
     buf: Vec<u8>,
     body: Vec<u8>,
@@ -316,12 +315,13 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(shared: Arc<Shared>, opts: DlqOptions, next_id: u64) -> Writer {
+    fn new(shared: Arc<Shared>, opts: DlqOptions, next_id: u64, last_id_mark: Option<u64>) -> Writer {
         let now = Instant::now();
         Writer {
             shared,
             opts,
             next_id,
+            last_id_mark,
             open: None,
             buf: Vec::with_capacity(1 << 20),
             body: Vec::with_capacity(4096),
@@ -413,6 +413,8 @@ impl Writer {
             && let Err(e) = self.seal()
         {
             tracing::error!(dir = %self.dir().display(), error = %e, "sealing the idle dead letter segment failed");
+            // Try again after another idle period, not in a loop.
+            self.last_write = now;
         }
         if now >= self.last_tick + TICK {
             self.last_tick = now;
@@ -498,7 +500,14 @@ impl Writer {
                 }
                 Room::EvictOldest(id) => self.evict(id),
                 // Only the open segment is left: seal it so the next round evicts it.
-                Room::SealOpen => self.seal()?,
+                Room::SealOpen if self.open.is_some() => self.seal()?,
+                Room::SealOpen => {
+                    // Nothing left to evict and still no room: only an entry larger than
+                    // max_bytes gets here, which the check above already refuses.
+                    Counters::add(&self.shared.counters.dropped_newer, 1);
+                    self.unlogged.too_large += 1;
+                    return Ok(false);
+                }
             }
         }
         if self.open.is_none() {
@@ -600,7 +609,16 @@ impl Writer {
             return Err(DlqError::SegmentIdsExhausted(self.shared.dir.clone()));
         }
         let path = self.dir().join(naming::open_name(id));
+        let mark = self.dir().join(naming::last_id_name(id));
         let created = (|| {
+            // The mark first: a segment id is never in use before it is recorded. The
+            // directory fsync below makes both durable.
+            match self.last_id_mark {
+                Some(old) => fs::rename(self.dir().join(naming::last_id_name(old)), &mark).or_else(|e| {
+                    if e.kind() == io::ErrorKind::NotFound { File::create(&mark).map(drop) } else { Err(e) }
+                })?,
+                None => File::create(&mark).map(drop)?,
+            }
             let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
             let header = SegmentHeader {
                 codec: CODEC_DEAD_LETTER,
@@ -623,6 +641,8 @@ impl Writer {
             }
         };
         self.next_id += 1;
+        self.last_id_mark = Some(id);
+        self.shared.index.lock().next_id = self.next_id;
         let info = SegInfo { bytes: HEADER, entries: 0, oldest: i64::MAX, newest: i64::MIN, sealed: false };
         self.shared.index.lock().insert(id, info);
         self.open =

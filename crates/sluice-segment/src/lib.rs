@@ -9,6 +9,8 @@
 //!   [`resync`] and [`frame_ending_at`].
 //! - [`codec`](mod@codec): [`encode_event`], [`encode_batch`], [`decode_event`], [`decode_batch_into`],
 //!   and [`EventDecoder`], which remembers the previous event's root keys across frames.
+//! - [`files`]: the file-system helpers both users share ([`files::sync_dir`],
+//!   [`files::try_lock_exclusive`], [`files::read_at_most`]).
 //!
 //! # Byte layout (format version 1; this is a contract)
 //!
@@ -107,6 +109,7 @@
 //! ```
 
 pub mod codec;
+pub mod files;
 pub mod format;
 
 pub use codec::{

@@ -69,9 +69,7 @@ pub(crate) fn write(dir: &Path, c: &Checkpoint) -> io::Result<()> {
     sync_dir(dir)
 }
 
-pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
+pub(crate) use sluice_segment::files::sync_dir;
 
 #[cfg(test)]
 mod tests {

@@ -206,14 +206,12 @@ impl PersistedQueue {
     fn open_now(&self) -> std::io::Result<()> {
         let path = &self.inner.config.path;
         fs::create_dir_all(path)?;
-        let lock = File::options().create(true).truncate(false).write(true).open(path.join("lock"))?;
-        // SAFETY: flock on a file descriptor we own; no memory is involved.
-        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let Some(lock) = sluice_segment::files::try_lock_exclusive(&path.join("lock"))? else {
             return Err(std::io::Error::other(format!(
                 "{} is in use by another process (its lock file is held)",
                 path.display()
             )));
-        }
+        };
         *self.lock.lock() = Some(lock);
         // Shards already on disk are all recovered, even if `shards` was lowered since.
         let on_disk = fs::read_dir(path)?
