@@ -442,9 +442,3 @@ pub(crate) fn encode_snapshot(state: &State, generation: u64) -> Vec<u8> {
     encode_record(&mut buf, KIND_SNAPSHOT_END, 0, state.len() as u64, "", &[]);
     buf
 }
-
-/// Test support: crafting files in every intermediate state.
-#[cfg(test)]
-pub(crate) fn snapshot_header(generation: u64) -> [u8; HEADER_LEN] {
-    header(SNAPSHOT_MAGIC, generation)
-}

@@ -150,6 +150,9 @@ struct Shared {
     warned_memory_only: std::sync::atomic::AtomicBool,
     stats: RegistryStats,
     log_bytes: AtomicU64,
+    /// Test support: the number of upcoming file writes to fail.
+    #[cfg(test)]
+    fail_writes: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Shared {
@@ -310,6 +313,8 @@ impl Registry {
             opts: opts.clone(),
             buf: Vec::new(),
             batch: Vec::new(),
+            #[cfg(test)]
+            fail_writes: Default::default(),
         };
         match rec.log_generation {
             Some(generation) if !rec.needs_rewrite => {
@@ -361,6 +366,8 @@ impl Registry {
             warned_memory_only: Default::default(),
             stats: RegistryStats::default(),
             log_bytes: AtomicU64::new(writer.log_len),
+            #[cfg(test)]
+            fail_writes: writer.fail_writes.clone(),
         });
         let thread_shared = shared.clone();
         let handle = std::thread::Builder::new()
@@ -386,6 +393,8 @@ impl Registry {
             warned_memory_only: Default::default(),
             stats: RegistryStats::default(),
             log_bytes: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_writes: Default::default(),
         });
         Arc::new(Registry { shared, writer: Mutex::new(None), _lock: None })
     }
@@ -405,7 +414,15 @@ impl Registry {
             });
         }
         let in_use = lock_held(dir);
-        let rec = format::recover(dir).map_err(|source| RegistryError::Io { dir: dir.to_path_buf(), source })?;
+        let mut rec = format::recover(dir).map_err(|source| RegistryError::Io { dir: dir.to_path_buf(), source })?;
+        // The owner may have compacted between our reads of the snapshot and the log: read again.
+        for _ in 0..3 {
+            if !(in_use && rec.needs_rewrite) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            rec = format::recover(dir).map_err(|source| RegistryError::Io { dir: dir.to_path_buf(), source })?;
+        }
         let entries = rec
             .state
             .into_iter()
@@ -577,9 +594,20 @@ struct Writer {
     opts: RegistryOptions,
     buf: Vec<u8>,
     batch: Vec<PendingOp>,
+    #[cfg(test)]
+    fail_writes: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Writer {
+    /// Test support: fails this write if failures were asked for.
+    fn injected_failure(&self) -> io::Result<()> {
+        #[cfg(test)]
+        if self.fail_writes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(io::Error::other("injected write failure"));
+        }
+        Ok(())
+    }
+
     fn run(mut self, shared: &Shared) {
         let mut next_flush = Instant::now() + self.opts.flush_interval;
         let mut retry_at: Option<Instant> = None;
@@ -655,7 +683,6 @@ impl Writer {
                     }
                     let offset = slot.offset.load(Ordering::SeqCst);
                     let meta = slot.meta.lock().clone();
-                    slot.updated_ms.store(now, Ordering::Relaxed);
                     match self.state.get_mut(&*slot.key) {
                         Some(e) if Arc::ptr_eq(&e.meta, &meta) => {
                             if e.offset == offset {
@@ -677,6 +704,7 @@ impl Writer {
                             self.state.insert(slot.key.to_string(), DurableEntry { offset, meta, updated_ms: now });
                         }
                     }
+                    slot.updated_ms.store(now, Ordering::Relaxed);
                     records += 1;
                 }
             }
@@ -699,11 +727,15 @@ impl Writer {
     }
 
     fn append(&mut self, shared: &Shared, records: u64) -> io::Result<()> {
-        let Some(log) = self.log.as_mut() else {
+        if self.log.is_none() {
             self.needs_rewrite = true;
             return self.compact();
-        };
-        let result = log.write_all(&self.buf).and_then(|()| log.sync_data());
+        }
+        let result = self.injected_failure().and_then(|()| {
+            let log = self.log.as_mut().expect("checked above");
+            log.write_all(&self.buf)?;
+            log.sync_data()
+        });
         match result {
             Ok(()) => {
                 self.log_len += self.buf.len() as u64;
@@ -732,6 +764,7 @@ impl Writer {
         let snapshot = format::encode_snapshot(&self.state, generation);
         self.log = None;
         self.needs_rewrite = true;
+        self.injected_failure()?;
         format::replace_file(&self.dir, format::SNAPSHOT_TMP, format::SNAPSHOT, &snapshot)?;
         format::replace_file(&self.dir, format::LOG_TMP, format::LOG, &format::log_header(generation))?;
         let mut log = File::options().append(true).open(self.dir.join(format::LOG))?;

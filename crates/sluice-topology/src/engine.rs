@@ -271,3 +271,43 @@ async fn close_registry(registry: &Arc<Registry>) {
         Err(e) => tracing::error!(dir = %registry.dir().display(), "closing the registry: {e}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(data_dir: &std::path::Path) -> RootConfig {
+        let text = format!(
+            "data_dir: {}\napi: {{enabled: false}}\npipelines:\n  p:\n    inputs: [{{type: generator, count: 10}}]\n    outputs: [{{type: blackhole}}]\n",
+            data_dir.display()
+        );
+        sluice_config::model::load_str(&text, "test.yml").unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_positioned_inputs_the_registry_stays_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let engine = Engine::start(config(&data)).await.unwrap();
+        assert!(!engine.registry().await.is_persistent());
+        engine.inputs_finished().await;
+        engine.shutdown(true).await;
+        assert!(!data.join("registry").exists(), "a registry directory was created for nothing");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_registry_that_cannot_open_is_an_error_naming_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_dir = dir.path().join("plain-file");
+        std::fs::write(&not_a_dir, b"x").unwrap();
+        let e = open_registry(&config(&not_a_dir)).await.unwrap_err().to_string();
+        assert!(e.contains("cannot open the registry") && e.contains("plain-file/registry"), "{e}");
+
+        let data = dir.path().join("data");
+        let held = open_registry(&config(&data)).await.unwrap();
+        let e = open_registry(&config(&data)).await.unwrap_err().to_string();
+        assert!(e.contains("in use by another process") && e.contains("data/registry"), "{e}");
+        close_registry(&held).await;
+        assert!(held.is_persistent());
+    }
+}
