@@ -46,7 +46,8 @@ pub struct PipelineSummary {
     pub events_out: u64,
     /// Dropped on purpose by processors.
     pub dropped: u64,
-    /// Rejected for good by outputs (included in `events_out`).
+    /// Rejected for good by outputs and not handed to a dead letter queue (included in
+    /// `events_out`).
     pub failed: u64,
     /// Accepted but not handled when the drain timeout ran out (lost with a memory queue).
     pub unfinished: u64,
