@@ -167,3 +167,128 @@ impl Worker {
         Some(rejected_total)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use async_trait::async_trait;
+    use sluice_core::metrics::{ComponentKind, ComponentMetrics};
+    use sluice_core::{AckSet, Acker, Batch, Value};
+    use sluice_dlq::{DeadLetterQueue, DlqOptions};
+    use sluice_outputs::{Aborted, Delivery, Output, Rejected};
+    use sluice_queue::memory::MemoryQueue;
+
+    use super::*;
+
+    /// Refuses events whose `n` is odd for good; gives up on multiples of 4 (not their fault).
+    struct Picky;
+
+    #[async_trait]
+    impl Output for Picky {
+        async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
+            let n = |e: &Event| match e.fields.get("n") {
+                Some(Value::Int(n)) => *n,
+                _ => 0,
+            };
+            let mut rejected = Vec::new();
+            for (i, e) in events.iter().enumerate() {
+                if n(e) % 2 == 1 {
+                    rejected.push(Rejected::refused(i, format!("HTTP 400: n={} is odd", n(e)), 3));
+                } else if n(e) % 4 == 0 {
+                    rejected.push(Rejected::gave_up(i, "HTTP 503: busy", 5));
+                }
+            }
+            Ok(Delivery { rejected })
+        }
+    }
+
+    fn event(n: i64) -> Event {
+        let mut e = Event::from_message("x");
+        e.fields.insert("n", Value::Int(n));
+        e
+    }
+
+    #[tokio::test]
+    async fn refused_events_are_durable_before_the_batch_is_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let dlq = DeadLetterQueue::open(dir.path(), DlqOptions::default()).unwrap();
+        let metrics = Arc::new(PipelineMetrics::new("p", 1));
+        let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(100, 1 << 20));
+        let output = BuiltOutput {
+            id: "out".to_string(),
+            output: Arc::new(Picky),
+            condition: None,
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "picky")),
+        };
+        let sink = Arc::new(DeadLetterSink::new("p", Some(dlq.clone()), metrics.clone()));
+        let worker = Worker {
+            pipeline: "p".to_string(),
+            index: 0,
+            queue: queue.clone(),
+            processors: Arc::new(Vec::new()),
+            outputs: Arc::new(vec![output]),
+            metrics: metrics.clone(),
+            batch_size: 100,
+            batch_delay: Duration::from_millis(1),
+            dead_letters: sink,
+        };
+        let stored_at_ack = Arc::new(AtomicBool::new(false));
+        let (seen, check) = (stored_at_ack.clone(), dlq.clone());
+        let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
+        let acker = Acker::new(8, move |_| {
+            seen.store(check.stats().entries == 4, Ordering::SeqCst);
+            let _ = acked_tx.send(());
+        });
+        let events: Vec<Event> = (0..8).map(event).collect();
+        queue.push(Batch::new(events, AckSet::single(acker, 8), 8)).await.unwrap();
+        queue.close();
+        worker.run().await;
+        acked_rx.await.unwrap();
+        assert!(stored_at_ack.load(Ordering::SeqCst), "the four odd events were stored before the acknowledgement");
+        assert_eq!(metrics.dead_lettered.get(), 4);
+        assert_eq!(metrics.failed.get(), 2, "0 and 4 were given up on: counted as failed, not dead-lettered");
+        dlq.close().unwrap();
+
+        let mut reader = sluice_dlq::DlqReader::open(dir.path(), sluice_dlq::ReadFrom::Beginning).unwrap();
+        let entries = reader.next_batch(10, false).await.unwrap();
+        let odd: Vec<i64> = entries
+            .iter()
+            .map(|(e, _)| match e.event.fields.get("n") {
+                Some(Value::Int(n)) => *n,
+                _ => -1,
+            })
+            .collect();
+        assert_eq!(odd, [1, 3, 5, 7]);
+        let (first, _) = &entries[0];
+        assert_eq!((first.reason.as_str(), first.plugin_id.as_str()), ("HTTP 400: n=1 is odd", "out"));
+        assert_eq!((first.plugin_type.as_str(), first.pipeline.as_str(), first.attempts), ("picky", "p", 3));
+    }
+
+    #[tokio::test]
+    async fn without_a_dead_letter_queue_every_rejection_counts_as_failed() {
+        let metrics = Arc::new(PipelineMetrics::new("p", 1));
+        let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(100, 1 << 20));
+        let output = BuiltOutput {
+            id: "out".to_string(),
+            output: Arc::new(Picky),
+            condition: None,
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "picky")),
+        };
+        let worker = Worker {
+            pipeline: "p".to_string(),
+            index: 0,
+            queue: queue.clone(),
+            processors: Arc::new(Vec::new()),
+            outputs: Arc::new(vec![output]),
+            metrics: metrics.clone(),
+            batch_size: 100,
+            batch_delay: Duration::from_millis(1),
+            dead_letters: Arc::new(DeadLetterSink::new("p", None, metrics.clone())),
+        };
+        queue.push(Batch::untracked((0..8).map(event).collect(), 8)).await.unwrap();
+        queue.close();
+        worker.run().await;
+        assert_eq!((metrics.failed.get(), metrics.dead_lettered.get()), (6, 0));
+    }
+}
