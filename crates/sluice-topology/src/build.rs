@@ -249,10 +249,34 @@ pub fn upstream_first(feeds: &BTreeMap<String, BTreeSet<String>>) -> Vec<String>
     order
 }
 
+/// Two pipelines cannot write one dead letter queue directory (the second could not open it).
+pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigErrors> {
+    let mut errors = ConfigErrors::default();
+    let mut taken: BTreeMap<std::path::PathBuf, &str> = BTreeMap::new();
+    for p in config.pipelines.iter().filter(|p| p.dead_letter_queue.enabled) {
+        let dir = p.dead_letter_queue_dir(&config.data_dir);
+        if let Some(first) = taken.get(&dir) {
+            let section = p.node.get("dead_letter_queue");
+            let mark = section.and_then(|n| n.get("path")).or(section).map(|n| n.mark.clone());
+            errors.push(ConfigError::at(
+                format!("dead letter queue {} is already used by pipeline `{first}`", dir.display()),
+                &format!("pipelines.{}.dead_letter_queue.path", p.name),
+                mark.unwrap_or_else(|| p.node.mark.clone()),
+            ));
+        } else {
+            taken.insert(dir, &p.name);
+        }
+    }
+    errors.into_result(())
+}
+
 /// Builds every pipeline of a config, or lists every error.
 pub fn build_all(config: &RootConfig, bus: &Arc<PipelineBus>) -> Result<Vec<BuiltPipeline>, ConfigErrors> {
     let mut errors = ConfigErrors::default();
     if let Err(e) = check_links(config) {
+        errors.0.extend(e.0);
+    }
+    if let Err(e) = check_dead_letter_queue_paths(config) {
         errors.0.extend(e.0);
     }
     let built: Vec<BuiltPipeline> =

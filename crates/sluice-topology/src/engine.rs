@@ -14,7 +14,7 @@ use tokio::sync::{Mutex, Notify};
 
 use sluice_registry::{Registry, RegistryOptions};
 
-use crate::build::{build_all, build_pipeline, check_links, upstream_first};
+use crate::build::{build_all, build_pipeline, check_dead_letter_queue_paths, check_links, upstream_first};
 use crate::dead_letter::OpenDeadLetterQueue;
 use crate::pipeline::{PipelineSummary, RunningPipeline};
 
@@ -97,6 +97,7 @@ impl Engine {
     pub async fn reload(&self, config: RootConfig) -> Result<ReloadReport, ConfigErrors> {
         let mut state = self.state.lock().await;
         let feeds = check_links(&config)?;
+        check_dead_letter_queue_paths(&config)?;
         let mut errors = ConfigErrors::default();
         let mut report = ReloadReport::default();
         let mut fresh = Vec::new();

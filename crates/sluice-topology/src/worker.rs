@@ -291,4 +291,39 @@ mod tests {
         worker.run().await;
         assert_eq!((metrics.failed.get(), metrics.dead_lettered.get()), (6, 0));
     }
+
+    #[tokio::test]
+    async fn a_replayed_event_refused_again_is_not_written_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let dlq = DeadLetterQueue::open(dir.path(), DlqOptions::default()).unwrap();
+        let metrics = Arc::new(PipelineMetrics::new("p", 1));
+        let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(100, 1 << 20));
+        let output = BuiltOutput {
+            id: "out".to_string(),
+            output: Arc::new(Picky),
+            condition: None,
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "picky")),
+        };
+        let worker = Worker {
+            pipeline: "p".to_string(),
+            index: 0,
+            queue: queue.clone(),
+            processors: Arc::new(Vec::new()),
+            outputs: Arc::new(vec![output]),
+            metrics: metrics.clone(),
+            batch_size: 100,
+            batch_delay: Duration::from_millis(1),
+            dead_letters: Arc::new(DeadLetterSink::new("p", Some(dlq.clone()), metrics.clone())),
+        };
+        let mut replayed = event(1);
+        let reason = sluice_core::FieldPath::parse("/@metadata/dead_letter_queue/reason").unwrap();
+        replayed.insert(&reason, Value::from("HTTP 400: n=1 is odd")).unwrap();
+        queue.push(Batch::untracked(vec![replayed, event(3)], 2)).await.unwrap();
+        queue.close();
+        worker.run().await;
+        assert_eq!(metrics.dead_letter_loop_rejected.get(), 1);
+        assert_eq!((metrics.dead_lettered.get(), metrics.failed.get()), (1, 1), "only the fresh one is stored");
+        assert_eq!(dlq.stats().entries, 1);
+        dlq.close().unwrap();
+    }
 }

@@ -263,6 +263,7 @@ pipelines:
     let dropped_newer = metric(&t, &format!("sluice_dlq_dropped_newer_total{newer}")) as u64;
     assert!(stored_newer > 0 && dropped_newer > 0, "{t}");
     assert_eq!(stored_newer + dropped_newer, 30, "{t}");
+    assert_eq!(metric(&t, &format!("sluice_dlq_lost_total{newer}")) as u64, dropped_newer, "lost on purpose: {t}");
     assert!(metric(&t, &format!("sluice_dlq_bytes{newer}")) <= 2048.0);
     let stored_older = metric(&t, &format!("sluice_dlq_entries{older}")) as u64;
     let dropped_older = metric(&t, &format!("sluice_dlq_dropped_older_total{older}")) as u64;
@@ -493,6 +494,23 @@ fn config_errors_name_the_place() {
     assert!(!ok);
     assert!(text.contains("pipelines.web.inputs[0].start_from"), "{text}");
     assert!(text.contains("give `pipeline`"), "{text}");
+    let (ok, text) = common::validate(
+        "pipelines:
+  a:
+    inputs: [{type: stdin}]
+    outputs: [{type: stdout}]
+    dead_letter_queue: {enabled: true, path: /srv/shared-dlq}
+  b:
+    inputs: [{type: stdin}]
+    outputs: [{type: stdout}]
+    dead_letter_queue: {enabled: true, path: /srv/shared-dlq}
+",
+    );
+    assert!(!ok);
+    assert!(
+        text.contains("check.yml:9:46: pipelines.b.dead_letter_queue.path: dead letter queue /srv/shared-dlq is already used by pipeline `a`"),
+        "{text}"
+    );
 }
 
 #[test]
