@@ -301,6 +301,22 @@ pipelines:
         (30 - stored_older..30).collect::<Vec<_>>(),
         "the last ones kept"
     );
+
+    let d = data.to_str().unwrap();
+    let out = Command::new(BIN).args(["dlq", "purge", "--data-dir", d, "--pipeline", "older"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "purge asks for --yes");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--yes"));
+    assert_eq!(show(&data, "older").0.len() as u64, stored_older, "nothing deleted without --yes");
+    let (ok, out, err) = sluice(&["dlq", "purge", "--yes", "--data-dir", d, "--pipeline", "older"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("deleted"), "{out}");
+    assert!(show(&data, "older").0.is_empty());
+    let out = Command::new(BIN).args(["dlq", "stats", "--data-dir", d, "--pipeline", "nope"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no dead letter queue here"), "{out:?}");
+    let out = Command::new(BIN).args(["dlq", "show", "--pipeline", "newer"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--data-dir"), "{out:?}");
 }
 
 #[test]
