@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice_config::model::{ComponentSpec, PipelineSpec, RootConfig};
+use sluice_config::model::{ComponentSpec, PipelineSpec, RootConfig, default_dead_letter_queue_dir};
 use sluice_config::{ConfigError, ConfigErrors};
 use sluice_core::Queue;
 use sluice_core::bus::PipelineBus;
@@ -249,7 +249,8 @@ pub fn upstream_first(feeds: &BTreeMap<String, BTreeSet<String>>) -> Vec<String>
     order
 }
 
-/// Two pipelines cannot write one dead letter queue directory (the second could not open it).
+/// Two pipelines cannot write one dead letter queue directory (the second could not open it),
+/// and a `dead_letter_queue` input naming a pipeline must find its queue where it looks.
 pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigErrors> {
     let mut errors = ConfigErrors::default();
     let mut taken: BTreeMap<std::path::PathBuf, &str> = BTreeMap::new();
@@ -265,6 +266,25 @@ pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigEr
             ));
         } else {
             taken.insert(dir, &p.name);
+        }
+    }
+    // A `dead_letter_queue` input that names a pipeline of this config whose queue is elsewhere
+    // than `<data_dir>/dlq/<pipeline>` would read an empty directory.
+    for p in &config.pipelines {
+        for c in p.inputs.iter().filter(|c| c.type_name == "dead_letter_queue") {
+            let Some(name) = c.settings.get("pipeline").and_then(|n| n.as_str()) else { continue };
+            let Some(source) = config.pipelines.iter().find(|q| q.name == name) else { continue };
+            let dir = source.dead_letter_queue_dir(&config.data_dir);
+            if source.dead_letter_queue.path.is_some() && dir != default_dead_letter_queue_dir(&config.data_dir, name) {
+                errors.push(c.key_error(
+                    "pipeline",
+                    format!(
+                        "pipeline `{name}` keeps its dead letter queue at {}: give `path: {}` instead",
+                        dir.display(),
+                        dir.display()
+                    ),
+                ));
+            }
         }
     }
     errors.into_result(())

@@ -515,6 +515,22 @@ fn config_errors_name_the_place() {
   a:
     inputs: [{type: stdin}]
     outputs: [{type: stdout}]
+    dead_letter_queue: {enabled: true, path: /srv/a-dlq}
+  b:
+    inputs: [{type: dead_letter_queue, pipeline: a}]
+    outputs: [{type: stdout}]
+",
+    );
+    assert!(!ok);
+    assert!(
+        text.contains("pipelines.b.inputs[0].pipeline: pipeline `a` keeps its dead letter queue at /srv/a-dlq"),
+        "{text}"
+    );
+    let (ok, text) = common::validate(
+        "pipelines:
+  a:
+    inputs: [{type: stdin}]
+    outputs: [{type: stdout}]
     dead_letter_queue: {enabled: true, path: /srv/shared-dlq}
   b:
     inputs: [{type: stdin}]
