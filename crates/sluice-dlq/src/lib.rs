@@ -71,7 +71,10 @@
 //!   New segment files and the directory are fsynced when created and when sealed (unless
 //!   [`DlqSync::None`]).
 //! - A damaged frame (bad checksum, or a body that does not decode) costs that entry only: it is
-//!   skipped, counted and logged with its segment and offset, and reading resumes after it.
+//!   skipped, counted and logged with its segment and offset, and reading resumes after it
+//!   (tested: any damaged byte of a segment loses at most the entry it hits). A damaged segment
+//!   header costs nothing: it is reported, and the frames, which prove themselves by checksum and
+//!   by a sequence number of their segment, are read anyway (recovery rewrites it).
 //! - Dropped (either policy), expired and unencodable entries are counted in [`DlqStats`] and
 //!   logged at most once per [`DROP_LOG_INTERVAL`], never once per entry.
 //! - A [`Position`] is the point just after an entry; reading from it resumes exactly at the

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_segment::EventDecoder;
+use sluice_segment::{EventDecoder, SEGMENT_HEADER_LEN};
 use tokio::sync::watch;
 
 use crate::entry::decode_entry_with;
 use crate::naming::{self, Summary};
-use crate::segment::{Next, SegmentFile};
+use crate::segment::{HeaderState, Next, SegmentFile};
 use crate::shared::{Counters, Shared, shared_for, sync_dir};
 use crate::{DeadLetter, DlqError, Position, ReadFrom};
 
@@ -37,11 +37,17 @@ pub(crate) enum Item {
     },
 }
 
-/// How a segment looks to the cursor right now.
-struct View {
-    path: PathBuf,
+/// How much of the current segment can be read.
+struct Extent {
     /// Readable length; `None`: the file's length.
     limit: Option<u64>,
+    /// Nothing more will be appended (sealed, or a later segment exists).
+    complete: bool,
+}
+
+/// A segment found by [`Cursor::locate`].
+struct View {
+    path: PathBuf,
     /// Nothing more will be appended (sealed, or a later segment exists).
     complete: bool,
 }
@@ -56,6 +62,8 @@ pub(crate) struct Cursor {
     decoder: EventDecoder,
     /// The directory as last listed, when no writer of this process has it.
     listing: Option<Vec<(u64, Option<Summary>)>>,
+    /// The path of the segment read last, for reporting damage found as it finished.
+    last_path: PathBuf,
 }
 
 impl Cursor {
@@ -83,7 +91,15 @@ impl Cursor {
                 pos = Position::default();
             }
         }
-        Ok(Cursor { shared, pos, from_time, cur: None, decoder: EventDecoder::new(), listing: None })
+        Ok(Cursor {
+            shared,
+            pos,
+            from_time,
+            cur: None,
+            decoder: EventDecoder::new(),
+            listing: None,
+            last_path: PathBuf::new(),
+        })
     }
 
     fn list(&mut self) -> Result<&[(u64, Option<Summary>)], DlqError> {
@@ -107,7 +123,7 @@ impl Cursor {
                         continue;
                     }
                     let path = self.shared.path_of(id, info);
-                    return Ok(Some((id, View { path, limit: Some(info.bytes), complete })));
+                    return Ok(Some((id, View { path, complete })));
                 }
                 return Ok(None);
             }
@@ -125,25 +141,25 @@ impl Cursor {
                     continue;
                 }
                 let path = naming::path_of(&self.shared.dir, *id, summary.as_ref());
-                return Ok(Some((*id, View { path, limit: None, complete })));
+                return Ok(Some((*id, View { path, complete })));
             }
         }
         Ok(None)
     }
 
-    /// The current segment's view, re-read (re-listing the directory when offline and `refresh`).
-    fn view(&mut self, id: u64, path: &Path, refresh: bool) -> Result<View, DlqError> {
+    /// The current segment's readable limit and completeness, re-read (re-listing the
+    /// directory when offline and `refresh`).
+    fn view(&mut self, id: u64, refresh: bool) -> Result<Extent, DlqError> {
         {
             let ix = self.shared.index.lock();
             if ix.attached {
                 // Gone from the index (deleted while we read it): what the open file holds is all.
                 return Ok(match ix.segments.get(&id) {
-                    Some(info) => View {
-                        path: path.to_path_buf(),
+                    Some(info) => Extent {
                         limit: Some(info.bytes),
                         complete: info.sealed || ix.segments.range(id + 1..).next().is_some(),
                     },
-                    None => View { path: path.to_path_buf(), limit: None, complete: true },
+                    None => Extent { limit: None, complete: true },
                 });
             }
         }
@@ -157,11 +173,13 @@ impl Cursor {
             // Deleted, or a later segment exists.
             _ => true,
         };
-        Ok(View { path: path.to_path_buf(), limit: None, complete })
+        Ok(Extent { limit: None, complete })
     }
 
     fn finish_segment(&mut self, id: u64) {
-        self.cur = None;
+        if let Some((_, path)) = self.cur.take() {
+            self.last_path = path;
+        }
         self.pos = Position { segment: id + 1, offset: 0 };
     }
 
@@ -173,17 +191,26 @@ impl Cursor {
                 let Some((id, view)) = self.locate(self.pos.segment)? else { return Ok(None) };
                 let start = if id == self.pos.segment { self.pos.offset } else { 0 };
                 match SegmentFile::open(&view.path, id, start) {
-                    Ok(Ok(file)) => {
+                    // Being created (offline: no index to hide it until its header is written).
+                    Ok((_, HeaderState::Short)) if !view.complete => return Ok(None),
+                    Ok((file, header)) => {
                         missing_retried = false;
                         self.pos = Position { segment: id, offset: file.pos };
-                        self.cur = Some((file, view.path));
+                        let path = view.path;
+                        self.cur = Some((file, path.clone()));
+                        // Reported once, when reading starts at the top of the segment.
+                        let reason = match header {
+                            HeaderState::Ok => None,
+                            HeaderState::Short => Some("the file is shorter than a segment header".to_string()),
+                            HeaderState::Bad(reason) => Some(reason),
+                        };
+                        if let Some(reason) = reason
+                            && start <= SEGMENT_HEADER_LEN as u64
+                        {
+                            let reason = format!("segment header: {reason}; reading its frames anyway");
+                            return Ok(Some(Item::Damaged { segment: id, path, offset: 0, reason }));
+                        }
                     }
-                    Ok(Err(reason)) if view.complete => {
-                        self.finish_segment(id);
-                        return Ok(Some(Item::Damaged { segment: id, path: view.path, offset: 0, reason }));
-                    }
-                    // A header being written right now, or a crash's leftover: wait for more.
-                    Ok(Err(_)) => return Ok(None),
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
                         // Renamed by a seal or deleted since we looked: look again once, then move on.
                         if missing_retried {
@@ -198,18 +225,15 @@ impl Cursor {
                 }
                 continue;
             }
-            let (id, path) = {
-                let (file, path) = self.cur.as_ref().expect("a segment");
-                (file.id, path.clone())
-            };
-            let view = self.view(id, &path, false)?;
+            let id = self.cur.as_ref().expect("a segment").0.id;
+            let view = self.view(id, false)?;
             let next = {
-                let (file, _) = self.cur.as_mut().expect("a segment");
+                let (file, path) = self.cur.as_mut().expect("a segment");
                 let limit = match view.limit {
                     Some(l) => l,
-                    None => file.file_len().map_err(|e| DlqError::io(&path, e))?,
+                    None => file.file_len().map_err(|e| DlqError::io(&*path, e))?,
                 };
-                match file.next(limit).map_err(|e| DlqError::io(&path, e))? {
+                match file.next(limit).map_err(|e| DlqError::io(&*path, e))? {
                     Next::Frame { offset, end, body } => {
                         self.pos = Position { segment: id, offset: end };
                         Some(
@@ -240,21 +264,26 @@ impl Cursor {
                     return Ok(Some(Item::Entry(entry, self.pos, offset)));
                 }
                 Some(Err((offset, reason))) => {
+                    // The segment may be finished (a torn tail): its path was kept for this.
+                    let path = match &self.cur {
+                        Some((file, path)) if file.id == id => path.clone(),
+                        _ => self.last_path.clone(),
+                    };
                     return Ok(Some(Item::Damaged { segment: id, path, offset, reason }));
                 }
                 None => {
                     // At the readable end: done with this segment only if nothing more can come.
-                    let complete = view.complete || self.view(id, &path, true)?.complete;
+                    let complete = view.complete || self.view(id, true)?.complete;
                     if !complete {
                         return Ok(None);
                     }
                     // A segment completed between the read and the check may have grown: read on.
                     let grown = {
-                        let view = self.view(id, &path, false)?;
-                        let (file, _) = self.cur.as_ref().expect("a segment");
+                        let view = self.view(id, false)?;
+                        let (file, path) = self.cur.as_ref().expect("a segment");
                         let len = match view.limit {
                             Some(l) => l,
-                            None => file.file_len().map_err(|e| DlqError::io(&path, e))?,
+                            None => file.file_len().map_err(|e| DlqError::io(path, e))?,
                         };
                         len > file.pos
                     };

@@ -32,6 +32,16 @@ pub(crate) enum Next<'a> {
     End,
 }
 
+/// What a segment's header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HeaderState {
+    Ok,
+    /// Not all 64 bytes are there (being created, or cut).
+    Short,
+    /// Damaged, or not a dead letter segment of this id.
+    Bad(String),
+}
+
 /// A segment file being read.
 pub(crate) struct SegmentFile {
     pub id: u64,
@@ -58,16 +68,22 @@ pub(crate) fn check_header(bytes: &[u8], id: u64) -> Result<SegmentHeader, Strin
 }
 
 impl SegmentFile {
-    /// Opens a segment and checks its header. `Err(Ok(reason))` is an unusable header.
-    pub fn open(path: &Path, id: u64, pos: u64) -> io::Result<Result<SegmentFile, String>> {
+    /// Opens a segment and checks its header. A damaged header does not stop reading: every
+    /// frame proves itself by its checksum and by a sequence number of this segment.
+    pub fn open(path: &Path, id: u64, pos: u64) -> io::Result<(SegmentFile, HeaderState)> {
         let file = File::open(path)?;
         let mut header = [0u8; SEGMENT_HEADER_LEN];
         let n = read_at_most(&file, &mut header, 0)?;
-        if let Err(reason) = check_header(&header[..n], id) {
-            return Ok(Err(reason));
-        }
+        let state = if n < SEGMENT_HEADER_LEN {
+            HeaderState::Short
+        } else {
+            match check_header(&header, id) {
+                Ok(_) => HeaderState::Ok,
+                Err(reason) => HeaderState::Bad(reason),
+            }
+        };
         let pos = pos.max(SEGMENT_HEADER_LEN as u64);
-        Ok(Ok(SegmentFile { id, file, buf: Vec::new(), buf_at: pos, pos, eof: false }))
+        Ok((SegmentFile { id, file, buf: Vec::new(), buf_at: pos, pos, eof: false }, state))
     }
 
     /// The file's current length (for a reader with no writer to ask).
@@ -179,14 +195,15 @@ pub(crate) fn scan(path: &Path, id: u64) -> io::Result<Scanned> {
     let file = File::open(path)?;
     let file_len = file.metadata()?.len();
     let mut out = Scanned { file_len, valid_len: SEGMENT_HEADER_LEN as u64, ..Default::default() };
-    let mut seg = match SegmentFile::open(path, id, 0)? {
-        Ok(seg) => seg,
-        Err(reason) => {
-            out.bad_header = Some(reason);
-            out.valid_len = 0;
-            return Ok(out);
-        }
-    };
+    let (mut seg, header) = SegmentFile::open(path, id, 0)?;
+    match header {
+        HeaderState::Ok => {}
+        HeaderState::Short => out.bad_header = Some(format!("the file has {file_len} bytes, less than a header")),
+        HeaderState::Bad(reason) => out.bad_header = Some(reason),
+    }
+    if let Some(reason) = &out.bad_header {
+        out.damaged.push((0, format!("segment header: {reason}")));
+    }
     let mut summary = Summary { entries: 0, bytes: 0, oldest: i64::MAX, newest: i64::MIN };
     loop {
         match seg.next(file_len)? {

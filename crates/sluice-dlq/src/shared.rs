@@ -55,6 +55,13 @@ pub(crate) struct Index {
 }
 
 impl Index {
+    /// An index of `segments`, sorted by id.
+    pub fn from_sorted(segments: Vec<(u64, SegInfo)>) -> Index {
+        let bytes = segments.iter().map(|(_, s)| s.bytes).sum();
+        let entries = segments.iter().map(|(_, s)| s.entries).sum();
+        Index { attached: false, segments: segments.into_iter().collect(), bytes, entries, next_id: 0 }
+    }
+
     pub fn insert(&mut self, id: u64, info: SegInfo) {
         if let Some(old) = self.segments.insert(id, info) {
             self.bytes -= old.bytes;

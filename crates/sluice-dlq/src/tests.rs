@@ -566,3 +566,56 @@ async fn a_file_cut_by_hand_under_a_running_writer_does_not_hang_readers() {
     assert_eq!(ns(&got), vec![10, 11, 12, 13]);
     q.close().unwrap();
 }
+
+#[tokio::test]
+async fn any_damaged_byte_costs_at_most_the_entry_it_hits() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    q.write(letters(10..16)).await.unwrap();
+    q.close().unwrap();
+    drop(q);
+    let path = sealed_path(dir.path(), 1);
+    let good = fs::read(&path).unwrap();
+    let f = frame_bytes(10) as usize;
+    for at in (0..good.len()).step_by(5) {
+        let mut bad = good.clone();
+        bad[at] ^= 0x5a;
+        fs::write(&path, &bad).unwrap();
+        let got = ns(&read_all(dir.path(), ReadFrom::Beginning).await);
+        if at < 64 {
+            // The header: reported, and the frames, which prove themselves, are all read.
+            assert_eq!(got, (10..16).collect::<Vec<_>>(), "flip at {at}");
+            let mut reader = DlqReader::open(dir.path(), ReadFrom::Beginning).unwrap();
+            reader.next_batch(100, false).await.unwrap();
+            assert_eq!(reader.damaged_frames(), 1, "flip at {at}");
+            continue;
+        }
+        let hit = (at - 64) / f;
+        let want: Vec<i64> = (0..6).filter(|k| *k != hit).map(|k| 10 + k as i64).collect();
+        assert_eq!(got, want, "flip at {at}");
+    }
+}
+
+#[tokio::test]
+async fn recovery_rewrites_a_damaged_header_and_sets_aside_a_file_with_no_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    q.write(letters(10..13)).await.unwrap();
+    q.crash();
+    drop(q);
+    let open = dir.path().join(naming::open_name(1));
+    let mut bytes = fs::read(&open).unwrap();
+    bytes[20] ^= 0xff;
+    fs::write(&open, &bytes).unwrap();
+    // A stranger with a segment's name: no frame of its own.
+    fs::write(dir.path().join(naming::open_name(7)), vec![0x42u8; 500]).unwrap();
+    let q = DeadLetterQueue::open(dir.path(), opts()).unwrap();
+    assert_eq!(q.stats().entries, 3);
+    assert_eq!(q.stats().corrupt_frames, 1);
+    assert!(dir.path().join(format!("{}.damaged", naming::open_name(7))).exists());
+    q.write(letters(13..14)).await.unwrap();
+    assert_eq!(segment_files(dir.path()), vec![(1, true), (8, false)]);
+    let mut reader = DlqReader::open(dir.path(), ReadFrom::Beginning).unwrap();
+    assert_eq!(ns(&reader.next_batch(100, false).await.unwrap()), vec![10, 11, 12, 13]);
+    assert_eq!(reader.damaged_frames(), 0);
+}

@@ -203,23 +203,28 @@ fn build_index(shared: &Shared, ix: &mut Index, durable: bool) -> Result<(u64, O
     let highest = listing.highest_id();
     let mut last_ids = listing.last_ids.clone();
     last_ids.sort_unstable();
+    let mut changed = false;
     // Extra marks (a crash between creating one and removing the old one) are merged.
     while last_ids.len() > 1 {
         let stale = dir.join(naming::last_id_name(last_ids.remove(0)));
         fs::remove_file(&stale).or_else(ignore_not_found).map_err(|e| DlqError::io(stale, e))?;
+        changed = true;
     }
-    *ix = Index::default();
+    let mut segments = Vec::with_capacity(listing.segments.len());
     for (id, summary) in listing.segments {
         match summary {
-            Some(s) => ix.insert(id, SegInfo::from_summary(&s)),
+            Some(s) => segments.push((id, SegInfo::from_summary(&s))),
             None => {
+                changed = true;
                 if let Some(info) = recover_open(shared, id, durable)? {
-                    ix.insert(id, info);
+                    segments.push((id, info));
                 }
             }
         }
     }
-    if durable {
+    // Sorted input: the map is built in bulk.
+    *ix = Index::from_sorted(segments);
+    if durable && changed {
         sync_dir(dir).map_err(|e| DlqError::io(dir, e))?;
     }
     Ok((highest + 1, last_ids.pop()))
@@ -239,11 +244,18 @@ fn recover_open(shared: &Shared, id: u64, durable: bool) -> Result<Option<SegInf
             fs::remove_file(&path).map_err(io_err)?;
             return Ok(None);
         }
-        let damaged = dir.join(format!("{}.damaged", naming::open_name(id)));
-        tracing::error!(segment = %path.display(), reason, renamed_to = %damaged.display(),
-            "dead letter segment has an unusable header; set aside");
-        fs::rename(&path, &damaged).map_err(io_err)?;
-        return Ok(None);
+        if scanned.summary.is_none() {
+            // Not a single entry of this segment in it: leave it for a person to look at.
+            let damaged = dir.join(format!("{}.damaged", naming::open_name(id)));
+            tracing::error!(segment = %path.display(), reason, renamed_to = %damaged.display(),
+                "dead letter segment has an unusable header and no readable entry; set aside");
+            fs::rename(&path, &damaged).map_err(io_err)?;
+            return Ok(None);
+        }
+        // Its frames are intact: give it a good header again.
+        tracing::error!(segment = %path.display(), reason, "dead letter segment header damaged; rewritten");
+        let f = OpenOptions::new().write(true).open(&path).map_err(io_err)?;
+        f.write_all_at(&segment_header(id).encode(), 0).map_err(io_err)?;
     }
     for (offset, reason) in &scanned.damaged {
         Counters::add(&shared.counters.corrupt_frames, 1);
@@ -620,13 +632,7 @@ impl Writer {
                 None => File::create(&mark).map(drop)?,
             }
             let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
-            let header = SegmentHeader {
-                codec: CODEC_DEAD_LETTER,
-                first_seq: id << 32,
-                created_unix_nanos: sluice_core::value::now_nanos(),
-                ..Default::default()
-            };
-            file.write_all_at(&header.encode(), 0)?;
+            file.write_all_at(&segment_header(id).encode(), 0)?;
             if self.durable() {
                 file.sync_all()?;
                 sync_dir(self.dir())?;
@@ -775,6 +781,15 @@ impl Writer {
             tracing::error!(dir = %dir, dropped = u.unencodable,
                 "dead letter entries whose event cannot be encoded (nested too deep) dropped");
         }
+    }
+}
+
+fn segment_header(id: u64) -> SegmentHeader {
+    SegmentHeader {
+        codec: CODEC_DEAD_LETTER,
+        first_seq: id << 32,
+        created_unix_nanos: sluice_core::value::now_nanos(),
+        ..Default::default()
     }
 }
 
