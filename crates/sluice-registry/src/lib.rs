@@ -15,6 +15,22 @@
 //! everything pending. Start-up recovers the snapshot and the op log up to the first bad record,
 //! names the file and offset of any damage, and survives a crash at any step of compaction
 //! (see the `format` module).
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use sluice_registry::{Registry, RegistryOptions};
+//!
+//! let registry = Registry::open(Path::new("data/registry"), RegistryOptions::default())?;
+//! let start = registry.get("file:2049:131").map_or(0, |e| e.offset); // where to resume
+//! let cursor = registry.cursor("file:2049:131");
+//! cursor.set_meta(serde_json::json!({"path": "/var/log/app.log"})); // rare
+//! cursor.commit(start + 4096); // on every acknowledgement: in memory only
+//! registry.close()?; // at shutdown: everything pending is written
+//! # Ok::<(), sluice_registry::RegistryError>(())
+//! ```
+//!
+//! Limits: a key is at most 64 KiB and metadata at most 1 MiB of JSON; beyond that the update is
+//! refused and logged rather than written as a record recovery would reject.
 
 mod format;
 
@@ -31,6 +47,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
 
 use format::{DurableEntry, Meta, State};
+pub use sluice_core::metrics::RegistryMetrics;
 
 /// The environment switch that turns [`Cursor::commit`] into a no-op (for benchmarks that
 /// measure what the registry costs).
@@ -79,19 +96,7 @@ pub struct Entry {
     pub updated: SystemTime,
 }
 
-/// Counters of the background writer.
-#[derive(Debug, Default)]
-pub struct RegistryStats {
-    /// Batches written to the op log.
-    pub flushes: AtomicU64,
-    pub fsyncs: AtomicU64,
-    pub records_written: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub compactions: AtomicU64,
-    pub write_errors: AtomicU64,
-}
-
-/// A copy of [`RegistryStats`] plus gauges.
+/// A copy of the writer's [`RegistryMetrics`], plus the keys pending right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StatsSnapshot {
     pub flushes: u64,
@@ -148,8 +153,7 @@ struct Shared {
     /// An in-memory registry ([`Registry::in_memory`]): nothing is queued or written.
     memory_only: bool,
     warned_memory_only: std::sync::atomic::AtomicBool,
-    stats: RegistryStats,
-    log_bytes: AtomicU64,
+    stats: Arc<RegistryMetrics>,
     /// Test support: the number of upcoming file writes to fail.
     #[cfg(test)]
     fail_writes: Arc<std::sync::atomic::AtomicU32>,
@@ -204,6 +208,8 @@ impl std::fmt::Debug for Cursor {
 impl Cursor {
     /// Records `offset` as the key's newest cursor. No syscall, no allocation in steady state,
     /// and no lock the writer holds during I/O; the writer persists it with its next flush.
+    /// Only the commit that finds the key clean queues it (a short, uncontended lock); with a
+    /// zero flush interval that commit also wakes the writer.
     #[inline]
     pub fn commit(&self, offset: u64) {
         if self.shared.disabled {
@@ -229,7 +235,13 @@ impl Cursor {
     /// Replaces the key's metadata (file identity, path after a rename); rare. Persisted with
     /// the next flush. Like a commit, it creates the key if it does not exist yet.
     pub fn set_meta(&self, meta: Value) {
-        *self.slot.meta.lock() = Arc::new(Meta::new(meta));
+        let meta = Meta::new(meta);
+        if meta.bytes.len() > format::MAX_META_LEN {
+            tracing::error!(key = %self.slot.key, bytes = meta.bytes.len(), limit = format::MAX_META_LEN,
+                "registry metadata too large; keeping the previous metadata");
+            return;
+        }
+        *self.slot.meta.lock() = Arc::new(meta);
         self.mark_dirty();
     }
 
@@ -285,7 +297,13 @@ impl Registry {
     /// starts the background writer.
     pub fn open(dir: &Path, opts: RegistryOptions) -> Result<Arc<Registry>, RegistryError> {
         let io_err = |source| RegistryError::Io { dir: dir.to_path_buf(), source };
-        fs::create_dir_all(dir).map_err(io_err)?;
+        if !dir.is_dir() {
+            fs::create_dir_all(dir).map_err(io_err)?;
+            // The new directory's own entry must be durable too, or a crash could lose it whole.
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                format::sync_dir(parent).map_err(io_err)?;
+            }
+        }
         let lock =
             File::options().create(true).truncate(false).write(true).open(dir.join(format::LOCK)).map_err(io_err)?;
         if !lock_exclusive(&lock) {
@@ -364,11 +382,13 @@ impl Registry {
             disabled,
             memory_only: false,
             warned_memory_only: Default::default(),
-            stats: RegistryStats::default(),
-            log_bytes: AtomicU64::new(writer.log_len),
+            stats: Arc::default(),
             #[cfg(test)]
             fail_writes: writer.fail_writes.clone(),
         });
+        shared.stats.log_bytes.store(writer.log_len, Ordering::Relaxed);
+        shared.stats.keys.store(writer.state.len() as u64, Ordering::Relaxed);
+        shared.stats.durable_unix_ms.store(now_ms(), Ordering::Relaxed);
         let thread_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("sluice-registry".into())
@@ -391,8 +411,7 @@ impl Registry {
             disabled: false,
             memory_only: true,
             warned_memory_only: Default::default(),
-            stats: RegistryStats::default(),
-            log_bytes: AtomicU64::new(0),
+            stats: Arc::default(),
             #[cfg(test)]
             fail_writes: Default::default(),
         });
@@ -546,18 +565,25 @@ impl Registry {
 
     pub fn stats(&self) -> StatsSnapshot {
         let s = &self.shared.stats;
+        // One lock at a time: `remove` takes the slots and then the pending list.
+        let pending_keys = self.shared.pending.lock().len() as u64;
+        let keys = self.shared.slots.read().values().filter(|s| s.state.load(Ordering::Relaxed) & LIVE != 0).count();
         StatsSnapshot {
-            flushes: s.flushes.load(Ordering::Relaxed),
-            fsyncs: s.fsyncs.load(Ordering::Relaxed),
-            records_written: s.records_written.load(Ordering::Relaxed),
-            bytes_written: s.bytes_written.load(Ordering::Relaxed),
-            compactions: s.compactions.load(Ordering::Relaxed),
-            write_errors: s.write_errors.load(Ordering::Relaxed),
-            pending_keys: self.shared.pending.lock().len() as u64,
-            keys: self.shared.slots.read().values().filter(|s| s.state.load(Ordering::Relaxed) & LIVE != 0).count()
-                as u64,
-            log_bytes: self.shared.log_bytes.load(Ordering::Relaxed),
+            flushes: s.flushes.get(),
+            fsyncs: s.fsyncs.get(),
+            records_written: s.records_written.get(),
+            bytes_written: s.bytes_written.get(),
+            compactions: s.compactions.get(),
+            write_errors: s.write_errors.get(),
+            pending_keys,
+            keys: keys as u64,
+            log_bytes: s.log_bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// The writer's figures, for the monitoring API.
+    pub fn metrics(&self) -> Arc<RegistryMetrics> {
+        self.shared.stats.clone()
     }
 }
 
@@ -609,7 +635,11 @@ impl Writer {
     }
 
     fn run(mut self, shared: &Shared) {
-        let mut next_flush = Instant::now() + self.opts.flush_interval;
+        // With a zero interval the writer sleeps until a commit wakes it; it still wakes this
+        // often, idle, so that the lag it reports stays fresh.
+        const IDLE_WAKE: Duration = Duration::from_secs(1);
+        let interval = if self.opts.flush_interval.is_zero() { IDLE_WAKE } else { self.opts.flush_interval };
+        let mut next_flush = Instant::now() + interval;
         let mut retry_at: Option<Instant> = None;
         loop {
             let (ticket, stop) = {
@@ -623,13 +653,7 @@ impl Writer {
                         if now >= at {
                             break;
                         }
-                    } else if self.opts.flush_interval.is_zero() {
-                        if !shared.pending.lock().is_empty() {
-                            break;
-                        }
-                        shared.wake.wait(&mut c);
-                        continue;
-                    } else if now >= next_flush {
+                    } else if now >= next_flush || (shared.eager && !shared.pending.lock().is_empty()) {
                         break;
                     }
                     let deadline = retry_at.unwrap_or(next_flush);
@@ -637,12 +661,12 @@ impl Writer {
                 }
                 (c.requested, c.stop)
             };
-            next_flush = Instant::now() + self.opts.flush_interval;
+            next_flush = Instant::now() + interval;
             let result = self.cycle(shared);
             retry_at = match &result {
                 Ok(()) => None,
                 Err(e) => {
-                    shared.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                    shared.stats.write_errors.add(1);
                     tracing::error!(dir = %self.dir.display(), "registry write failed (retrying): {e}");
                     Some(Instant::now() + self.opts.flush_interval.max(Duration::from_secs(1)))
                 }
@@ -665,7 +689,18 @@ impl Writer {
             let mut pending = shared.pending.lock();
             std::mem::swap(&mut *pending, &mut self.batch);
         }
+        let taken = self.batch.len() as u64;
         let now = now_ms();
+        self.write_batch(shared, now)?;
+        let s = &shared.stats;
+        s.log_bytes.store(self.log_len, Ordering::Relaxed);
+        s.keys.store(self.state.len() as u64, Ordering::Relaxed);
+        s.flushed_keys.store(taken, Ordering::Relaxed);
+        s.durable_unix_ms.store(now, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_batch(&mut self, shared: &Shared, now: u64) -> io::Result<()> {
         self.buf.clear();
         let mut records = 0u64;
         for op in self.batch.drain(..) {
@@ -679,6 +714,11 @@ impl Writer {
                 PendingOp::Slot(slot) => {
                     let prev = slot.state.fetch_and(!DIRTY, Ordering::SeqCst);
                     if prev & REMOVED != 0 {
+                        continue;
+                    }
+                    if slot.key.len() > format::MAX_KEY_LEN {
+                        tracing::error!(key_prefix = %slot.key.chars().take(64).collect::<String>(),
+                            bytes = slot.key.len(), limit = format::MAX_KEY_LEN, "registry key too long; not written");
                         continue;
                     }
                     let offset = slot.offset.load(Ordering::SeqCst);
@@ -711,8 +751,7 @@ impl Writer {
         }
         if self.needs_rewrite {
             self.compact()?;
-            shared.stats.compactions.fetch_add(1, Ordering::Relaxed);
-            shared.log_bytes.store(self.log_len, Ordering::Relaxed);
+            shared.stats.compactions.add(1);
             return Ok(());
         }
         if !self.buf.is_empty() {
@@ -720,9 +759,8 @@ impl Writer {
         }
         if self.log_len >= self.opts.compact_after_bytes.max(self.snapshot_len) {
             self.compact()?;
-            shared.stats.compactions.fetch_add(1, Ordering::Relaxed);
+            shared.stats.compactions.add(1);
         }
-        shared.log_bytes.store(self.log_len, Ordering::Relaxed);
         Ok(())
     }
 
@@ -740,10 +778,10 @@ impl Writer {
             Ok(()) => {
                 self.log_len += self.buf.len() as u64;
                 let s = &shared.stats;
-                s.flushes.fetch_add(1, Ordering::Relaxed);
-                s.fsyncs.fetch_add(1, Ordering::Relaxed);
-                s.records_written.fetch_add(records, Ordering::Relaxed);
-                s.bytes_written.fetch_add(self.buf.len() as u64, Ordering::Relaxed);
+                s.flushes.add(1);
+                s.fsyncs.add(1);
+                s.records_written.add(records);
+                s.bytes_written.add(self.buf.len() as u64);
                 Ok(())
             }
             Err(e) => {

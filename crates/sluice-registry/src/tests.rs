@@ -499,6 +499,49 @@ fn many_threads_commit_while_the_writer_flushes() {
 }
 
 #[test]
+fn removes_reads_and_flushes_race_with_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = RegistryOptions { flush_interval: Duration::ZERO, compact_after_bytes: 8 << 10 };
+    let r = Registry::open(dir.path(), opts.clone()).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (r, stop) = (&r, &stop);
+        for t in 0..2 {
+            s.spawn(move || {
+                let mut round = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    for k in 0..20 {
+                        r.cursor(&format!("k{k}")).commit(round * 10 + t);
+                    }
+                }
+            });
+        }
+        s.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for k in 0..20 {
+                    r.remove(&format!("k{k}"));
+                }
+                let _ = (r.stats(), r.entries(), r.get("k1"));
+                r.flush().unwrap();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+    });
+    // Quiet now: one last state, written and read back identically.
+    r.cursor("k1").commit(7);
+    r.remove("k2");
+    r.flush().unwrap();
+    let in_memory = offsets(&r);
+    r.close().unwrap();
+    drop(r);
+    let r = Registry::open(dir.path(), opts).unwrap();
+    assert_eq!(offsets(&r), in_memory);
+    assert!(in_memory.contains(&("k1".to_string(), 7)));
+}
+
+#[test]
 fn in_memory_registry_keeps_cursors_and_writes_nothing() {
     let r = Registry::in_memory();
     assert!(!r.is_persistent());
@@ -555,6 +598,24 @@ fn a_failed_write_is_reported_and_retried_by_rewriting() {
     drop(r);
     let r = Registry::open(dir.path(), manual()).unwrap();
     assert_eq!(offsets(&r), pairs(&[("a", 10), ("b", 2), ("c", 3)]));
+}
+
+#[test]
+fn oversized_keys_and_metadata_are_refused_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Registry::open(dir.path(), manual()).unwrap();
+    let c = r.cursor("k");
+    c.set_meta(json!({"path": "/a"}));
+    c.set_meta(json!({"blob": "x".repeat(format::MAX_META_LEN + 1)}));
+    c.commit(1);
+    r.cursor(&"k".repeat(format::MAX_KEY_LEN + 1)).commit(2);
+    r.cursor("z").commit(3);
+    r.close().unwrap();
+    drop(r);
+    let view = Registry::read(dir.path()).unwrap();
+    assert!(view.warnings.is_empty(), "{:?}", view.warnings);
+    let got: Vec<(String, u64, Value)> = view.entries.into_iter().map(|e| (e.key, e.offset, e.meta)).collect();
+    assert_eq!(got, [("k".to_string(), 1, json!({"path": "/a"})), ("z".to_string(), 3, Value::Null)]);
 }
 
 #[derive(Debug, Clone)]

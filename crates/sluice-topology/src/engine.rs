@@ -64,8 +64,11 @@ impl Engine {
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
         let built = build_all(&config, &bus)?;
-        let registry =
-            if built.iter().any(uses_registry) { open_registry(&config).await? } else { Registry::in_memory() };
+        let registry = if built.iter().any(uses_registry) {
+            open_registry(&config, &metrics).await?
+        } else {
+            Registry::in_memory()
+        };
         let mut running: BTreeMap<String, RunningPipeline> = BTreeMap::new();
         for b in built {
             metrics.register(b.metrics.clone());
@@ -123,7 +126,7 @@ impl Engine {
             state.running.keys().filter(|n| !config.pipelines.iter().any(|p| &p.name == *n)).cloned().collect();
 
         if !state.registry.is_persistent() && fresh.iter().any(uses_registry) {
-            state.registry = open_registry(&config).await?;
+            state.registry = open_registry(&config, &self.metrics).await?;
         }
 
         let timeout = config.shutdown_timeout;
@@ -242,8 +245,8 @@ fn uses_registry(b: &crate::build::BuiltPipeline) -> bool {
     b.inputs.iter().any(|i| i.input.uses_registry())
 }
 
-/// Opens the registry in `data_dir/registry` with the config's options.
-async fn open_registry(config: &RootConfig) -> Result<Arc<Registry>, ConfigErrors> {
+/// Opens the registry in `data_dir/registry` with the config's options and publishes its figures.
+async fn open_registry(config: &RootConfig, metrics: &MetricsRegistry) -> Result<Arc<Registry>, ConfigErrors> {
     let dir = config.data_dir.join("registry");
     let opts = RegistryOptions {
         flush_interval: config.registry.flush_interval.0,
@@ -255,7 +258,10 @@ async fn open_registry(config: &RootConfig) -> Result<Arc<Registry>, ConfigError
     })
     .await;
     match opened {
-        Ok(Ok(r)) => Ok(r),
+        Ok(Ok(r)) => {
+            metrics.set_registry(r.metrics());
+            Ok(r)
+        }
         Ok(Err(e)) => Err(sluice_config::ConfigError::new(format!("cannot open the registry: {e}")).into()),
         Err(e) => {
             Err(sluice_config::ConfigError::new(format!("cannot open the registry in {}: {e}", dir.display())).into())
@@ -301,14 +307,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let not_a_dir = dir.path().join("plain-file");
         std::fs::write(&not_a_dir, b"x").unwrap();
-        let e = open_registry(&config(&not_a_dir)).await.unwrap_err().to_string();
+        let e = open_registry(&config(&not_a_dir), &MetricsRegistry::default()).await.unwrap_err().to_string();
         assert!(e.contains("cannot open the registry") && e.contains("plain-file/registry"), "{e}");
 
         let data = dir.path().join("data");
-        let held = open_registry(&config(&data)).await.unwrap();
-        let e = open_registry(&config(&data)).await.unwrap_err().to_string();
+        let metrics = MetricsRegistry::default();
+        let held = open_registry(&config(&data), &metrics).await.unwrap();
+        let e = open_registry(&config(&data), &metrics).await.unwrap_err().to_string();
         assert!(e.contains("in use by another process") && e.contains("data/registry"), "{e}");
         close_registry(&held).await;
         assert!(held.is_persistent());
+        assert!(metrics.registry().is_some(), "the registry's figures were not published");
     }
 }
