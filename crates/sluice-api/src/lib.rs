@@ -23,7 +23,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use parking_lot::Mutex;
 use serde_json::{Value as Json, json};
-use sluice_core::metrics::{Histogram, LATENCY_BUCKETS, MetricsRegistry, PipelineMetrics};
+use sluice_core::metrics::{DeadLetterStats, Histogram, LATENCY_BUCKETS, MetricsRegistry, PipelineMetrics};
 use tokio_util::sync::CancellationToken;
 
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -170,7 +170,7 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
     );
     let pl = |p: &PipelineMetrics| format!("pipeline=\"{}\"", esc(&p.name));
     type Pick = fn(&PipelineMetrics) -> u64;
-    let pipeline_counters: [(&str, &str, Pick); 4] = [
+    let pipeline_counters: [(&str, &str, Pick); 5] = [
         ("sluice_pipeline_events_in_total", "Events workers took from the queue.", |p| p.events_in.get()),
         (
             "sluice_pipeline_events_out_total",
@@ -178,7 +178,16 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
             |p| p.events_out.get(),
         ),
         ("sluice_pipeline_events_dropped_total", "Events dropped on purpose by processors.", |p| p.dropped.get()),
-        ("sluice_pipeline_events_failed_total", "Events outputs rejected for good.", |p| p.failed.get()),
+        (
+            "sluice_pipeline_events_failed_total",
+            "Events outputs rejected for good and did not hand to a dead letter queue.",
+            |p| p.failed.get(),
+        ),
+        (
+            "sluice_pipeline_events_dead_lettered_total",
+            "Events written to the pipeline's dead letter queue (by processors and outputs).",
+            |p| p.dead_lettered.get(),
+        ),
     ];
     for (name, help, pick) in pipeline_counters {
         counter(&mut out, name, help, &pipelines.iter().map(|p| (pl(p), pick(p))).collect::<Vec<_>>());
@@ -296,6 +305,54 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         }
     }
 
+    let dlqs: Vec<_> =
+        pipelines.iter().filter_map(|p| Some((pl(p), p.dead_letter_queue.get()?.dead_letter_stats(), p))).collect();
+    if !dlqs.is_empty() {
+        type PickD = fn(&DeadLetterStats, &PipelineMetrics) -> u64;
+        let dlq_counters: [(&str, &str, PickD); 7] = [
+            (
+                "sluice_dlq_entries_written_total",
+                "Entries written to the dead letter queue since it was opened.",
+                |d, _| d.written,
+            ),
+            (
+                "sluice_dlq_dropped_newer_total",
+                "New entries the full dead letter queue refused (drop_newer, or larger than max_bytes).",
+                |d, _| d.dropped_newer,
+            ),
+            ("sluice_dlq_dropped_older_total", "Stored entries deleted to make room (drop_older).", |d, _| {
+                d.dropped_older
+            }),
+            ("sluice_dlq_expired_total", "Stored entries deleted by retain_age.", |d, _| d.expired),
+            ("sluice_dlq_corrupt_frames_total", "Damaged dead letter entries found at start-up.", |d, _| {
+                d.corrupt_frames
+            }),
+            (
+                "sluice_dlq_loop_rejected_total",
+                "Events replayed from a dead letter queue that failed again and were not written back.",
+                |_, p| p.dead_letter_loop_rejected.get(),
+            ),
+            (
+                "sluice_dlq_lost_total",
+                "Events meant for the dead letter queue that it did not store (write error or storage policy).",
+                |_, p| p.dead_letter_lost.get(),
+            ),
+        ];
+        for (name, help, pick) in dlq_counters {
+            counter(&mut out, name, help, &dlqs.iter().map(|(l, d, p)| (l.clone(), pick(d, p))).collect::<Vec<_>>());
+        }
+        type PickG = fn(&DeadLetterStats) -> u64;
+        let dlq_gauges: [(&str, &str, PickG); 4] = [
+            ("sluice_dlq_entries", "Entries stored in the dead letter queue.", |d| d.entries),
+            ("sluice_dlq_bytes", "Bytes of the dead letter queue's segment files.", |d| d.bytes),
+            ("sluice_dlq_segments", "Segment files of the dead letter queue.", |d| d.segments),
+            ("sluice_dlq_max_bytes", "The dead letter queue's max_bytes.", |d| d.max_bytes),
+        ];
+        for (name, help, pick) in dlq_gauges {
+            gauge(&mut out, name, help, &dlqs.iter().map(|(l, d, _)| (l.clone(), pick(d) as f64)).collect::<Vec<_>>());
+        }
+    }
+
     let mut comps = Vec::new();
     for p in &pipelines {
         for c in p.components.read().iter() {
@@ -410,9 +467,15 @@ pub fn render_stats(state: &ApiState) -> Json {
         pipelines.insert(
             p.name.clone(),
             json!({
-                "events": {"in": p.events_in.get(), "out": p.events_out.get(), "dropped": p.dropped.get(), "failed": p.failed.get()},
+                "events": {"in": p.events_in.get(), "out": p.events_out.get(), "dropped": p.dropped.get(), "failed": p.failed.get(), "dead_lettered": p.dead_lettered.get()},
                 "rates": {"in_1m": in1, "out_1m": out1, "in_5m": in5, "out_5m": out5},
                 "queue": p.queue.get().map(|q| q.stats()),
+                "dead_letter_queue": p.dead_letter_queue.get().map(|d| {
+                    let mut v = serde_json::to_value(d.dead_letter_stats()).unwrap_or_default();
+                    v["loop_rejected"] = json!(p.dead_letter_loop_rejected.get());
+                    v["lost"] = json!(p.dead_letter_lost.get());
+                    v
+                }),
                 "workers": p.workers,
                 "worker_utilization": utilisation(&p),
                 "uptime_seconds": p.started.elapsed().as_secs_f64(),

@@ -14,6 +14,7 @@
 //!     inputs:  [{type: tcp, address: 0.0.0.0:5000}]
 //!     processors: [{type: json, if: 'exists(/message)'}]
 //!     outputs: [{type: stdout}]
+//!     dead_letter_queue: {enabled: true, max_bytes: 1GiB, storage_policy: drop_newer}
 //! ```
 //!
 //! This module checks the layout and the settings that belong to the engine; each component's
@@ -118,6 +119,8 @@ pub struct PipelineSpec {
     pub inputs: Vec<ComponentSpec>,
     pub processors: Vec<ComponentSpec>,
     pub outputs: Vec<ComponentSpec>,
+    /// The `dead_letter_queue` section (disabled when absent).
+    pub dead_letter_queue: DeadLetterQueueConfig,
     /// The pipeline's whole section, to tell on reload whether it changed.
     pub node: Node,
 }
@@ -126,6 +129,81 @@ impl PipelineSpec {
     /// True when both were written the same way (places in the file do not count).
     pub fn same_as(&self, other: &PipelineSpec) -> bool {
         same_content(&self.node, &other.node)
+    }
+
+    /// Where this pipeline's dead letter queue lives: `path`, or `<data_dir>/dlq/<pipeline>`.
+    pub fn dead_letter_queue_dir(&self, data_dir: &std::path::Path) -> PathBuf {
+        match &self.dead_letter_queue.path {
+            Some(p) => p.clone(),
+            None => default_dead_letter_queue_dir(data_dir, &self.name),
+        }
+    }
+}
+
+/// The directory of a pipeline's dead letter queue when its config gives no `path`.
+pub fn default_dead_letter_queue_dir(data_dir: &std::path::Path, pipeline: &str) -> PathBuf {
+    data_dir.join("dlq").join(pipeline)
+}
+
+/// What happens to a new entry when the dead letter queue is at `max_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum DlqStoragePolicy {
+    /// The new entry is refused (and counted).
+    #[default]
+    DropNewer,
+    /// The oldest whole segments are deleted to make room (and their entries counted).
+    DropOlder,
+}
+
+/// When a dead letter queue write is durable, and so when the batch it came from is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum DlqSyncMode {
+    /// fdatasync before each write returns (one fsync for concurrent writes). Dead letters are
+    /// rare, so this costs little, and nothing acknowledged is lost even to a power cut.
+    #[default]
+    Commit,
+    /// A write returns once written; fdatasync every `sync_interval`. A machine crash can lose
+    /// up to one interval of entries whose events were already acknowledged.
+    Interval,
+    /// Never fdatasync: a write returns once the bytes are handed to the operating system.
+    None,
+}
+
+/// A pipeline's `dead_letter_queue:` section.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeadLetterQueueConfig {
+    pub enabled: bool,
+    /// By default `<data_dir>/dlq/<pipeline>`.
+    pub path: Option<PathBuf>,
+    pub max_bytes: ByteSize,
+    /// A segment is sealed (and a new one started) once it holds this much.
+    pub segment_bytes: ByteSize,
+    pub storage_policy: DlqStoragePolicy,
+    /// Segments whose newest entry is older than this are deleted.
+    pub retain_age: Option<HumanDuration>,
+    pub sync: DlqSyncMode,
+    /// With `sync: interval`: the longest a write waits to be made durable.
+    pub sync_interval: HumanDuration,
+    /// A segment that has had no write for this long is sealed.
+    pub seal_idle: HumanDuration,
+}
+
+impl Default for DeadLetterQueueConfig {
+    fn default() -> Self {
+        DeadLetterQueueConfig {
+            enabled: false,
+            path: None,
+            max_bytes: ByteSize(1 << 30),
+            segment_bytes: ByteSize(16 << 20),
+            storage_policy: DlqStoragePolicy::DropNewer,
+            retain_age: None,
+            sync: DlqSyncMode::Commit,
+            sync_interval: HumanDuration(Duration::from_secs(1)),
+            seal_idle: HumanDuration(Duration::from_secs(5)),
+        }
     }
 }
 
@@ -190,7 +268,7 @@ pub fn load_str(text: &str, file: &str) -> Result<RootConfig, ConfigErrors> {
 }
 
 const ROOT_KEYS: &[&str] = &["data_dir", "api", "log", "shutdown_timeout", "registry", "pipelines"];
-const PIPELINE_KEYS: &[&str] = &["workers", "batch", "queue", "inputs", "processors", "outputs"];
+const PIPELINE_KEYS: &[&str] = &["workers", "batch", "queue", "inputs", "processors", "outputs", "dead_letter_queue"];
 const COMPONENT_META_KEYS: &[&str] = &["type", "id", "if"];
 
 pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
@@ -349,6 +427,8 @@ fn read_pipeline(name: &str, node: &Node, errors: &mut ConfigErrors) -> Option<P
         None => BatchConfig::default(),
     };
 
+    let dead_letter_queue = read_dead_letter_queue(node, &path, errors);
+
     let queue_node = node.get("queue").cloned().unwrap_or_else(|| Node::empty_map(node.mark.clone()));
     let queue = read_component(&queue_node, &format!("{path}.queue"), Some("memory"), errors);
 
@@ -389,8 +469,55 @@ fn read_pipeline(name: &str, node: &Node, errors: &mut ConfigErrors) -> Option<P
         inputs,
         processors,
         outputs,
+        dead_letter_queue,
         node: node.clone(),
     })
+}
+
+fn read_dead_letter_queue(pipeline: &Node, path: &str, errors: &mut ConfigErrors) -> DeadLetterQueueConfig {
+    let Some(n) = pipeline.get("dead_letter_queue").filter(|n| !n.is_null()) else {
+        return DeadLetterQueueConfig::default();
+    };
+    let place = format!("{path}.dead_letter_queue");
+    let c = match from_node::<DeadLetterQueueConfig>(n, &place) {
+        Ok(c) => c,
+        Err(e) => {
+            errors.push(e);
+            return DeadLetterQueueConfig::default();
+        }
+    };
+    let at = |key: &str| n.get(key).map(|v| v.mark.clone()).unwrap_or_else(|| n.mark.clone());
+    let mut check = |bad: bool, key: &str, message: String| {
+        if bad {
+            errors.push(ConfigError::at(message, &format!("{place}.{key}"), at(key)));
+        }
+    };
+    // A frame header and a small event need a few hundred bytes; less cannot hold an entry.
+    const SMALLEST: u64 = 1024;
+    check(c.max_bytes.0 < SMALLEST, "max_bytes", format!("must be at least {}", ByteSize(SMALLEST)));
+    check(c.segment_bytes.0 < SMALLEST, "segment_bytes", format!("must be at least {}", ByteSize(SMALLEST)));
+    check(
+        c.segment_bytes.0 > c.max_bytes.0 && n.get("segment_bytes").is_some(),
+        "segment_bytes",
+        format!("({}) must not be more than max_bytes ({})", c.segment_bytes, c.max_bytes),
+    );
+    check(c.retain_age.is_some_and(|a| a.0.is_zero()), "retain_age", "must be more than 0".to_string());
+    check(c.sync_interval.0.is_zero(), "sync_interval", "must be more than 0".to_string());
+    check(c.seal_idle.0.is_zero(), "seal_idle", "must be more than 0".to_string());
+    check(
+        n.get("sync_interval").is_some() && c.sync != DlqSyncMode::Interval,
+        "sync_interval",
+        "applies only with `sync: interval`".to_string(),
+    );
+    check(c.path.as_ref().is_some_and(|p| p.as_os_str().is_empty()), "path", "must not be empty".to_string());
+    c
+}
+
+impl DeadLetterQueueConfig {
+    /// The segment size actually used: `segment_bytes`, but never more than `max_bytes`.
+    pub fn effective_segment_bytes(&self) -> u64 {
+        self.segment_bytes.0.min(self.max_bytes.0)
+    }
 }
 
 fn read_section(
@@ -496,6 +623,7 @@ fn read_component(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     const GOOD: &str = "\
 pipelines:
@@ -573,6 +701,44 @@ pipelines:
             all.contains(
                 "pipelines.web.outputs[2].id: duplicate component id `a` (also used by pipelines.web.outputs[1])"
             ),
+            "{all}"
+        );
+    }
+
+    #[test]
+    fn dead_letter_queue_defaults_and_errors() {
+        let c = load_str(GOOD, "g.yml").unwrap();
+        let d = &c.pipelines[0].dead_letter_queue;
+        assert!(!d.enabled);
+        assert_eq!(d.max_bytes, ByteSize(1 << 30));
+        assert_eq!(d.sync, DlqSyncMode::Commit);
+        assert_eq!(c.pipelines[0].dead_letter_queue_dir(Path::new("/d")), PathBuf::from("/d/dlq/web"));
+
+        let text = format!(
+            "{GOOD}    dead_letter_queue: {{enabled: true, path: /x/dlq, max_bytes: 4MiB, storage_policy: drop_older, \
+             retain_age: 1h, sync: interval, sync_interval: 200ms}}\n"
+        );
+        let c = load_str(&text, "g.yml").unwrap();
+        let d = &c.pipelines[0].dead_letter_queue;
+        assert!(d.enabled);
+        assert_eq!(d.storage_policy, DlqStoragePolicy::DropOlder);
+        assert_eq!(d.effective_segment_bytes(), 4 << 20);
+        assert_eq!(c.pipelines[0].dead_letter_queue_dir(Path::new("/d")), PathBuf::from("/x/dlq"));
+
+        let bad = format!("{GOOD}    dead_letter_queue:\n      enabled: true\n      storage_policy: newest\n");
+        let all = load_str(&bad, "b.yml").unwrap_err().to_string();
+        assert!(all.contains("b.yml:14:23: pipelines.web.dead_letter_queue.storage_policy:"), "{all}");
+        assert!(all.contains("drop_newer"), "{all}");
+
+        let bad = format!("{GOOD}    dead_letter_queue:\n      colour: red\n");
+        let all = load_str(&bad, "b.yml").unwrap_err().to_string();
+        assert!(all.contains("pipelines.web.dead_letter_queue.colour: unknown field"), "{all}");
+        let bad =
+            format!("{GOOD}    dead_letter_queue:\n      max_bytes: 10\n      sync: none\n      sync_interval: 1s\n");
+        let all = load_str(&bad, "b.yml").unwrap_err().to_string();
+        assert!(all.contains("b.yml:13:18: pipelines.web.dead_letter_queue.max_bytes: must be at least 1KiB"), "{all}");
+        assert!(
+            all.contains("pipelines.web.dead_letter_queue.sync_interval: applies only with `sync: interval`"),
             "{all}"
         );
     }

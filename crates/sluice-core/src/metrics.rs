@@ -128,6 +128,50 @@ pub struct PipelineMetrics {
     pub worker_busy_nanos: Counter,
     pub components: RwLock<Vec<Arc<ComponentMetrics>>>,
     pub queue: OnceLock<Arc<dyn Queue>>,
+    /// Events written to the dead letter queue (from processors and outputs).
+    pub dead_lettered: Counter,
+    /// Events processors took out of batches for the dead letter queue (stored or lost): they
+    /// are handled without reaching the outputs.
+    pub diverted_to_dead_letter_queue: Counter,
+    /// Events that came from a dead letter queue and failed again: not written back (no loop).
+    pub dead_letter_loop_rejected: Counter,
+    /// Events meant for the dead letter queue that it did not store (write error, or dropped by
+    /// its storage policy); they are lost, on purpose.
+    pub dead_letter_lost: Counter,
+    /// The pipeline's dead letter queue, when it has one.
+    pub dead_letter_queue: OnceLock<Arc<dyn DeadLetterStatsSource>>,
+}
+
+/// A point-in-time view of a pipeline's dead letter queue, for metrics.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct DeadLetterStats {
+    pub path: String,
+    pub max_bytes: u64,
+    /// Segment files, the open one included.
+    pub segments: u64,
+    /// Bytes of all segment files.
+    pub bytes: u64,
+    /// Entries stored now.
+    pub entries: u64,
+    /// Entries written since the queue was opened.
+    pub written: u64,
+    /// New entries refused because it was full (`drop_newer`).
+    pub dropped_newer: u64,
+    /// Stored entries deleted to make room (`drop_older`).
+    pub dropped_older: u64,
+    /// Stored entries deleted by `retain_age`.
+    pub expired: u64,
+    /// Entries whose event could not be encoded.
+    pub unencodable: u64,
+    /// Damaged frames found at start-up.
+    pub corrupt_frames: u64,
+    /// Segments deleted by readers once consumed (`clean_consumed`).
+    pub consumed_segments: u64,
+}
+
+/// Whatever can report a [`DeadLetterStats`] (the dead letter queue lives in its own crate).
+pub trait DeadLetterStatsSource: Send + Sync {
+    fn dead_letter_stats(&self) -> DeadLetterStats;
 }
 
 impl std::fmt::Debug for PipelineMetrics {
@@ -150,6 +194,11 @@ impl PipelineMetrics {
             worker_busy_nanos: Counter::default(),
             components: RwLock::new(Vec::new()),
             queue: OnceLock::new(),
+            dead_lettered: Counter::default(),
+            diverted_to_dead_letter_queue: Counter::default(),
+            dead_letter_loop_rejected: Counter::default(),
+            dead_letter_lost: Counter::default(),
+            dead_letter_queue: OnceLock::new(),
         }
     }
 

@@ -22,6 +22,7 @@ use sluice_core::{Batch, Queue, QueueClosed};
 use tokio_util::sync::CancellationToken;
 
 pub mod codec;
+pub mod dead_letter_queue;
 pub mod framing;
 mod generator;
 mod http;
@@ -91,11 +92,12 @@ impl InputContext {
 }
 
 /// The input types this build knows, for messages.
-pub const TYPES: &[&str] = &["generator", "http", "pipeline", "stdin", "tcp"];
+pub const TYPES: &[&str] = &["dead_letter_queue", "generator", "http", "pipeline", "stdin", "tcp"];
 
 /// Builds an input from its config section; nothing is opened or bound until it runs.
 pub fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
     match spec.type_name.as_str() {
+        "dead_letter_queue" => dead_letter_queue::build(spec),
         "generator" => generator::build(spec),
         "http" => http::build(spec),
         "pipeline" => pipeline::build(spec),

@@ -229,7 +229,7 @@ impl FileOutput {
                 self.path.render(event, &mut rendered);
             }
             if let Some(reason) = check_path(&rendered) {
-                rejected.push(Rejected { index: i, reason: format!("{reason}: `{rendered}`") });
+                rejected.push(Rejected::refused(i, format!("{reason}: `{rendered}`"), 1));
                 continue;
             }
             let g = match index.get(rendered.as_str()) {
@@ -273,7 +273,7 @@ impl Output for FileOutput {
                     // Only a panic in the blocking task gets here; nothing can be said about
                     // what was written, so the events are given up rather than duplicated.
                     tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, error = %e, "file output writer failed");
-                    return Ok(Delivery::all_rejected(events.len(), &format!("file output writer failed: {e}")));
+                    return Ok(Delivery::all_gave_up(events.len(), &format!("file output writer failed: {e}"), 1));
                 }
             };
             pending = groups.into_iter().filter(|g| g.error.is_some()).collect();
@@ -290,7 +290,8 @@ impl Output for FileOutput {
                     let reason = format!("cannot write {}: {}", g.path.display(), g.error.unwrap_or_default());
                     tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, events = g.events.len(),
                         reason = %reason, "file output gave up after retries");
-                    rejected.extend(g.events.into_iter().map(|index| Rejected { index, reason: reason.clone() }));
+                    let attempts = backoff.failures();
+                    rejected.extend(g.events.into_iter().map(|index| Rejected::gave_up(index, &reason, attempts)));
                 }
             }
         }

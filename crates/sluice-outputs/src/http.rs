@@ -8,8 +8,10 @@
 //!   logged at warn with the attempt count. When `retry.max_retries` is reached, every event of
 //!   the request is rejected with the last error. Without a limit the output retries until the
 //!   server takes the events, which holds the pipeline back (backpressure).
-//! - Any other status: the server refused the events for good; all of them are rejected with
-//!   `HTTP <status>: <start of the response body>`, and one error is logged for the request.
+//! - Any other status (400, 404, 413, ...): the server refused the events for good; all of them
+//!   are rejected as permanent with `HTTP <status>: <start of the response body>` and the number
+//!   of attempts made, and one error is logged for the request. With a dead letter queue they go
+//!   there. Events given up after `max_retries` are not permanent: they are counted as failed.
 //!
 //! Delivery is at-least-once: a request that timed out may have been processed and is sent
 //! again. Shutdown's abort stops waiting for a request or a backoff at once.
@@ -233,7 +235,8 @@ impl HttpOutput {
                 Attempt::Refused(reason) => {
                     tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
                         events = events.len(), reason = %reason, "the server refused the events; they are rejected");
-                    reject_all(rejected, offset, events.len(), &reason);
+                    let attempts = backoff.failures() + 1;
+                    rejected.extend((offset..offset + events.len()).map(|i| Rejected::refused(i, &reason, attempts)));
                     return Ok(());
                 }
                 Attempt::Retriable(reason) => {
@@ -243,17 +246,15 @@ impl HttpOutput {
                         tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
                             events = events.len(), attempts = backoff.failures(), error = %reason,
                             "http output gave up after max_retries; the events are rejected");
-                        reject_all(rejected, offset, events.len(), &reason);
+                        let attempts = backoff.failures();
+                        rejected
+                            .extend((offset..offset + events.len()).map(|i| Rejected::gave_up(i, &reason, attempts)));
                         return Ok(());
                     }
                 }
             }
         }
     }
-}
-
-fn reject_all(rejected: &mut Vec<Rejected>, offset: usize, count: usize, reason: &str) {
-    rejected.extend((offset..offset + count).map(|index| Rejected { index, reason: reason.to_string() }));
 }
 
 /// A reqwest error with its causes, which name the actual problem (refused, reset, timeout).

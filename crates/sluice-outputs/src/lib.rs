@@ -3,10 +3,13 @@
 //! One output instance serves every worker of its pipeline, so `send` takes `&self` and an
 //! output serialises internally only what must be serialised (a file handle, a socket).
 //! `send` returns once the events are delivered — or rejected for good, each with a reason,
-//! which the worker counts (and, later, hands to the dead letter queue). Retriable failures
-//! (timeouts, refused connections, HTTP 429 and 5xx) are retried inside the output with
-//! exponential backoff; an output gives up only when its configured retry limit is reached, and
-//! then reports the events rejected with the last error. [`Aborted`] means shutdown cut the
+//! which the worker counts. A rejection is either *permanent* — the destination refused the event
+//! itself (an HTTP 4xx other than 429, a file path the event renders to that cannot be used), so
+//! sending it again would fail again; the worker hands those to the pipeline's dead letter queue
+//! when it has one — or the output *gave up* on a retriable failure (timeouts, refused
+//! connections, HTTP 429 and 5xx) after its configured retry limit; those are counted as failed
+//! and never go to the dead letter queue, since the event is not at fault. Retriable failures are
+//! retried inside the output with exponential backoff until that limit. [`Aborted`] means shutdown cut the
 //! send short: those events were not delivered and are not acknowledged.
 
 use std::sync::Arc;
@@ -34,6 +37,23 @@ pub struct Rejected {
     /// Index into the slice given to `send`.
     pub index: usize,
     pub reason: String,
+    /// Attempts made to deliver it, the last one included.
+    pub attempts: u32,
+    /// True when the destination refused the event itself (it goes to the dead letter queue);
+    /// false when the output gave up on a retriable failure.
+    pub permanent: bool,
+}
+
+impl Rejected {
+    /// The destination refused the event for good.
+    pub fn refused(index: usize, reason: impl Into<String>, attempts: u32) -> Rejected {
+        Rejected { index, reason: reason.into(), attempts, permanent: true }
+    }
+
+    /// The output gave up after retrying a failure that was not the event's fault.
+    pub fn gave_up(index: usize, reason: impl Into<String>, attempts: u32) -> Rejected {
+        Rejected { index, reason: reason.into(), attempts, permanent: false }
+    }
 }
 
 /// What became of a `send`: everything not listed in `rejected` was delivered.
@@ -47,9 +67,9 @@ impl Delivery {
         Delivery::default()
     }
 
-    /// Every event rejected for the same reason.
-    pub fn all_rejected(count: usize, reason: &str) -> Delivery {
-        Delivery { rejected: (0..count).map(|index| Rejected { index, reason: reason.to_string() }).collect() }
+    /// Every event given up for the same reason after `attempts` attempts (not their fault).
+    pub fn all_gave_up(count: usize, reason: &str, attempts: u32) -> Delivery {
+        Delivery { rejected: (0..count).map(|index| Rejected::gave_up(index, reason, attempts)).collect() }
     }
 }
 

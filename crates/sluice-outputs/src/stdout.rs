@@ -61,7 +61,7 @@ impl Output for Stdout {
             Err(e) => {
                 // A closed stdout (a pipe whose reader left) will not come back.
                 tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, error = %e, "cannot write to stdout");
-                Ok(Delivery::all_rejected(events.len(), &format!("cannot write to stdout: {e}")))
+                Ok(Delivery::all_gave_up(events.len(), &format!("cannot write to stdout: {e}"), 1))
             }
         }
     }

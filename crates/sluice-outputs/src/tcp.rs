@@ -170,7 +170,7 @@ impl Output for TcpOutput {
             if !backoff.retry(&self.ctx.abort).await? {
                 tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, events = events.len(),
                     error = %reason, "tcp output gave up after max_retries; the events are rejected");
-                return Ok(Delivery::all_rejected(events.len(), &reason));
+                return Ok(Delivery::all_gave_up(events.len(), &reason, backoff.failures()));
             }
         }
     }

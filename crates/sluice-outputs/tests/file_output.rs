@@ -56,6 +56,7 @@ async fn paths_that_climb_out_or_render_empty_are_rejected() {
     let d = out.send(&refs(&events)).await.unwrap();
     assert_eq!(d.rejected.iter().map(|r| r.index).collect::<Vec<_>>(), [1, 2]);
     assert!(d.rejected[0].reason.contains("`..`"), "{}", d.rejected[0].reason);
+    assert!(d.rejected.iter().all(|r| r.permanent), "the event's own path is at fault");
     assert_eq!(read(dir.path().join("ok.log")).lines().count(), 2);
     assert!(!dir.path().parent().unwrap().join("escape.log").exists());
 
@@ -109,6 +110,7 @@ async fn io_errors_are_retried_then_rejected() {
     let d = tokio::time::timeout(Duration::from_secs(10), out.send(&refs(&events))).await.unwrap().unwrap();
     assert_eq!(d.rejected.len(), 2);
     assert!(d.rejected[0].reason.starts_with("cannot write"), "{}", d.rejected[0].reason);
+    assert!(!d.rejected[0].permanent, "an I/O error is not the event's fault");
 
     // Once the obstacle is gone, the same output writes.
     std::fs::remove_file(dir.path().join("blocker")).unwrap();

@@ -114,6 +114,7 @@ async fn a_400_rejects_without_retrying() {
     assert_eq!(d.rejected.len(), 3);
     assert_eq!(d.rejected.iter().map(|r| r.index).collect::<Vec<_>>(), [0, 1, 2]);
     assert_eq!(d.rejected[0].reason, "HTTP 400: field `n` is not allowed");
+    assert!(d.rejected.iter().all(|r| r.permanent && r.attempts == 1), "{:?}", d.rejected);
     assert_eq!(srv.lock().seen.len(), 1);
 }
 
@@ -129,6 +130,18 @@ async fn gives_up_after_max_retries() {
     assert_eq!(srv.lock().seen.len(), 3, "one attempt and two retries");
     assert_eq!(d.rejected.len(), 4);
     assert_eq!(d.rejected[3].reason, "HTTP 503: down");
+    assert!(d.rejected.iter().all(|r| !r.permanent && r.attempts == 3), "{:?}", d.rejected);
+}
+
+#[tokio::test]
+async fn a_400_after_retries_counts_every_attempt() {
+    let (addr, _srv) = server(vec![answer(503, "busy"), answer(404, "no such index")]).await;
+    let out = build(&format!("{{type: http, url: 'http://{addr}/', {FAST_RETRY}}}"));
+    let events = numbered(2);
+    let d = bounded(out.send(&refs(&events))).await.unwrap();
+    assert_eq!(d.rejected.len(), 2);
+    assert!(d.rejected.iter().all(|r| r.permanent && r.attempts == 2), "{:?}", d.rejected);
+    assert_eq!(d.rejected[1].reason, "HTTP 404: no such index");
 }
 
 #[tokio::test]

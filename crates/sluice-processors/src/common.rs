@@ -5,6 +5,8 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use crate::Verdict;
 use sluice_core::{Event, FieldPath, Str, Value};
 
 /// A config mapping read in the order it was written (a `HashMap` would lose it).
@@ -73,6 +75,27 @@ impl<'de> Deserialize<'de> for OneOrMany {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// What a parsing processor does with an event it failed on (after tagging it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OnFailure {
+    /// Keep it in the batch, counted as failed.
+    #[default]
+    Tag,
+    /// Take it out of the batch into the pipeline's dead letter queue.
+    Dlq,
+}
+
+impl OnFailure {
+    /// The verdict for a failure; the reason is only worked out when it is needed.
+    pub(crate) fn verdict(self, reason: impl FnOnce() -> String) -> Verdict {
+        match self {
+            OnFailure::Tag => Verdict::Failed,
+            OnFailure::Dlq => Verdict::DeadLetter(reason()),
+        }
     }
 }
 

@@ -35,7 +35,7 @@ use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::{Event, FieldPath, Value};
 
-use crate::common::{OneOrMany, add_tags, float_to_int, text_to_float};
+use crate::common::{OnFailure, OneOrMany, add_tags, float_to_int, text_to_float};
 use crate::{Processor, Verdict};
 
 const NANOS_PER_SEC: i64 = 1_000_000_000;
@@ -52,6 +52,8 @@ struct DateConfig {
     target: FieldPath,
     #[serde(default = "default_tags")]
     tag_on_failure: Vec<String>,
+    #[serde(default)]
+    on_failure: OnFailure,
 }
 
 fn default_source() -> FieldPath {
@@ -86,6 +88,7 @@ struct DateProcessor {
     offset: i32,
     target: FieldPath,
     tag_on_failure: Vec<String>,
+    on_failure: OnFailure,
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
@@ -118,6 +121,7 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigEr
         offset,
         target: config.target,
         tag_on_failure: config.tag_on_failure,
+        on_failure: config.on_failure,
     }))
 }
 
@@ -228,9 +232,14 @@ impl Processor for DateProcessor {
         };
         match parsed.map(|ns| event.insert(&self.target, Value::Timestamp(ns))) {
             Some(Ok(_)) => Verdict::Keep,
-            _ => {
+            Some(Err(_)) => {
                 add_tags(event, &self.tag_on_failure);
-                Verdict::Failed
+                self.on_failure.verdict(|| format!("date: cannot write the target {}", self.target))
+            }
+            None => {
+                let text = event.get(&self.source).map(Value::to_text).unwrap_or_default();
+                add_tags(event, &self.tag_on_failure);
+                self.on_failure.verdict(|| format!("date: {} `{text}` matches none of the formats", self.source))
             }
         }
     }
@@ -685,5 +694,19 @@ mod tests {
         let mut e = event_with("timestamp", Value::from("1700000000"));
         assert_eq!(p.process(&mut e), Verdict::Keep);
         assert_eq!(e.timestamp_nanos(), Some(1_700_000_000 * NANOS_PER_SEC));
+    }
+
+    #[test]
+    fn on_failure_dlq_gives_the_reason() {
+        let p = build_yaml("type: date\nformats: [ISO8601]\non_failure: dlq");
+        let mut e = Event::from_message("x");
+        e.fields.insert("timestamp", Value::from("yesterday"));
+        match p.process(&mut e) {
+            Verdict::DeadLetter(reason) => {
+                assert_eq!(reason, "date: /timestamp `yesterday` matches none of the formats")
+            }
+            v => panic!("{v:?}"),
+        }
+        assert_eq!(tags(&e), ["_dateparsefailure"]);
     }
 }

@@ -33,7 +33,7 @@ use sluice_config::model::ComponentSpec;
 use sluice_core::{Event, FieldPath, Str, Value};
 use smallvec::SmallVec;
 
-use crate::common::{NumType, OrderedMap, add_tags, capture_target, str_value};
+use crate::common::{NumType, OnFailure, OrderedMap, add_tags, capture_target, str_value};
 use crate::{Processor, Verdict};
 
 const CONVERSION_FAILURE: &str = "_dissectconversionfailure";
@@ -48,6 +48,8 @@ struct DissectConfig {
     append_separator: String,
     #[serde(default = "default_tags")]
     tag_on_failure: Vec<String>,
+    #[serde(default)]
+    on_failure: OnFailure,
 }
 
 fn default_separator() -> String {
@@ -98,6 +100,7 @@ struct Dissect {
     mappings: Vec<(FieldPath, Pattern)>,
     separator: String,
     tag_on_failure: Vec<String>,
+    on_failure: OnFailure,
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
@@ -127,7 +130,12 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigEr
             return Err(spec.key_error("convert_datatype", format!("`{name}` is not a field of any mapping pattern")));
         }
     }
-    Ok(Arc::new(Dissect { mappings, separator: c.append_separator, tag_on_failure: c.tag_on_failure }))
+    Ok(Arc::new(Dissect {
+        mappings,
+        separator: c.append_separator,
+        tag_on_failure: c.tag_on_failure,
+        on_failure: c.on_failure,
+    }))
 }
 
 impl Pattern {
@@ -315,6 +323,7 @@ impl Processor for Dissect {
     fn process(&self, event: &mut Event) -> Verdict {
         let mut out: SmallVec<[(Dest<'_>, Value, bool); 16]> = SmallVec::new();
         let mut matched = true;
+        let mut unmatched: Option<&FieldPath> = None;
         for (field, pattern) in &self.mappings {
             let before = out.len();
             let ok = match event.get(field) {
@@ -324,6 +333,7 @@ impl Processor for Dissect {
             if !ok {
                 out.truncate(before);
                 matched = false;
+                unmatched.get_or_insert(field);
             }
         }
         let mut converted = true;
@@ -344,7 +354,13 @@ impl Processor for Dissect {
         if !converted {
             event.add_tag(CONVERSION_FAILURE);
         }
-        if matched && converted { Verdict::Keep } else { Verdict::Failed }
+        if matched && converted {
+            return Verdict::Keep;
+        }
+        self.on_failure.verdict(|| match unmatched {
+            Some(field) => format!("dissect: {field} does not match its mapping pattern"),
+            None => "dissect: a captured value could not be converted to its convert_datatype".to_string(),
+        })
     }
 }
 
@@ -528,5 +544,16 @@ mod tests {
         assert!(e.contains("`b` is not a field of any mapping pattern"), "{e}");
         let e = build_err("type: dissect\nmapping: {/message: '%{a}'}\nfield_split: ','");
         assert!(e.contains("unknown field `field_split`"), "{e}");
+    }
+
+    #[test]
+    fn on_failure_dlq_gives_the_reason() {
+        let p = build_yaml("type: dissect\nmapping: {/message: '%{a} [%{b}]'}\non_failure: dlq");
+        let mut e = Event::from_message("nothing to see");
+        assert_eq!(
+            p.process(&mut e),
+            Verdict::DeadLetter("dissect: /message does not match its mapping pattern".to_string())
+        );
+        assert_eq!(tags(&e), ["_dissectfailure"]);
     }
 }

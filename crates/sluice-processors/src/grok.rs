@@ -33,7 +33,7 @@ use sluice_config::model::ComponentSpec;
 use sluice_core::{Event, FieldPath, Value};
 use smallvec::SmallVec;
 
-use crate::common::{NumType, OneOrMany, OrderedMap, add_tags, capture_target, str_value};
+use crate::common::{NumType, OnFailure, OneOrMany, OrderedMap, add_tags, capture_target, str_value};
 use crate::{Processor, Verdict};
 
 /// Capture groups this processor names itself are `_sl0`, `_sl1`, ...
@@ -57,6 +57,8 @@ struct GrokConfig {
     overwrite: Vec<String>,
     #[serde(default = "default_tags")]
     tag_on_failure: Vec<String>,
+    #[serde(default)]
+    on_failure: OnFailure,
 }
 
 fn yes() -> bool {
@@ -91,6 +93,7 @@ struct Grok {
     break_on_match: bool,
     keep_empty_captures: bool,
     tag_on_failure: Vec<String>,
+    on_failure: OnFailure,
 }
 
 fn builtin_patterns() -> &'static HashMap<&'static str, &'static str> {
@@ -141,6 +144,7 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigEr
         break_on_match: c.break_on_match,
         keep_empty_captures: c.keep_empty_captures,
         tag_on_failure: c.tag_on_failure,
+        on_failure: c.on_failure,
     }))
 }
 
@@ -327,7 +331,10 @@ impl Processor for Grok {
         }
         if !matched {
             add_tags(event, &self.tag_on_failure);
-            return Verdict::Failed;
+            return self.on_failure.verdict(|| {
+                let fields: Vec<String> = self.matchers.iter().map(|(f, _)| f.to_string()).collect();
+                format!("grok: no pattern matched {}", fields.join(", "))
+            });
         }
         for (capture, value) in out {
             if capture.overwrite {
@@ -632,5 +639,15 @@ mod tests {
         assert!(e.contains("unknown field `timeout_millis`"), "{e}");
         let e = build_err(&yaml("%{WORD:w}", "overwrite: ['a..b']"));
         assert!(e.contains("overwrite:"), "{e}");
+    }
+
+    #[test]
+    fn on_failure_dlq_gives_the_reason() {
+        let p = build_yaml("type: grok\nmatch: {/message: '%{NUMBER:n}'}\non_failure: dlq");
+        let mut e = Event::from_message("no digits here");
+        assert_eq!(p.process(&mut e), Verdict::DeadLetter("grok: no pattern matched /message".to_string()));
+        assert_eq!(tags(&e), ["_grokparsefailure"]);
+        let mut e = Event::from_message("42");
+        assert_eq!(p.process(&mut e), Verdict::Keep);
     }
 }

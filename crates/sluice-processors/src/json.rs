@@ -10,7 +10,8 @@
 //! field of the same name survives; with a `target`, the source is removed after the value is
 //! stored, unless one path contains the other. On any failure (source missing, not a string, not
 //! JSON, or a non-object with no `target` to put it in) the event is left as it was, tagged with
-//! `tag_on_failure`, and the verdict is [`Verdict::Failed`].
+//! `tag_on_failure`, and the verdict is [`Verdict::Failed`] — or, with `on_failure: dlq`,
+//! [`Verdict::DeadLetter`] with the reason.
 //!
 //! The source text is never copied: it is parsed where it is, and when merging, the object's
 //! fields go straight into the event (no intermediate map); a parse that fails half-way is rolled
@@ -26,7 +27,7 @@ use sluice_config::model::ComponentSpec;
 use sluice_core::event::TIMESTAMP;
 use sluice_core::{Event, FieldPath, Map, Str, Value};
 
-use crate::common::add_tags;
+use crate::common::{OnFailure, add_tags};
 use crate::date::parse_iso8601;
 use crate::{Processor, Verdict};
 
@@ -43,6 +44,8 @@ struct JsonConfig {
     remove_source: bool,
     #[serde(default = "default_tags")]
     tag_on_failure: Vec<String>,
+    #[serde(default)]
+    on_failure: OnFailure,
 }
 
 fn default_source() -> FieldPath {
@@ -58,6 +61,7 @@ struct Json {
     target: Option<FieldPath>,
     remove_source: bool,
     tag_on_failure: Vec<String>,
+    on_failure: OnFailure,
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
@@ -67,13 +71,22 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigEr
         target: c.target,
         remove_source: c.remove_source,
         tag_on_failure: c.tag_on_failure,
+        on_failure: c.on_failure,
     }))
 }
 
 impl Json {
-    fn fail(&self, event: &mut Event) -> Verdict {
+    fn fail(&self, event: &mut Event, reason: impl FnOnce() -> String) -> Verdict {
         add_tags(event, &self.tag_on_failure);
-        Verdict::Failed
+        self.on_failure.verdict(reason)
+    }
+
+    fn not_a_string(&self, event: &mut Event) -> Verdict {
+        let found = match event.get(&self.source) {
+            None => "missing".to_string(),
+            Some(v) => format!("not a string but {}", v.type_name()),
+        };
+        self.fail(event, || format!("json: the source {} is {found}", self.source))
     }
 }
 
@@ -91,14 +104,15 @@ impl Json {
     fn parse_into(&self, event: &mut Event, target: &FieldPath) -> Verdict {
         let parsed = match event.get(&self.source) {
             Some(Value::String(s)) => serde_json::from_str::<Value>(s),
-            _ => return self.fail(event),
+            _ => return self.not_a_string(event),
         };
-        let Ok(value) = parsed else {
-            return self.fail(event);
+        let value = match parsed {
+            Ok(v) => v,
+            Err(e) => return self.fail(event, || format!("json: {} is not valid JSON: {e}", self.source)),
         };
         // Insert first: if the target cannot be written, the source is still there.
         if event.insert(target, value).is_err() {
-            return self.fail(event);
+            return self.fail(event, || format!("json: cannot write the target {target} (a parent is not an object)"));
         }
         // When one path contains the other, the source is already replaced (or holds the
         // result): nothing to remove.
@@ -115,7 +129,7 @@ impl Json {
     fn merge(&self, event: &mut Event) -> Verdict {
         let text = match event.get_mut(&self.source) {
             Some(Value::String(s)) => std::mem::take(s),
-            _ => return self.fail(event),
+            _ => return self.not_a_string(event),
         };
         let source_key = self.source.segments().first().map(|s| s.as_str()).unwrap_or_default();
         let original_len = event.fields.len();
@@ -130,9 +144,9 @@ impl Json {
             seen,
         };
         let mut de = serde_json::Deserializer::from_str(&text);
-        let ok = serde::de::Deserializer::deserialize_map(&mut de, &mut merge).is_ok() && de.end().is_ok();
+        let outcome = serde::de::Deserializer::deserialize_map(&mut de, &mut merge).and_then(|_| de.end());
         let Merge { replaced, source_replaced, timestamp_set, .. } = merge;
-        if !ok {
+        if let Err(error) = outcome {
             // Put back the values replaced (in reverse, for keys seen twice), drop the new ones.
             for (index, old) in replaced.into_iter().rev() {
                 if let Some((_, v)) = event.fields.iter_mut().nth(index) {
@@ -145,7 +159,7 @@ impl Json {
                 n <= original_len
             });
             self.restore_source(event, text);
-            return self.fail(event);
+            return self.fail(event, || format!("json: {} is not a JSON object: {error}", self.source));
         }
         if !source_replaced {
             if self.remove_source {
@@ -158,8 +172,11 @@ impl Json {
             match parse_iso8601(v.as_str().unwrap_or_default(), 0) {
                 Some(ns) => *v = Value::Timestamp(ns),
                 None => {
+                    let text = v.to_text();
                     event.add_tag(TIMESTAMP_FAILURE);
-                    return Verdict::Failed;
+                    return self
+                        .on_failure
+                        .verdict(|| format!("json: the parsed @timestamp `{text}` is not an RFC 3339 time"));
                 }
             }
         }
@@ -428,5 +445,31 @@ mod tests {
             assert_eq!(e.timestamp_nanos(), Some(1_795_244_400_000_000_000));
             assert_eq!(e.message(), None);
         }
+    }
+
+    #[test]
+    fn on_failure_dlq_gives_the_reason() {
+        let p = build_yaml("type: json\non_failure: dlq");
+        let mut e = Event::from_message("{not json");
+        match p.process(&mut e) {
+            Verdict::DeadLetter(reason) => {
+                assert!(reason.starts_with("json: /message is not a JSON object"), "{reason}")
+            }
+            v => panic!("{v:?}"),
+        }
+        assert_eq!(tags(&e), ["_jsonparsefailure"]);
+        assert_eq!(e.message(), Some("{not json"), "the event is left as it was");
+        let mut e = Event::from_message("{\"a\": 1}");
+        assert_eq!(p.process(&mut e), Verdict::Keep);
+        let mut missing = Event::from_message("x");
+        missing.fields.remove("message");
+        match p.process(&mut missing) {
+            Verdict::DeadLetter(reason) => assert_eq!(reason, "json: the source /message is missing"),
+            v => panic!("{v:?}"),
+        }
+        let p = build_yaml("type: json\ntarget: /t\non_failure: dlq");
+        let mut e = Event::from_message("[1,");
+        assert!(matches!(p.process(&mut e), Verdict::DeadLetter(r) if r.contains("not valid JSON")));
+        assert!(build_err("type: json\non_failure: drop").contains("on_failure"));
     }
 }

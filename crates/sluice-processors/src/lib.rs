@@ -5,8 +5,11 @@
 //! processor is `Send + Sync` and keeps no lock on the per-event path. A processor decides per
 //! event through a [`Verdict`]: keep it, drop it on purpose (counted as handled for
 //! acknowledgements), or keep it and count a failure (the event is tagged, e.g.
-//! `_jsonparsefailure`). The `if:` condition common to all processors is applied by the worker,
-//! not here.
+//! `_jsonparsefailure`). The parsing processors (`json`, `date`, `grok`, `dissect`) take
+//! `on_failure: tag | dlq`: with `dlq` a failed event is still tagged, and its verdict
+//! [`Verdict::DeadLetter`] tells the worker to take it out of the batch and write it to the
+//! pipeline's dead letter queue with the reason. The `if:` condition common to all processors is
+//! applied by the worker, not here.
 //!
 //! ```
 //! use sluice_core::Event;
@@ -31,13 +34,23 @@ mod grok;
 mod json;
 mod mutate;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Keep,
     /// Dropped on purpose; the event counts as handled.
     Drop,
     /// Kept, but the processor failed on it (and tagged it); counted in `failed`.
     Failed,
+    /// The processor failed on it (and tagged it) and was told `on_failure: dlq`: the event
+    /// leaves the batch for the dead letter queue, with this reason.
+    DeadLetter(String),
+}
+
+/// Whether a config may send failures to the dead letter queue (`on_failure: dlq`), for the
+/// check that the pipeline has one.
+pub fn sends_to_dead_letter_queue(spec: &ComponentSpec) -> bool {
+    matches!(spec.type_name.as_str(), "date" | "dissect" | "grok" | "json")
+        && spec.settings.get("on_failure").and_then(|n| n.as_str()) == Some("dlq")
 }
 
 pub trait Processor: Send + Sync {
@@ -130,6 +143,10 @@ mod tests {
             "type: mutate\nconvert: {/message: int}\nsplit: {/message: ','}\nlowercase: [/message]",
             "type: mutate\nconvert: {/message: bool}\nmerge: {/message: /message}\nadd_tag: ['%{/message}']",
             "type: mutate\nconvert: {/message: float}\nuppercase: [/message]\ncopy: {/message: /message/x}",
+            "type: json\non_failure: dlq",
+            "type: grok\nmatch: {/message: '%{NUMBER:n:int}'}\non_failure: dlq",
+            "type: dissect\nmapping: {/message: '%{a} %{b}'}\non_failure: dlq",
+            "type: date\nsource: /message\nformats: [ISO8601]\non_failure: dlq",
         ];
         let processors: Vec<_> = configs.iter().map(|c| build(&spec_from_yaml(c).unwrap()).unwrap()).collect();
         let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -152,7 +169,7 @@ mod tests {
             for p in &processors {
                 let mut e = Event::from_message_at("", 0);
                 e.fields.insert("message", value.clone());
-                if p.process(&mut e) == Verdict::Failed {
+                if matches!(p.process(&mut e), Verdict::Failed | Verdict::DeadLetter(_)) {
                     assert!(e.fields.get("tags").is_some(), "{value:?}");
                 }
             }

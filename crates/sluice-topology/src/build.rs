@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice_config::model::{ComponentSpec, PipelineSpec, RootConfig};
+use sluice_config::model::{ComponentSpec, PipelineSpec, RootConfig, default_dead_letter_queue_dir};
 use sluice_config::{ConfigError, ConfigErrors};
 use sluice_core::Queue;
 use sluice_core::bus::PipelineBus;
@@ -89,6 +89,16 @@ pub fn build_pipeline(
     let mut processors = Vec::new();
     for c in &spec.processors {
         let cond = condition(c).map_err(|e| errors.push(e)).ok().flatten();
+        if !spec.dead_letter_queue.enabled && sluice_processors::sends_to_dead_letter_queue(c) {
+            errors.push(c.key_error(
+                "on_failure",
+                format!(
+                    "`on_failure: dlq` needs the pipeline's dead letter queue: set \
+                     `pipelines.{}.dead_letter_queue.enabled: true`",
+                    spec.name
+                ),
+            ));
+        }
         match sluice_processors::build(c) {
             Ok(processor) => processors.push(BuiltProcessor {
                 id: c.id.clone(),
@@ -239,10 +249,54 @@ pub fn upstream_first(feeds: &BTreeMap<String, BTreeSet<String>>) -> Vec<String>
     order
 }
 
+/// Two pipelines cannot write one dead letter queue directory (the second could not open it),
+/// and a `dead_letter_queue` input naming a pipeline must find its queue where it looks.
+pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigErrors> {
+    let mut errors = ConfigErrors::default();
+    let mut taken: BTreeMap<std::path::PathBuf, &str> = BTreeMap::new();
+    for p in config.pipelines.iter().filter(|p| p.dead_letter_queue.enabled) {
+        let dir = p.dead_letter_queue_dir(&config.data_dir);
+        if let Some(first) = taken.get(&dir) {
+            let section = p.node.get("dead_letter_queue");
+            let mark = section.and_then(|n| n.get("path")).or(section).map(|n| n.mark.clone());
+            errors.push(ConfigError::at(
+                format!("dead letter queue {} is already used by pipeline `{first}`", dir.display()),
+                &format!("pipelines.{}.dead_letter_queue.path", p.name),
+                mark.unwrap_or_else(|| p.node.mark.clone()),
+            ));
+        } else {
+            taken.insert(dir, &p.name);
+        }
+    }
+    // A `dead_letter_queue` input that names a pipeline of this config whose queue is elsewhere
+    // than `<data_dir>/dlq/<pipeline>` would read an empty directory.
+    for p in &config.pipelines {
+        for c in p.inputs.iter().filter(|c| c.type_name == "dead_letter_queue") {
+            let Some(name) = c.settings.get("pipeline").and_then(|n| n.as_str()) else { continue };
+            let Some(source) = config.pipelines.iter().find(|q| q.name == name) else { continue };
+            let dir = source.dead_letter_queue_dir(&config.data_dir);
+            if source.dead_letter_queue.path.is_some() && dir != default_dead_letter_queue_dir(&config.data_dir, name) {
+                errors.push(c.key_error(
+                    "pipeline",
+                    format!(
+                        "pipeline `{name}` keeps its dead letter queue at {}: give `path: {}` instead",
+                        dir.display(),
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+    }
+    errors.into_result(())
+}
+
 /// Builds every pipeline of a config, or lists every error.
 pub fn build_all(config: &RootConfig, bus: &Arc<PipelineBus>) -> Result<Vec<BuiltPipeline>, ConfigErrors> {
     let mut errors = ConfigErrors::default();
     if let Err(e) = check_links(config) {
+        errors.0.extend(e.0);
+    }
+    if let Err(e) = check_dead_letter_queue_paths(config) {
         errors.0.extend(e.0);
     }
     let built: Vec<BuiltPipeline> =

@@ -14,7 +14,8 @@ use tokio::sync::{Mutex, Notify};
 
 use sluice_registry::{Registry, RegistryOptions};
 
-use crate::build::{build_all, build_pipeline, check_links, upstream_first};
+use crate::build::{build_all, build_pipeline, check_dead_letter_queue_paths, check_links, upstream_first};
+use crate::dead_letter::OpenDeadLetterQueue;
 use crate::pipeline::{PipelineSummary, RunningPipeline};
 
 #[derive(Debug, Clone)]
@@ -72,7 +73,7 @@ impl Engine {
         for b in built {
             metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &bus, &config.data_dir, &registry, inputs_changed.clone()).await {
+            match RunningPipeline::start(b, &bus, &config.data_dir, &registry, inputs_changed.clone(), None).await {
                 Ok(p) => {
                     running.insert(name, p);
                 }
@@ -99,6 +100,7 @@ impl Engine {
     pub async fn reload(&self, config: RootConfig) -> Result<ReloadReport, ConfigErrors> {
         let mut state = self.state.lock().await;
         let feeds = check_links(&config)?;
+        check_dead_letter_queue_paths(&config)?;
         let mut errors = ConfigErrors::default();
         let mut report = ReloadReport::default();
         let mut fresh = Vec::new();
@@ -129,10 +131,19 @@ impl Engine {
 
         let timeout = config.shutdown_timeout;
         let to_stop: BTreeSet<&String> = report.stopped.iter().chain(&report.restarted).collect();
+        // A restarted pipeline whose dead letter queue settings did not change keeps it open.
+        let mut kept_dead_letter_queues: BTreeMap<String, OpenDeadLetterQueue> = BTreeMap::new();
         for name in upstream_first(&state.feeds) {
             if to_stop.contains(&name)
-                && let Some(p) = state.running.remove(&name)
+                && let Some(mut p) = state.running.remove(&name)
             {
+                let new_spec = config.pipelines.iter().find(|s| s.name == name);
+                if let Some(spec) = new_spec
+                    && p.dead_letter_queue().is_some_and(|d| d.fits(spec, &config.data_dir))
+                    && let Some(d) = p.take_dead_letter_queue()
+                {
+                    kept_dead_letter_queues.insert(name.clone(), d);
+                }
                 let summary = p.stop(timeout, false).await;
                 self.metrics.unregister(&name);
                 state.stopped.push(summary);
@@ -142,8 +153,16 @@ impl Engine {
         for b in fresh {
             self.metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &self.bus, &config.data_dir, &state.registry, self.inputs_changed.clone())
-                .await
+            let reuse = kept_dead_letter_queues.remove(&name);
+            match RunningPipeline::start(
+                b,
+                &self.bus,
+                &config.data_dir,
+                &state.registry,
+                self.inputs_changed.clone(),
+                reuse,
+            )
+            .await
             {
                 Ok(p) => {
                     state.running.insert(name, p);
@@ -154,6 +173,9 @@ impl Engine {
                     failed.push(sluice_config::ConfigError::new(e));
                 }
             }
+        }
+        for (name, d) in kept_dead_letter_queues {
+            d.close(&name);
         }
         if state.config.api != config.api
             || state.config.data_dir != config.data_dir

@@ -8,10 +8,14 @@
 //!   `if:`), hand the batch to every output (each behind its `if:`), then acknowledge it.
 //! - [`pipeline`]: one running pipeline, and how it drains: inputs stop, the queue closes, the
 //!   workers empty it through the outputs within the drain timeout.
+//! - [`dead_letter`]: a pipeline's dead letter queue as workers use it: opened at start (kept
+//!   across a reload when its settings did not change), closed after the workers stop; the loop
+//!   guard for events replayed from a dead letter queue.
 //! - [`engine`]: all pipelines of the process; reload replaces only the pipelines whose
 //!   config changed, and shutdown drains upstream pipelines before the ones they feed.
 
 pub mod build;
+pub mod dead_letter;
 pub mod engine;
 pub mod pipeline;
 pub mod worker;

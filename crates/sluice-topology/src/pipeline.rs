@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::build::{BuiltOutput, BuiltPipeline};
+use crate::dead_letter::{DeadLetterSink, OpenDeadLetterQueue, StatsSource};
 use crate::worker::Worker;
 
 pub struct RunningPipeline {
@@ -30,6 +31,9 @@ pub struct RunningPipeline {
     pub external_inputs: Arc<AtomicUsize>,
     /// Inputs that stopped with an error.
     pub input_errors: Arc<AtomicUsize>,
+    /// Closed by `stop` unless a reload took it for the pipeline's next version.
+    dead_letter_queue: Option<OpenDeadLetterQueue>,
+    has_dead_letter_queue: bool,
 }
 
 /// The one-line account of a pipeline printed at shutdown.
@@ -42,12 +46,15 @@ pub struct PipelineSummary {
     pub events_out: u64,
     /// Dropped on purpose by processors.
     pub dropped: u64,
-    /// Rejected for good by outputs (included in `events_out`).
+    /// Rejected for good by outputs and not handed to a dead letter queue (included in
+    /// `events_out`).
     pub failed: u64,
     /// Accepted but not handled when the drain timeout ran out (lost with a memory queue).
     pub unfinished: u64,
     /// Left in a persisted queue, to be delivered after the next start.
     pub queued: Option<u64>,
+    /// With a dead letter queue: events written to it (from processors and outputs).
+    pub dead_lettered: Option<u64>,
     pub seconds_millis: u64,
     pub input_errors: usize,
 }
@@ -62,21 +69,44 @@ impl fmt::Display for PipelineSummary {
         if let Some(q) = self.queued {
             write!(f, " queued={q}")?;
         }
+        if let Some(d) = self.dead_lettered {
+            write!(f, " dead_lettered={d}")?;
+        }
         write!(f, " seconds={}.{:03}", self.seconds_millis / 1000, self.seconds_millis % 1000)
     }
 }
 
 impl RunningPipeline {
-    /// Opens the queue, then starts workers and inputs. Fails only if the queue cannot open.
+    /// Opens the dead letter queue (or takes over `reuse`, the one of the pipeline's previous
+    /// version), opens the queue, then starts workers and inputs. Fails only if a queue cannot
+    /// open.
     pub async fn start(
         built: BuiltPipeline,
         bus: &Arc<PipelineBus>,
         data_dir: &std::path::Path,
         registry: &Arc<sluice_registry::Registry>,
         inputs_changed: Arc<Notify>,
+        reuse: Option<OpenDeadLetterQueue>,
     ) -> Result<RunningPipeline, String> {
         let BuiltPipeline { spec, metrics, queue, inputs, processors, outputs, abort } = built;
-        queue.start().await.map_err(|e| format!("pipeline {}: {e}", spec.name))?;
+        let dead_letter_queue = match reuse {
+            Some(d) => Some(d),
+            None => OpenDeadLetterQueue::open(&spec, data_dir)?,
+        };
+        if let Err(e) = queue.start().await {
+            if let Some(d) = &dead_letter_queue {
+                d.close(&spec.name);
+            }
+            return Err(format!("pipeline {}: {e}", spec.name));
+        }
+        if let Some(d) = &dead_letter_queue {
+            let _ = metrics.dead_letter_queue.set(Arc::new(StatsSource(d.clone())));
+        }
+        let sink = Arc::new(DeadLetterSink::new(
+            &spec.name,
+            dead_letter_queue.as_ref().map(|d| d.queue.clone()),
+            metrics.clone(),
+        ));
         let input_stop = CancellationToken::new();
         let external_inputs = Arc::new(AtomicUsize::new(0));
         let input_errors = Arc::new(AtomicUsize::new(0));
@@ -122,6 +152,7 @@ impl RunningPipeline {
                     metrics: metrics.clone(),
                     batch_size: spec.batch.size,
                     batch_delay: spec.batch.delay.0,
+                    dead_letters: sink.clone(),
                 };
                 tokio::spawn(w.run())
             })
@@ -140,7 +171,19 @@ impl RunningPipeline {
             abort,
             external_inputs,
             input_errors,
+            has_dead_letter_queue: dead_letter_queue.is_some(),
+            dead_letter_queue,
         })
+    }
+
+    /// Hands the open dead letter queue over (for the pipeline's next version, when its
+    /// settings did not change); `stop` will then leave it open.
+    pub fn take_dead_letter_queue(&mut self) -> Option<OpenDeadLetterQueue> {
+        self.dead_letter_queue.take()
+    }
+
+    pub fn dead_letter_queue(&self) -> Option<&OpenDeadLetterQueue> {
+        self.dead_letter_queue.as_ref()
     }
 
     /// Stops the inputs, lets the workers empty the queue through the outputs for at most
@@ -194,6 +237,10 @@ impl RunningPipeline {
         for o in self.outputs.iter() {
             o.output.close().await;
         }
+        // After the workers: nothing writes to it any more.
+        if let Some(d) = self.dead_letter_queue.take() {
+            d.close(&name);
+        }
         let summary = self.summary();
         tracing::info!(pipeline = %name, "{summary}");
         summary
@@ -203,7 +250,7 @@ impl RunningPipeline {
         let m = &self.metrics;
         let events_in: u64 =
             m.components.read().iter().filter(|c| c.kind == ComponentKind::Input).map(|c| c.events_out.get()).sum();
-        let handled = m.events_out.get() + m.dropped.get();
+        let handled = m.events_out.get() + m.dropped.get() + m.diverted_to_dead_letter_queue.get();
         let queued = self.queue.persistent().then(|| self.queue.stats().events);
         PipelineSummary {
             name: self.spec.name.clone(),
@@ -213,6 +260,7 @@ impl RunningPipeline {
             failed: m.failed.get(),
             unfinished: events_in.saturating_sub(handled + queued.unwrap_or(0)),
             queued,
+            dead_lettered: self.has_dead_letter_queue.then(|| m.dead_lettered.get()),
             seconds_millis: m.started.elapsed().as_millis() as u64,
             input_errors: self.input_errors.load(Ordering::SeqCst),
         }

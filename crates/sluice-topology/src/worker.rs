@@ -5,15 +5,24 @@
 //! the events its `if:` selects. Outputs run one after another; a batch is acknowledged after
 //! every output has delivered or rejected its share. If shutdown aborts an output mid-send,
 //! the batch is not acknowledged (its inputs will see it as abandoned).
+//!
+//! With a dead letter queue: an event a processor fails on with `on_failure: dlq` leaves the
+//! batch, and an event an output rejects *permanently* is kept for it; once every output is
+//! done, the batch's entries are written in one call, and the batch is acknowledged only after
+//! that write returned (durable per the queue's `sync`). A write counts as handling the event
+//! even when the queue could not store it (counted and logged as lost). Events given up after
+//! retries, and all rejections when there is no dead letter queue, are counted as failed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_core::metrics::PipelineMetrics;
 use sluice_core::{Event, Queue};
+use sluice_dlq::DeadLetter;
 use sluice_processors::Verdict;
 
 use crate::build::{BuiltOutput, BuiltProcessor};
+use crate::dead_letter::DeadLetterSink;
 
 pub struct Worker {
     pub pipeline: String,
@@ -24,6 +33,7 @@ pub struct Worker {
     pub metrics: Arc<PipelineMetrics>,
     pub batch_size: usize,
     pub batch_delay: Duration,
+    pub dead_letters: Arc<DeadLetterSink>,
 }
 
 impl Worker {
@@ -32,15 +42,20 @@ impl Worker {
             let started = Instant::now();
             let taken = batch.len() as u64;
             self.metrics.events_in.add(taken);
-            let dropped = self.process(&mut batch.events);
-            let delivered = self.deliver(&batch.events).await;
+            let mut dead_letters = Vec::new();
+            let dropped = self.process(&mut batch.events, &mut dead_letters);
+            let delivered = self.deliver(&batch.events, &mut dead_letters).await;
+            if delivered.is_some() {
+                // Entries from processors are not in the batch any more: they are handled here.
+                self.dead_letters.write(dead_letters).await;
+            }
             let elapsed = started.elapsed();
             self.metrics.batch_duration.observe(elapsed);
             self.metrics.worker_busy_nanos.add(elapsed.as_nanos() as u64);
             self.metrics.dropped.add(dropped);
             match delivered {
                 Some(failed) => {
-                    self.metrics.events_out.add(batch.len() as u64);
+                    self.metrics.events_out.add(batch.events.len() as u64);
                     self.metrics.failed.add(failed);
                     batch.complete();
                 }
@@ -53,13 +68,14 @@ impl Worker {
         }
     }
 
-    /// Applies the processors; returns how many events they dropped.
-    fn process(&self, events: &mut Vec<Event>) -> u64 {
+    /// Applies the processors; returns how many events they dropped. Events sent to the dead
+    /// letter queue leave `events` for `dead_letters`.
+    fn process(&self, events: &mut Vec<Event>, dead_letters: &mut Vec<DeadLetter>) -> u64 {
         let mut dropped_total = 0;
         for p in self.processors.iter() {
             let started = Instant::now();
             let before = events.len();
-            let (mut seen, mut dropped, mut failed) = (0u64, 0u64, 0u64);
+            let (mut seen, mut dropped, mut failed, mut dead) = (0u64, 0u64, 0u64, 0u64);
             events.retain_mut(|e| {
                 if let Some(c) = &p.condition
                     && !c.eval(e)
@@ -77,15 +93,28 @@ impl Worker {
                         failed += 1;
                         true
                     }
+                    Verdict::DeadLetter(reason) => {
+                        failed += 1;
+                        // Refused (no queue, or a replayed event failing again): it stays in
+                        // the batch, tagged, as with `on_failure: tag`.
+                        if !self.dead_letters.admits(e, &p.id, &reason) {
+                            return true;
+                        }
+                        dead += 1;
+                        let event = std::mem::take(e);
+                        dead_letters.push(self.dead_letters.entry(event, reason, &p.id, &p.metrics.type_name, 1));
+                        false
+                    }
                 }
             });
-            debug_assert_eq!(before - events.len(), dropped as usize);
+            debug_assert_eq!(before - events.len(), (dropped + dead) as usize);
             p.metrics.events_in.add(seen);
-            p.metrics.events_out.add(seen - dropped);
+            p.metrics.events_out.add(seen - dropped - dead);
             p.metrics.dropped.add(dropped);
             p.metrics.failed.add(failed);
             p.metrics.duration.observe(started.elapsed());
             dropped_total += dropped;
+            self.metrics.diverted_to_dead_letter_queue.add(dead);
             if events.is_empty() {
                 break;
             }
@@ -93,8 +122,10 @@ impl Worker {
         dropped_total
     }
 
-    /// Sends to every output; returns the number of rejected events, or `None` if aborted.
-    async fn deliver(&self, events: &[Event]) -> Option<u64> {
+    /// Sends to every output; returns the number of events rejected and not kept for the dead
+    /// letter queue, or `None` if aborted. Permanent rejections go to `dead_letters` when the
+    /// pipeline has a dead letter queue.
+    async fn deliver(&self, events: &[Event], dead_letters: &mut Vec<DeadLetter>) -> Option<u64> {
         let mut rejected_total = 0;
         for o in self.outputs.iter() {
             let selected: Vec<&Event> = match &o.condition {
@@ -111,12 +142,188 @@ impl Worker {
             o.metrics.events_out.add(selected.len() as u64 - rejected);
             o.metrics.failed.add(rejected);
             o.metrics.duration.observe(started.elapsed());
-            if let Some(first) = delivery.rejected.first() {
-                tracing::error!(pipeline = %self.pipeline, output = %o.id, rejected, reason = %first.reason,
-                    "output rejected events for good");
+            let mut failed = 0u64;
+            let mut first_reason: Option<String> = None;
+            for r in delivery.rejected {
+                let Some(&event) = selected.get(r.index) else {
+                    failed += 1;
+                    continue;
+                };
+                if r.permanent && self.dead_letters.admits(event, &o.id, &r.reason) {
+                    let entry =
+                        self.dead_letters.entry(event.clone(), r.reason, &o.id, &o.metrics.type_name, r.attempts);
+                    dead_letters.push(entry);
+                } else {
+                    failed += 1;
+                    first_reason.get_or_insert(r.reason);
+                }
             }
-            rejected_total += rejected;
+            if let Some(reason) = first_reason {
+                tracing::error!(pipeline = %self.pipeline, output = %o.id, rejected = failed, reason = %reason,
+                    "output rejected events for good; they are counted as failed");
+            }
+            rejected_total += failed;
         }
         Some(rejected_total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use async_trait::async_trait;
+    use sluice_core::metrics::{ComponentKind, ComponentMetrics};
+    use sluice_core::{AckSet, Acker, Batch, Value};
+    use sluice_dlq::{DeadLetterQueue, DlqOptions};
+    use sluice_outputs::{Aborted, Delivery, Output, Rejected};
+    use sluice_queue::memory::MemoryQueue;
+
+    use super::*;
+
+    /// Refuses events whose `n` is odd for good; gives up on multiples of 4 (not their fault).
+    struct Picky;
+
+    #[async_trait]
+    impl Output for Picky {
+        async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
+            let n = |e: &Event| match e.fields.get("n") {
+                Some(Value::Int(n)) => *n,
+                _ => 0,
+            };
+            let mut rejected = Vec::new();
+            for (i, e) in events.iter().enumerate() {
+                if n(e) % 2 == 1 {
+                    rejected.push(Rejected::refused(i, format!("HTTP 400: n={} is odd", n(e)), 3));
+                } else if n(e) % 4 == 0 {
+                    rejected.push(Rejected::gave_up(i, "HTTP 503: busy", 5));
+                }
+            }
+            Ok(Delivery { rejected })
+        }
+    }
+
+    fn event(n: i64) -> Event {
+        let mut e = Event::from_message("x");
+        e.fields.insert("n", Value::Int(n));
+        e
+    }
+
+    #[tokio::test]
+    async fn refused_events_are_durable_before_the_batch_is_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let dlq = DeadLetterQueue::open(dir.path(), DlqOptions::default()).unwrap();
+        let metrics = Arc::new(PipelineMetrics::new("p", 1));
+        let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(100, 1 << 20));
+        let output = BuiltOutput {
+            id: "out".to_string(),
+            output: Arc::new(Picky),
+            condition: None,
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "picky")),
+        };
+        let sink = Arc::new(DeadLetterSink::new("p", Some(dlq.clone()), metrics.clone()));
+        let worker = Worker {
+            pipeline: "p".to_string(),
+            index: 0,
+            queue: queue.clone(),
+            processors: Arc::new(Vec::new()),
+            outputs: Arc::new(vec![output]),
+            metrics: metrics.clone(),
+            batch_size: 100,
+            batch_delay: Duration::from_millis(1),
+            dead_letters: sink,
+        };
+        let stored_at_ack = Arc::new(AtomicBool::new(false));
+        let (seen, check) = (stored_at_ack.clone(), dlq.clone());
+        let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
+        let acker = Acker::new(8, move |_| {
+            seen.store(check.stats().entries == 4, Ordering::SeqCst);
+            let _ = acked_tx.send(());
+        });
+        let events: Vec<Event> = (0..8).map(event).collect();
+        queue.push(Batch::new(events, AckSet::single(acker, 8), 8)).await.unwrap();
+        queue.close();
+        worker.run().await;
+        acked_rx.await.unwrap();
+        assert!(stored_at_ack.load(Ordering::SeqCst), "the four odd events were stored before the acknowledgement");
+        assert_eq!(metrics.dead_lettered.get(), 4);
+        assert_eq!(metrics.failed.get(), 2, "0 and 4 were given up on: counted as failed, not dead-lettered");
+        dlq.close().unwrap();
+
+        let mut reader = sluice_dlq::DlqReader::open(dir.path(), sluice_dlq::ReadFrom::Beginning).unwrap();
+        let entries = reader.next_batch(10, false).await.unwrap();
+        let odd: Vec<i64> = entries
+            .iter()
+            .map(|(e, _)| match e.event.fields.get("n") {
+                Some(Value::Int(n)) => *n,
+                _ => -1,
+            })
+            .collect();
+        assert_eq!(odd, [1, 3, 5, 7]);
+        let (first, _) = &entries[0];
+        assert_eq!((first.reason.as_str(), first.plugin_id.as_str()), ("HTTP 400: n=1 is odd", "out"));
+        assert_eq!((first.plugin_type.as_str(), first.pipeline.as_str(), first.attempts), ("picky", "p", 3));
+    }
+
+    #[tokio::test]
+    async fn without_a_dead_letter_queue_every_rejection_counts_as_failed() {
+        let metrics = Arc::new(PipelineMetrics::new("p", 1));
+        let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(100, 1 << 20));
+        let output = BuiltOutput {
+            id: "out".to_string(),
+            output: Arc::new(Picky),
+            condition: None,
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "picky")),
+        };
+        let worker = Worker {
+            pipeline: "p".to_string(),
+            index: 0,
+            queue: queue.clone(),
+            processors: Arc::new(Vec::new()),
+            outputs: Arc::new(vec![output]),
+            metrics: metrics.clone(),
+            batch_size: 100,
+            batch_delay: Duration::from_millis(1),
+            dead_letters: Arc::new(DeadLetterSink::new("p", None, metrics.clone())),
+        };
+        queue.push(Batch::untracked((0..8).map(event).collect(), 8)).await.unwrap();
+        queue.close();
+        worker.run().await;
+        assert_eq!((metrics.failed.get(), metrics.dead_lettered.get()), (6, 0));
+    }
+
+    #[tokio::test]
+    async fn a_replayed_event_refused_again_is_not_written_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let dlq = DeadLetterQueue::open(dir.path(), DlqOptions::default()).unwrap();
+        let metrics = Arc::new(PipelineMetrics::new("p", 1));
+        let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(100, 1 << 20));
+        let output = BuiltOutput {
+            id: "out".to_string(),
+            output: Arc::new(Picky),
+            condition: None,
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "picky")),
+        };
+        let worker = Worker {
+            pipeline: "p".to_string(),
+            index: 0,
+            queue: queue.clone(),
+            processors: Arc::new(Vec::new()),
+            outputs: Arc::new(vec![output]),
+            metrics: metrics.clone(),
+            batch_size: 100,
+            batch_delay: Duration::from_millis(1),
+            dead_letters: Arc::new(DeadLetterSink::new("p", Some(dlq.clone()), metrics.clone())),
+        };
+        let mut replayed = event(1);
+        let reason = sluice_core::FieldPath::parse("/@metadata/dead_letter_queue/reason").unwrap();
+        replayed.insert(&reason, Value::from("HTTP 400: n=1 is odd")).unwrap();
+        queue.push(Batch::untracked(vec![replayed, event(3)], 2)).await.unwrap();
+        queue.close();
+        worker.run().await;
+        assert_eq!(metrics.dead_letter_loop_rejected.get(), 1);
+        assert_eq!((metrics.dead_lettered.get(), metrics.failed.get()), (1, 1), "only the fresh one is stored");
+        assert_eq!(dlq.stats().entries, 1);
+        dlq.close().unwrap();
     }
 }

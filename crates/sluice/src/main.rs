@@ -1,4 +1,5 @@
-//! The `sluice` command: `run`, `validate`, `queue stats|verify`, `registry show`, `version`.
+//! The `sluice` command: `run`, `validate`, `queue stats|verify`, `registry show`,
+//! `dlq stats|list|show|replay|purge`, `version`.
 //!
 //! `run` starts every pipeline of the config (or, without `-c`, an embedded default that reads
 //! stdin and writes JSON lines to stdout), serves the monitoring API, and then:
@@ -8,6 +9,8 @@
 //!   section changed; if not, logs every error and keeps running the old config;
 //! - when every input that has an end (a generator with a count, stdin) has ended, it drains
 //!   and exits as on SIGTERM.
+
+mod dlq_cli;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -81,6 +84,11 @@ enum Command {
         #[command(subcommand)]
         command: RegistryCommand,
     },
+    /// Inspects, replays and purges a pipeline's dead letter queue, offline.
+    Dlq {
+        #[command(subcommand)]
+        command: dlq_cli::DlqCommand,
+    },
     /// Prints the version.
     Version,
 }
@@ -135,6 +143,7 @@ fn main() -> ExitCode {
         Command::Registry { command: RegistryCommand::Show { data_dir, config, json } } => {
             registry_show(data_dir, config.as_deref(), json)
         }
+        Command::Dlq { command } => dlq_cli::run(command),
         Command::Run { config, log_level } => match run(config.as_deref(), log_level) {
             Ok(code) => code,
             Err(e) => {

@@ -1,0 +1,251 @@
+//! A pipeline's side of its dead letter queue: opening it from the config, the entries a worker
+//! gathers from one batch, the loop guard, and the counters and rate-limited logs of what could
+//! not be stored.
+//!
+//! Guarantees:
+//! - An event that already came out of a dead letter queue (it carries
+//!   `/@metadata/dead_letter_queue`) is never written back: it is counted in
+//!   `dead_letter_loop_rejected` and logged at most once per [`LOG_INTERVAL`].
+//! - [`DeadLetterSink::write`] returns once the entries are durable as the queue's `sync` asks;
+//!   the worker acknowledges the batch only after that.
+//! - Entries the queue did not store (an I/O error, or `drop_newer` when full) are lost on
+//!   purpose: counted in `dead_letter_lost` and logged at most once per [`LOG_INTERVAL`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use sluice_config::model::{DeadLetterQueueConfig, DlqStoragePolicy, DlqSyncMode, PipelineSpec};
+use sluice_core::event::METADATA;
+use sluice_core::metrics::{DeadLetterStats, DeadLetterStatsSource, PipelineMetrics};
+use sluice_core::value::now_nanos;
+use sluice_core::{Event, Value};
+use sluice_dlq::{DeadLetter, DeadLetterQueue, DlqOptions, DlqSync, StoragePolicy};
+
+/// Where an event that came from a dead letter queue keeps what the queue said about it.
+pub const DLQ_METADATA_KEY: &str = "dead_letter_queue";
+
+/// The shortest time between two log lines about lost or looping dead letters.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// True when the event was read from a dead letter queue (`/@metadata/dead_letter_queue` set).
+pub fn came_from_dead_letter_queue(event: &Event) -> bool {
+    event.fields.get(METADATA).and_then(Value::as_object).is_some_and(|m| m.contains_key(DLQ_METADATA_KEY))
+}
+
+/// The store's settings from a pipeline's `dead_letter_queue` section.
+pub fn options(c: &DeadLetterQueueConfig) -> DlqOptions {
+    DlqOptions {
+        max_bytes: c.max_bytes.0,
+        segment_bytes: c.effective_segment_bytes(),
+        storage_policy: match c.storage_policy {
+            DlqStoragePolicy::DropNewer => StoragePolicy::DropNewer,
+            DlqStoragePolicy::DropOlder => StoragePolicy::DropOlder,
+        },
+        retain_age: c.retain_age.map(|d| d.0),
+        sync: match c.sync {
+            DlqSyncMode::Commit => DlqSync::Commit,
+            DlqSyncMode::Interval => DlqSync::Interval(c.sync_interval.0),
+            DlqSyncMode::None => DlqSync::None,
+        },
+        seal_idle: c.seal_idle.0,
+    }
+}
+
+/// An open dead letter queue and the settings and directory it was opened with (to tell on
+/// reload whether it can be kept).
+#[derive(Clone)]
+pub struct OpenDeadLetterQueue {
+    pub queue: Arc<DeadLetterQueue>,
+    pub config: DeadLetterQueueConfig,
+    pub dir: PathBuf,
+}
+
+impl OpenDeadLetterQueue {
+    /// Opens the pipeline's queue if it has one enabled.
+    pub fn open(spec: &PipelineSpec, data_dir: &Path) -> Result<Option<OpenDeadLetterQueue>, String> {
+        let c = &spec.dead_letter_queue;
+        if !c.enabled {
+            return Ok(None);
+        }
+        let dir = spec.dead_letter_queue_dir(data_dir);
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            format!("pipeline {}: cannot create the dead letter queue {}: {e}", spec.name, dir.display())
+        })?;
+        let queue = DeadLetterQueue::open(&dir, options(c)).map_err(|e| format!("pipeline {}: {e}", spec.name))?;
+        tracing::info!(pipeline = %spec.name, path = %dir.display(), max_bytes = c.max_bytes.0,
+            "dead letter queue open");
+        Ok(Some(OpenDeadLetterQueue { queue, config: c.clone(), dir }))
+    }
+
+    /// True when the new spec would open the same queue the same way.
+    pub fn fits(&self, spec: &PipelineSpec, data_dir: &Path) -> bool {
+        spec.dead_letter_queue.enabled
+            && spec.dead_letter_queue == self.config
+            && spec.dead_letter_queue_dir(data_dir) == self.dir
+    }
+
+    pub fn close(&self, pipeline: &str) {
+        if let Err(e) = self.queue.close() {
+            tracing::error!(pipeline = %pipeline, error = %e, "closing the dead letter queue failed");
+        }
+    }
+}
+
+/// Reports the store's numbers to `/metrics` and `/stats`.
+pub struct StatsSource(pub OpenDeadLetterQueue);
+
+impl DeadLetterStatsSource for StatsSource {
+    fn dead_letter_stats(&self) -> DeadLetterStats {
+        let s = self.0.queue.stats();
+        DeadLetterStats {
+            path: self.0.dir.display().to_string(),
+            max_bytes: self.0.config.max_bytes.0,
+            segments: s.segments,
+            bytes: s.bytes,
+            entries: s.entries,
+            written: s.written,
+            dropped_newer: s.dropped_newer,
+            dropped_older: s.dropped_older,
+            expired: s.expired,
+            unencodable: s.unencodable,
+            corrupt_frames: s.corrupt_frames,
+            consumed_segments: s.consumed_segments,
+        }
+    }
+}
+
+/// What workers of one pipeline share to hand events to its dead letter queue.
+pub struct DeadLetterSink {
+    pipeline: String,
+    queue: Option<Arc<DeadLetterQueue>>,
+    metrics: Arc<PipelineMetrics>,
+    loop_log: RateLimited,
+    lost_log: RateLimited,
+}
+
+impl DeadLetterSink {
+    pub fn new(pipeline: &str, queue: Option<Arc<DeadLetterQueue>>, metrics: Arc<PipelineMetrics>) -> DeadLetterSink {
+        DeadLetterSink {
+            pipeline: pipeline.to_string(),
+            queue,
+            metrics,
+            loop_log: RateLimited::default(),
+            lost_log: RateLimited::default(),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.queue.is_some()
+    }
+
+    /// Decides whether `event` may go to the dead letter queue: not when there is none, and
+    /// not when it came from one (counted and logged as a loop). Returns true if it may.
+    pub fn admits(&self, event: &Event, plugin_id: &str, reason: &str) -> bool {
+        if self.queue.is_none() {
+            return false;
+        }
+        if came_from_dead_letter_queue(event) {
+            self.metrics.dead_letter_loop_rejected.add(1);
+            if let Some(suppressed) = self.loop_log.due() {
+                tracing::warn!(pipeline = %self.pipeline, plugin = %plugin_id, reason = %reason,
+                    also_since_last_log = suppressed,
+                    "an event replayed from the dead letter queue failed again; it is not written back (no loop)");
+            }
+            return false;
+        }
+        true
+    }
+
+    /// An entry for `event`, rejected now by a plugin.
+    pub fn entry(&self, event: Event, reason: String, plugin_id: &str, plugin_type: &str, attempts: u32) -> DeadLetter {
+        DeadLetter {
+            event,
+            reason,
+            plugin_id: plugin_id.to_string(),
+            plugin_type: plugin_type.to_string(),
+            pipeline: self.pipeline.clone(),
+            time: now_nanos(),
+            attempts,
+        }
+    }
+
+    /// Writes the entries and waits until they are durable per `sync`. Returns how many were
+    /// stored; the rest are counted as lost and logged (rate-limited).
+    pub async fn write(&self, entries: Vec<DeadLetter>) -> u64 {
+        let Some(queue) = &self.queue else { return 0 };
+        if entries.is_empty() {
+            return 0;
+        }
+        let total = entries.len() as u64;
+        let (stored, problem) = match queue.write(entries).await {
+            Ok(outcome) => {
+                let problem =
+                    (outcome.dropped > 0).then(|| "dropped by the storage policy (full) or too large".to_string());
+                (outcome.written as u64, problem)
+            }
+            Err(e) => (0, Some(e.to_string())),
+        };
+        self.metrics.dead_lettered.add(stored);
+        let lost = total - stored;
+        if lost > 0 {
+            self.metrics.dead_letter_lost.add(lost);
+            if let Some(suppressed) = self.lost_log.due() {
+                tracing::error!(pipeline = %self.pipeline, lost, also_since_last_log = suppressed,
+                    reason = problem.as_deref().unwrap_or_default(),
+                    "the dead letter queue did not store rejected events; they are lost");
+            }
+        }
+        stored
+    }
+}
+
+/// Lets a log line through at most once per [`LOG_INTERVAL`], counting the ones held back.
+#[derive(Default)]
+struct RateLimited {
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl RateLimited {
+    /// `Some(held back since the last one)` when a line may be logged now.
+    fn due(&self) -> Option<u64> {
+        let mut s = self.state.lock();
+        let now = Instant::now();
+        match s.0 {
+            Some(last) if now.duration_since(last) < LOG_INTERVAL => {
+                s.1 += 1;
+                None
+            }
+            _ => {
+                let held = std::mem::take(&mut s.1);
+                s.0 = Some(now);
+                Some(held)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limited_logs_once_per_interval() {
+        let r = RateLimited::default();
+        assert_eq!(r.due(), Some(0));
+        assert_eq!(r.due(), None);
+        assert_eq!(r.due(), None);
+        r.state.lock().0 = Some(Instant::now() - LOG_INTERVAL);
+        assert_eq!(r.due(), Some(2));
+    }
+
+    #[test]
+    fn replayed_events_are_recognised() {
+        let mut e = Event::from_message("x");
+        assert!(!came_from_dead_letter_queue(&e));
+        let path = sluice_core::FieldPath::parse("/@metadata/dead_letter_queue/reason").unwrap();
+        e.insert(&path, Value::from("HTTP 400")).unwrap();
+        assert!(came_from_dead_letter_queue(&e));
+    }
+}
