@@ -272,7 +272,8 @@ pub(crate) fn recover(dir: &Path) -> io::Result<Recovered> {
                 let mut count = 0u64;
                 let mut ended = false;
                 loop {
-                    match decode_record(&buf, pos) {
+                    // A record that does not decode or apply ends the snapshot's good part.
+                    let why = match decode_record(&buf, pos) {
                         Ok(None) => break,
                         Ok(Some((r, next))) if r.kind == KIND_SNAPSHOT_END => {
                             if r.offset != count {
@@ -290,33 +291,25 @@ pub(crate) fn recover(dir: &Path) -> io::Result<Recovered> {
                             pos = next;
                             break;
                         }
-                        Ok(Some((r, next))) => {
-                            if let Err(why) = apply(&mut rec.state, &r) {
-                                warn(
-                                    &mut rec,
-                                    format!(
-                                        "registry snapshot {} has a bad record at offset {pos} ({why}); keeping the {count} entries before it and the op log",
-                                        snapshot_path.display()
-                                    ),
-                                );
-                                rec.needs_rewrite = true;
-                                break;
+                        Ok(Some((r, next))) => match apply(&mut rec.state, &r) {
+                            Ok(()) => {
+                                count += 1;
+                                pos = next;
+                                continue;
                             }
-                            count += 1;
-                            pos = next;
-                        }
-                        Err(why) => {
-                            warn(
-                                &mut rec,
-                                format!(
-                                    "registry snapshot {} has a bad record at offset {pos} ({why}); keeping the {count} entries before it and the op log",
-                                    snapshot_path.display()
-                                ),
-                            );
-                            rec.needs_rewrite = true;
-                            break;
-                        }
-                    }
+                            Err(why) => why,
+                        },
+                        Err(why) => why,
+                    };
+                    warn(
+                        &mut rec,
+                        format!(
+                            "registry snapshot {} has a bad record at offset {pos} ({why}); keeping the {count} entries before it and the op log",
+                            snapshot_path.display()
+                        ),
+                    );
+                    rec.needs_rewrite = true;
+                    break;
                 }
                 if !ended && !rec.needs_rewrite {
                     warn(

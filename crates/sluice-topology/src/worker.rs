@@ -209,10 +209,8 @@ mod tests {
         e
     }
 
-    #[tokio::test]
-    async fn refused_events_are_durable_before_the_batch_is_acknowledged() {
-        let dir = tempfile::tempdir().unwrap();
-        let dlq = DeadLetterQueue::open(dir.path(), DlqOptions::default()).unwrap();
+    /// One worker over a memory queue delivering to a single [`Picky`] output of pipeline "p".
+    fn picky_worker(dlq: Option<Arc<DeadLetterQueue>>) -> (Worker, Arc<dyn Queue>, Arc<PipelineMetrics>) {
         let metrics = Arc::new(PipelineMetrics::new("p", 1));
         let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(100, 1 << 20));
         let output = BuiltOutput {
@@ -221,7 +219,6 @@ mod tests {
             condition: None,
             metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "picky")),
         };
-        let sink = Arc::new(DeadLetterSink::new("p", Some(dlq.clone()), metrics.clone()));
         let worker = Worker {
             pipeline: "p".to_string(),
             index: 0,
@@ -231,8 +228,16 @@ mod tests {
             metrics: metrics.clone(),
             batch_size: 100,
             batch_delay: Duration::from_millis(1),
-            dead_letters: sink,
+            dead_letters: Arc::new(DeadLetterSink::new("p", dlq, metrics.clone())),
         };
+        (worker, queue, metrics)
+    }
+
+    #[tokio::test]
+    async fn refused_events_are_durable_before_the_batch_is_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let dlq = DeadLetterQueue::open(dir.path(), DlqOptions::default()).unwrap();
+        let (worker, queue, metrics) = picky_worker(Some(dlq.clone()));
         let stored_at_ack = Arc::new(AtomicBool::new(false));
         let (seen, check) = (stored_at_ack.clone(), dlq.clone());
         let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
@@ -267,25 +272,7 @@ mod tests {
 
     #[tokio::test]
     async fn without_a_dead_letter_queue_every_rejection_counts_as_failed() {
-        let metrics = Arc::new(PipelineMetrics::new("p", 1));
-        let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(100, 1 << 20));
-        let output = BuiltOutput {
-            id: "out".to_string(),
-            output: Arc::new(Picky),
-            condition: None,
-            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "picky")),
-        };
-        let worker = Worker {
-            pipeline: "p".to_string(),
-            index: 0,
-            queue: queue.clone(),
-            processors: Arc::new(Vec::new()),
-            outputs: Arc::new(vec![output]),
-            metrics: metrics.clone(),
-            batch_size: 100,
-            batch_delay: Duration::from_millis(1),
-            dead_letters: Arc::new(DeadLetterSink::new("p", None, metrics.clone())),
-        };
+        let (worker, queue, metrics) = picky_worker(None);
         queue.push(Batch::untracked((0..8).map(event).collect(), 8)).await.unwrap();
         queue.close();
         worker.run().await;
@@ -296,25 +283,7 @@ mod tests {
     async fn a_replayed_event_refused_again_is_not_written_back() {
         let dir = tempfile::tempdir().unwrap();
         let dlq = DeadLetterQueue::open(dir.path(), DlqOptions::default()).unwrap();
-        let metrics = Arc::new(PipelineMetrics::new("p", 1));
-        let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(100, 1 << 20));
-        let output = BuiltOutput {
-            id: "out".to_string(),
-            output: Arc::new(Picky),
-            condition: None,
-            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "picky")),
-        };
-        let worker = Worker {
-            pipeline: "p".to_string(),
-            index: 0,
-            queue: queue.clone(),
-            processors: Arc::new(Vec::new()),
-            outputs: Arc::new(vec![output]),
-            metrics: metrics.clone(),
-            batch_size: 100,
-            batch_delay: Duration::from_millis(1),
-            dead_letters: Arc::new(DeadLetterSink::new("p", Some(dlq.clone()), metrics.clone())),
-        };
+        let (worker, queue, metrics) = picky_worker(Some(dlq.clone()));
         let mut replayed = event(1);
         let reason = sluice_core::FieldPath::parse("/@metadata/dead_letter_queue/reason").unwrap();
         replayed.insert(&reason, Value::from("HTTP 400: n=1 is odd")).unwrap();

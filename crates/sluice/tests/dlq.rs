@@ -6,15 +6,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{BIN, Sluice, free_port, http, metric, summary, wait_until};
+use common::{BIN, Sluice, free_port, http, metric, serve_http, summary, wait_until};
 use serde_json::Value;
 
 /// Accepted documents, in arrival order, and the number of requests seen.
@@ -27,59 +26,22 @@ struct Received {
 /// A bulk endpoint: an NDJSON body with a document whose field `x` is set gets a 400 naming it
 /// (and nothing of the request is kept); any other body is accepted.
 fn strict_server(delay: Duration) -> (String, Arc<Received>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let received = Arc::new(Received::default());
     let seen = received.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { return };
-            let seen = seen.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut conn = conn;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let mut len = 0usize;
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                            len = v.trim().parse().unwrap();
-                        }
-                    }
-                    let mut body = vec![0; len];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
-                    seen.requests.fetch_add(1, Ordering::SeqCst);
-                    std::thread::sleep(delay);
-                    let docs: Vec<Value> = String::from_utf8_lossy(&body)
-                        .lines()
-                        .filter(|l| !l.is_empty())
-                        .map(|l| serde_json::from_str(l).unwrap())
-                        .collect();
-                    let refused = docs.iter().any(|d| !d["x"].is_null());
-                    let reply = if refused {
-                        let text = "field x is not allowed";
-                        format!("HTTP/1.1 400 Bad Request\r\nContent-Length: {}\r\n\r\n{text}", text.len())
-                    } else {
-                        seen.accepted.lock().unwrap().extend(docs);
-                        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_string()
-                    };
-                    if conn.write_all(reply.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
+    let addr = serve_http(move |body| {
+        seen.requests.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(delay);
+        let docs: Vec<Value> = String::from_utf8_lossy(body)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if docs.iter().any(|d| !d["x"].is_null()) {
+            let text = "field x is not allowed";
+            format!("HTTP/1.1 400 Bad Request\r\nContent-Length: {}\r\n\r\n{text}", text.len())
+        } else {
+            seen.accepted.lock().unwrap().extend(docs);
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_string()
         }
     });
     (addr, received)
@@ -117,12 +79,26 @@ fn sequences(docs: &[Value], at: &str) -> Vec<u64> {
     s
 }
 
+/// The monitoring API's `/metrics` text.
+fn metrics_text(api: &str) -> String {
+    http(api, "GET", "/metrics", &[], b"").1
+}
+
+/// The facts the dead letter queue keeps about an event the `bulk` http output of pipeline
+/// `web` had refused (an entry, or the metadata of a replayed event).
+fn assert_refused_by_bulk(facts: &Value) {
+    assert_eq!(facts["reason"], "HTTP 400: field x is not allowed", "{facts}");
+    assert_eq!((facts["plugin_id"].as_str(), facts["plugin_type"].as_str()), (Some("bulk"), Some("http")), "{facts}");
+    assert_eq!((facts["pipeline"].as_str(), facts["attempts"].as_u64()), (Some("web"), Some(1)), "{facts}");
+}
+
 /// 20 events; the odd ones have `x` set, which the server refuses.
 const MIXED: &str = r#"lines: ['{"kind":"good"}', '{"kind":"bad","x":1}'], codec: json_lines"#;
 
 #[test]
 fn refused_documents_land_in_the_dlq_and_replay_delivers_exactly_them() {
     let (addr, server) = strict_server(Duration::ZERO);
+    let odd: Vec<u64> = (1..20).step_by(2).collect();
     let mut s = Sluice::start(&format!(
         "data_dir: '{{dir}}/data'
 api: {{enabled: false}}
@@ -144,11 +120,9 @@ pipelines:
     let dir = s.into_dir();
     let data = dir.path().join("data");
     let (entries, _) = show(&data, "web");
-    assert_eq!(sequences(&entries, "/event/sequence"), (1..20).step_by(2).collect::<Vec<_>>(), "those and only those");
+    assert_eq!(sequences(&entries, "/event/sequence"), odd, "those and only those");
     for e in &entries {
-        assert_eq!(e["reason"], "HTTP 400: field x is not allowed", "{e}");
-        assert_eq!((e["plugin_id"].as_str(), e["plugin_type"].as_str()), (Some("bulk"), Some("http")), "{e}");
-        assert_eq!((e["pipeline"].as_str(), e["attempts"].as_u64()), (Some("web"), Some(1)), "{e}");
+        assert_refused_by_bulk(e);
         assert_eq!(e["event"]["kind"], "bad");
         assert!(e["time"].as_str().unwrap().ends_with('Z'));
     }
@@ -159,7 +133,7 @@ pipelines:
     let (ok, out, _) = sluice(&["dlq", "replay", "--path", data.join("dlq/web").to_str().unwrap()]);
     assert!(ok);
     let replayed: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(sequences(&replayed, "/sequence"), (1..20).step_by(2).collect::<Vec<_>>(), "replay to stdout");
+    assert_eq!(sequences(&replayed, "/sequence"), odd, "replay to stdout");
     let (ok, out, _) = sluice(&["dlq", "stats", "--json", "--data-dir", data.to_str().unwrap(), "--pipeline", "web"]);
     assert!(ok);
     let stats: Value = serde_json::from_str(&out).unwrap();
@@ -179,7 +153,7 @@ pipelines:
     .unwrap();
     let (ok, _, err) = sluice(&["dlq", "replay", "-c", again.to_str().unwrap(), "--pipeline", "web", "--to", "again"]);
     assert!(ok, "{err}");
-    assert_eq!(sequences(&lines_of(&again_out), "/sequence"), (1..20).step_by(2).collect::<Vec<_>>(), "{err}");
+    assert_eq!(sequences(&lines_of(&again_out), "/sequence"), odd, "{err}");
 
     // The dead_letter_queue input, committing and cleaning, with the queue's facts copied
     // out of @metadata (outputs never write @metadata).
@@ -200,11 +174,9 @@ pipelines:
     let (status, log) = r.wait(Duration::from_secs(60));
     assert!(status.success(), "{log}");
     let docs = lines_of(&out);
-    assert_eq!(sequences(&docs, "/sequence"), (1..20).step_by(2).collect::<Vec<_>>(), "exactly them:\n{log}");
+    assert_eq!(sequences(&docs, "/sequence"), odd, "exactly them:\n{log}");
     for d in &docs {
-        assert_eq!(d["dlq"]["reason"], "HTTP 400: field x is not allowed", "{d}");
-        assert_eq!((d["dlq"]["plugin_id"].as_str(), d["dlq"]["plugin_type"].as_str()), (Some("bulk"), Some("http")));
-        assert_eq!((d["dlq"]["pipeline"].as_str(), d["dlq"]["attempts"].as_u64()), (Some("web"), Some(1)));
+        assert_refused_by_bulk(&d["dlq"]);
         assert!(d["dlq"]["entry_time"].as_str().is_some(), "{d}");
     }
     let dir = r.into_dir();
@@ -248,7 +220,7 @@ pipelines:
     ));
     let api = s.api();
     s.wait_port(port);
-    let text = || http(&api, "GET", "/metrics", &[], b"").1;
+    let text = || metrics_text(&api);
     let newer = "{pipeline=\"newer\"}";
     let older = "{pipeline=\"older\"}";
     let aged = "{pipeline=\"aged\"}";
@@ -402,10 +374,7 @@ pipelines:
     ));
     let api = fill.api();
     wait_until("12 entries", Duration::from_secs(30), || {
-        metric(
-            &http(&api, "GET", "/metrics", &[], b"").1,
-            "sluice_pipeline_events_dead_lettered_total{pipeline=\"web\"}",
-        ) == 12.0
+        metric(&metrics_text(&api), "sluice_pipeline_events_dead_lettered_total{pipeline=\"web\"}") == 12.0
     });
     // A crash: the last segment stays open.
     let dir = fill.kill_into_dir();
@@ -462,7 +431,7 @@ pipelines:
     wait_until("the intact entries replayed", Duration::from_secs(30), || lines_of(&out).len() == 11);
     let expected: Vec<u64> = (0..12).filter(|s| *s != victim).collect();
     assert_eq!(sequences(&lines_of(&out), "/sequence"), expected, "the damaged one missing, neighbours delivered");
-    let t = http(&api, "GET", "/metrics", &[], b"").1;
+    let t = metrics_text(&api);
     let damaged = metric(
         &t,
         "sluice_component_events_failed_total{pipeline=\"fix\",component=\"replay\",kind=\"input\",type=\"dead_letter_queue\"}",

@@ -5,8 +5,8 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -98,48 +98,12 @@ pipelines:
 
 /// A tiny HTTP server: answers every request with `status` after `delay`, counting requests.
 fn http_server(status: u16, delay: Duration) -> (String, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let count = Arc::new(AtomicUsize::new(0));
     let seen = count.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { return };
-            let seen = seen.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut conn = conn;
-                loop {
-                    let mut len = 0usize;
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                            len = v.trim().parse().unwrap();
-                        }
-                    }
-                    let mut body = vec![0; len];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
-                    seen.fetch_add(1, Ordering::SeqCst);
-                    std::thread::sleep(delay);
-                    let reply = format!("HTTP/1.1 {status} X\r\nContent-Length: 2\r\n\r\nno");
-                    if conn.write_all(reply.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
+    let addr = serve_http(move |_| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(delay);
+        format!("HTTP/1.1 {status} X\r\nContent-Length: 2\r\n\r\nno")
     });
     (addr, count)
 }
