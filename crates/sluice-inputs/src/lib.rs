@@ -22,6 +22,7 @@ use sluice_core::{Batch, Queue, QueueClosed};
 use tokio_util::sync::CancellationToken;
 
 pub mod codec;
+mod file;
 pub mod framing;
 mod generator;
 mod http;
@@ -80,11 +81,12 @@ impl InputContext {
 }
 
 /// The input types this build knows, for messages.
-pub const TYPES: &[&str] = &["generator", "http", "pipeline", "stdin", "tcp"];
+pub const TYPES: &[&str] = &["file", "generator", "http", "pipeline", "stdin", "tcp"];
 
 /// Builds an input from its config section; nothing is opened or bound until it runs.
 pub fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
     match spec.type_name.as_str() {
+        "file" => file::build(spec),
         "generator" => generator::build(spec),
         "http" => http::build(spec),
         "pipeline" => pipeline::build(spec),
