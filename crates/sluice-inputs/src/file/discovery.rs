@@ -40,9 +40,10 @@ fn glob(pattern: &str) -> Result<Glob, String> {
     GlobBuilder::new(pattern).literal_separator(true).backslash_escape(true).build().map_err(|e| e.to_string())
 }
 
-/// Patterns relative to `cwd` when they are not absolute.
-fn absolute(pattern: &str, cwd: &Path) -> String {
-    if Path::new(pattern).is_absolute() {
+/// Patterns relative to `cwd` when they are not absolute. An exclude pattern starting with
+/// `**` matches anywhere as it is.
+fn absolute(pattern: &str, cwd: &Path, is_include: bool) -> String {
+    if Path::new(pattern).is_absolute() || (!is_include && pattern.starts_with("**")) {
         pattern.to_string()
     } else {
         cwd.join(pattern).to_string_lossy().into_owned()
@@ -57,14 +58,14 @@ impl Patterns {
             if p.trim().is_empty() {
                 return Err((true, BadPattern { index, message: "empty pattern".into() }));
             }
-            let abs = absolute(p, cwd);
+            let abs = absolute(p, cwd, true);
             let g = glob(&abs).map_err(|message| (true, BadPattern { index, message }))?;
             inc.add(g);
             roots.push(walk_root(&abs));
         }
         let mut exc = GlobSetBuilder::new();
         for (index, p) in exclude.iter().enumerate() {
-            let g = glob(&absolute(p, cwd)).map_err(|message| (false, BadPattern { index, message }))?;
+            let g = glob(&absolute(p, cwd, false)).map_err(|message| (false, BadPattern { index, message }))?;
             exc.add(g);
         }
         let build = |b: GlobSetBuilder, is_include| {
@@ -254,7 +255,7 @@ mod tests {
         for f in ["x.log", "x.gz", "a/y.log", "a/b/z.log", "a/b/skip.log"] {
             std::fs::write(d.join(f), "1\n").unwrap();
         }
-        let p = Patterns::new(&["**/*.log".into()], &["**/skip.log".into()], d).unwrap();
+        let p = Patterns::new(&["**/*.log".into()], &["**/skip*".into()], d).unwrap();
         let mut found: Vec<_> =
             p.walk(&mut |_, _| {}).into_iter().map(|f| f.path.strip_prefix(d).unwrap().to_path_buf()).collect();
         found.sort();
