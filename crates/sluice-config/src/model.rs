@@ -5,6 +5,7 @@
 //! api: {enabled: true, address: 127.0.0.1:9600}
 //! log: {level: info, format: text}
 //! shutdown_timeout: 30s
+//! registry: {flush_interval: 1s, compact_after: 16MiB}
 //! pipelines:
 //!   web:
 //!     workers: 2
@@ -29,7 +30,7 @@ use serde::de::DeserializeOwned;
 use crate::de::from_node;
 use crate::error::{ConfigError, ConfigErrors};
 use crate::node::{Mark, Node, NodeKind, parse_yaml};
-use crate::units::HumanDuration;
+use crate::units::{ByteSize, HumanDuration};
 
 #[derive(Debug, Clone)]
 pub struct RootConfig {
@@ -37,7 +38,24 @@ pub struct RootConfig {
     pub api: ApiConfig,
     pub log: LogConfig,
     pub shutdown_timeout: Duration,
+    pub registry: RegistryConfig,
     pub pipelines: Vec<PipelineSpec>,
+}
+
+/// The registry of input positions in `data_dir/registry` (see the `sluice-registry` crate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryConfig {
+    /// How often acknowledged positions are written and fsynced; `0` after every batch of updates.
+    pub flush_interval: HumanDuration,
+    /// Op log size past which it is compacted into the snapshot.
+    pub compact_after: ByteSize,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig { flush_interval: HumanDuration(Duration::from_secs(1)), compact_after: ByteSize(16 << 20) }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -171,7 +189,7 @@ pub fn load_str(text: &str, file: &str) -> Result<RootConfig, ConfigErrors> {
     from_root(&root)
 }
 
-const ROOT_KEYS: &[&str] = &["data_dir", "api", "log", "shutdown_timeout", "pipelines"];
+const ROOT_KEYS: &[&str] = &["data_dir", "api", "log", "shutdown_timeout", "registry", "pipelines"];
 const PIPELINE_KEYS: &[&str] = &["workers", "batch", "queue", "inputs", "processors", "outputs"];
 const COMPONENT_META_KEYS: &[&str] = &["type", "id", "if"];
 
@@ -207,6 +225,21 @@ pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
             errors.push(e);
             None
         });
+    let registry =
+        read("registry").map(|n| from_node::<RegistryConfig>(n, "registry")).transpose().unwrap_or_else(|e| {
+            errors.push(e);
+            None
+        });
+    if let Some(r) = &registry
+        && r.compact_after.0 < 4096
+    {
+        let node = root.get("registry").and_then(|n| n.get("compact_after")).unwrap_or(root);
+        errors.push(ConfigError::at(
+            format!("`compact_after` of {} is too small; use at least 4KiB", r.compact_after),
+            "registry.compact_after",
+            node.mark.clone(),
+        ));
+    }
 
     let mut pipelines = Vec::new();
     match root.get("pipelines") {
@@ -245,6 +278,7 @@ pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
         api: api.unwrap_or_default(),
         log: log.unwrap_or_default(),
         shutdown_timeout: shutdown_timeout.map(|d| d.0).unwrap_or(Duration::from_secs(30)),
+        registry: registry.unwrap_or_default(),
         pipelines,
     })
 }
@@ -491,6 +525,29 @@ pipelines:
         assert_eq!(p.processors[0].condition.as_ref().unwrap().0, "exists(/message)");
         assert_eq!(p.outputs[0].id, "out");
         assert_eq!(p.outputs[0].path, "pipelines.web.outputs[0]");
+    }
+
+    #[test]
+    fn registry_section() {
+        let c = load_str(GOOD, "g.yml").unwrap();
+        assert_eq!(c.registry, RegistryConfig::default());
+        assert_eq!(c.registry.flush_interval.0, Duration::from_secs(1));
+        let text = format!("registry: {{flush_interval: 0, compact_after: 1MiB}}\n{GOOD}");
+        let c = load_str(&text, "g.yml").unwrap();
+        assert_eq!((c.registry.flush_interval.0, c.registry.compact_after.0), (Duration::ZERO, 1 << 20));
+        let text = format!("registry: {{flush_interval: 5s}}\n{GOOD}");
+        let c = load_str(&text, "g.yml").unwrap();
+        assert_eq!((c.registry.flush_interval.0, c.registry.compact_after.0), (Duration::from_secs(5), 16 << 20));
+
+        let text = format!("registry: {{flush_intervall: 5s}}\n{GOOD}");
+        let e = load_str(&text, "g.yml").unwrap_err().to_string();
+        assert!(e.contains("flush_intervall") && e.contains("registry") && e.contains("g.yml:1"), "{e}");
+        let text = format!("registry:\n  flush_interval: 5\n{GOOD}");
+        let e = load_str(&text, "g.yml").unwrap_err().to_string();
+        assert!(e.contains("registry.flush_interval") && e.contains("g.yml:2"), "{e}");
+        let text = format!("registry:\n  compact_after: 10\n{GOOD}");
+        let e = load_str(&text, "g.yml").unwrap_err().to_string();
+        assert!(e.contains("registry.compact_after") && e.contains("too small"), "{e}");
     }
 
     #[test]

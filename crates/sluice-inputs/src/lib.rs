@@ -62,6 +62,9 @@ pub struct InputContext {
     pub shutdown: CancellationToken,
     pub bus: Arc<PipelineBus>,
     pub data_dir: PathBuf,
+    /// The process's registry of input positions (`data_dir/registry`): inputs that resume
+    /// where they stopped take a cursor per key and commit to it on acknowledgement.
+    pub registry: Arc<sluice_registry::Registry>,
 }
 
 impl InputContext {

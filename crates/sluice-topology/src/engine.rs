@@ -12,6 +12,8 @@ use sluice_core::bus::PipelineBus;
 use sluice_core::metrics::MetricsRegistry;
 use tokio::sync::{Mutex, Notify};
 
+use sluice_registry::{Registry, RegistryOptions};
+
 use crate::build::{build_all, build_pipeline, check_links, upstream_first};
 use crate::pipeline::{PipelineSummary, RunningPipeline};
 
@@ -40,6 +42,8 @@ struct State {
 
 pub struct Engine {
     bus: Arc<PipelineBus>,
+    /// Opened once at start in `data_dir/registry`, kept across reloads, closed at shutdown.
+    registry: Arc<Registry>,
     pub metrics: Arc<MetricsRegistry>,
     state: Mutex<State>,
     inputs_changed: Arc<Notify>,
@@ -58,11 +62,12 @@ impl Engine {
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
         let built = build_all(&config, &bus)?;
+        let registry = open_registry(&config).await?;
         let mut running: BTreeMap<String, RunningPipeline> = BTreeMap::new();
         for b in built {
             metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &bus, &config.data_dir, inputs_changed.clone()).await {
+            match RunningPipeline::start(b, &bus, &config.data_dir, &registry, inputs_changed.clone()).await {
                 Ok(p) => {
                     running.insert(name, p);
                 }
@@ -70,12 +75,14 @@ impl Engine {
                     for (_, p) in std::mem::take(&mut running) {
                         p.stop(config.shutdown_timeout, false).await;
                     }
+                    close_registry(&registry).await;
                     return Err(sluice_config::ConfigError::new(e).into());
                 }
             }
         }
         Ok(Engine {
             bus,
+            registry,
             metrics,
             state: Mutex::new(State { config, running, feeds, stopped: Vec::new() }),
             inputs_changed,
@@ -127,7 +134,9 @@ impl Engine {
         for b in fresh {
             self.metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &self.bus, &config.data_dir, self.inputs_changed.clone()).await {
+            match RunningPipeline::start(b, &self.bus, &config.data_dir, &self.registry, self.inputs_changed.clone())
+                .await
+            {
                 Ok(p) => {
                     state.running.insert(name, p);
                 }
@@ -138,8 +147,11 @@ impl Engine {
                 }
             }
         }
-        if state.config.api != config.api || state.config.data_dir != config.data_dir {
-            tracing::warn!("changes to `api` and `data_dir` take effect at the next restart");
+        if state.config.api != config.api
+            || state.config.data_dir != config.data_dir
+            || state.config.registry != config.registry
+        {
+            tracing::warn!("changes to `api`, `data_dir` and `registry` take effect at the next restart");
         }
         state.feeds = feeds;
         state.config = config;
@@ -179,7 +191,14 @@ impl Engine {
                 summaries.push(p.stop(timeout, drain).await);
             }
         }
+        // Every input has stopped and every acknowledgement has arrived: write what is pending.
+        close_registry(&self.registry).await;
         summaries
+    }
+
+    /// The registry of input positions.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
     }
 
     /// Summaries of the running pipelines, as they stand.
@@ -189,5 +208,36 @@ impl Engine {
 
     pub fn bus(&self) -> &Arc<PipelineBus> {
         &self.bus
+    }
+}
+
+/// Opens the registry in `data_dir/registry` with the config's options.
+async fn open_registry(config: &RootConfig) -> Result<Arc<Registry>, ConfigErrors> {
+    let dir = config.data_dir.join("registry");
+    let opts = RegistryOptions {
+        flush_interval: config.registry.flush_interval.0,
+        compact_after_bytes: config.registry.compact_after.0,
+    };
+    let opened = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || Registry::open(&dir, opts)
+    })
+    .await;
+    match opened {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(sluice_config::ConfigError::new(format!("cannot open the registry: {e}")).into()),
+        Err(e) => {
+            Err(sluice_config::ConfigError::new(format!("cannot open the registry in {}: {e}", dir.display())).into())
+        }
+    }
+}
+
+/// Writes everything pending in the registry and stops its writer (off the async threads: it fsyncs).
+async fn close_registry(registry: &Arc<Registry>) {
+    let r = registry.clone();
+    match tokio::task::spawn_blocking(move || r.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("closing the registry: {e}"),
+        Err(e) => tracing::error!(dir = %registry.dir().display(), "closing the registry: {e}"),
     }
 }

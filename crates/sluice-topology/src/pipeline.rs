@@ -72,6 +72,7 @@ impl RunningPipeline {
         built: BuiltPipeline,
         bus: &Arc<PipelineBus>,
         data_dir: &std::path::Path,
+        registry: &Arc<sluice_registry::Registry>,
         inputs_changed: Arc<Notify>,
     ) -> Result<RunningPipeline, String> {
         let BuiltPipeline { spec, metrics, queue, inputs, processors, outputs, abort } = built;
@@ -94,6 +95,7 @@ impl RunningPipeline {
                 shutdown: input_stop.clone(),
                 bus: bus.clone(),
                 data_dir: data_dir.to_path_buf(),
+                registry: registry.clone(),
             };
             let (pipeline, id) = (spec.name.clone(), i.id.clone());
             let (counter, errors, changed) = (external_inputs.clone(), input_errors.clone(), inputs_changed.clone());

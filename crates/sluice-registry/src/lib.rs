@@ -1,0 +1,712 @@
+//! The registry: a small durable key → cursor store (file identity → offset, DLQ reader →
+//! position) in `data_dir/registry/`.
+//!
+//! The acknowledgement path never writes: [`Cursor::commit`] stores the newest offset in the
+//! key's in-memory slot (one atomic store) and, only when the slot was clean, queues the slot for
+//! the background writer — so any number of acks for a key between two flushes become one
+//! update. The writer takes everything pending at once, appends it to an op log as one batch of
+//! records (each with a CRC32C), and fsyncs once per `flush_interval` (or after every batch when
+//! the interval is zero). When the log grows past `compact_after_bytes` the writer compacts it
+//! into a snapshot (tmp → fsync → rename → fsync dir), again off the ack path.
+//!
+//! Guarantees: after a crash, every offset committed more than one flush interval (plus the time
+//! of one write and fsync) before it is recovered; newer ones may be lost, so at most about one
+//! flush interval of input is read again. [`Registry::close`] (also run on drop) writes
+//! everything pending. Start-up recovers the snapshot and the op log up to the first bad record,
+//! names the file and offset of any damage, and survives a crash at any step of compaction
+//! (see the `format` module).
+
+mod format;
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{self, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use serde_json::Value;
+
+use format::{DurableEntry, Meta, State};
+
+/// The environment switch that turns [`Cursor::commit`] into a no-op (for benchmarks that
+/// measure what the registry costs).
+pub const DISABLED_ENV: &str = "SLUICE_REGISTRY_DISABLED";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("registry {dir}: {source}")]
+    Io {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("registry {dir} is in use by another process (its lock file is held)")]
+    Locked { dir: PathBuf },
+    #[error("registry {dir}: writing failed: {message}")]
+    Write { dir: PathBuf, message: String },
+    #[error("registry {dir} is closed; {pending} pending updates were not written")]
+    Closed { dir: PathBuf, pending: usize },
+}
+
+/// How the registry writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryOptions {
+    /// How often pending updates are written and fsynced; `ZERO` writes and fsyncs after every
+    /// batch of updates.
+    pub flush_interval: Duration,
+    /// Size of the op log that triggers compaction into the snapshot (the log is also allowed to
+    /// grow to the snapshot's size first, so compaction never runs once per flush).
+    pub compact_after_bytes: u64,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        RegistryOptions { flush_interval: Duration::from_secs(1), compact_after_bytes: 16 << 20 }
+    }
+}
+
+/// One key as the registry holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub key: String,
+    pub offset: u64,
+    pub meta: Value,
+    /// When the writer last recorded a change of this key (or when it was loaded or created).
+    pub updated: SystemTime,
+}
+
+/// Counters of the background writer.
+#[derive(Debug, Default)]
+pub struct RegistryStats {
+    /// Batches written to the op log.
+    pub flushes: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub records_written: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub compactions: AtomicU64,
+    pub write_errors: AtomicU64,
+}
+
+/// A copy of [`RegistryStats`] plus gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    pub flushes: u64,
+    pub fsyncs: u64,
+    pub records_written: u64,
+    pub bytes_written: u64,
+    pub compactions: u64,
+    pub write_errors: u64,
+    /// Keys with updates not yet handed to the writer.
+    pub pending_keys: u64,
+    pub keys: u64,
+    pub log_bytes: u64,
+}
+
+const DIRTY: u8 = 1;
+/// The key has been committed (or given metadata) at least once and so exists.
+const LIVE: u8 = 2;
+/// The key was removed; this slot is detached and its updates are ignored.
+const REMOVED: u8 = 4;
+
+struct Slot {
+    key: Box<str>,
+    offset: AtomicU64,
+    state: AtomicU8,
+    meta: Mutex<Arc<Meta>>,
+    updated_ms: AtomicU64,
+}
+
+enum PendingOp {
+    Slot(Arc<Slot>),
+    Remove(Box<str>),
+}
+
+#[derive(Default)]
+struct Control {
+    /// Flush requests made / fully handled (written and fsynced, or failed).
+    requested: u64,
+    completed: u64,
+    /// The error of the last cycle, if it failed.
+    last_error: Option<String>,
+    stop: bool,
+    stopped: bool,
+}
+
+struct Shared {
+    dir: PathBuf,
+    slots: RwLock<HashMap<Box<str>, Arc<Slot>>>,
+    pending: Mutex<Vec<PendingOp>>,
+    control: Mutex<Control>,
+    wake: Condvar,
+    /// `flush_interval` is zero: a commit that makes the pending list non-empty wakes the writer.
+    eager: bool,
+    disabled: bool,
+    stats: RegistryStats,
+    log_bytes: AtomicU64,
+}
+
+impl Shared {
+    fn push(&self, op: PendingOp) {
+        let was_empty = {
+            let mut p = self.pending.lock();
+            p.push(op);
+            p.len() == 1
+        };
+        if self.eager && was_empty {
+            // Taking the control lock orders this wake-up after the writer's "is anything
+            // pending?" check, so it cannot be lost.
+            let _c = self.control.lock();
+            self.wake.notify_all();
+        }
+    }
+}
+
+/// The durable key → cursor store. Open one per data directory per process and share it.
+pub struct Registry {
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Held for the registry's lifetime: one process owns a registry directory.
+    _lock: File,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("dir", &self.shared.dir).finish()
+    }
+}
+
+/// A handle on one key for the acknowledgement path. Cheap to clone.
+#[derive(Clone)]
+pub struct Cursor {
+    slot: Arc<Slot>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cursor")
+            .field("key", &self.slot.key)
+            .field("offset", &self.slot.offset.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Cursor {
+    /// Records `offset` as the key's newest cursor. No syscall, no allocation in steady state,
+    /// and no lock the writer holds during I/O; the writer persists it with its next flush.
+    #[inline]
+    pub fn commit(&self, offset: u64) {
+        if self.shared.disabled {
+            return;
+        }
+        let slot = &*self.slot;
+        // SeqCst pairs with the writer's `fetch_and(!DIRTY)` then offset load: either the writer
+        // reads this offset, or this commit sees the slot clean and queues it again.
+        slot.offset.store(offset, Ordering::SeqCst);
+        if slot.state.load(Ordering::SeqCst) & (DIRTY | LIVE) != (DIRTY | LIVE) {
+            self.mark_dirty();
+        }
+    }
+
+    #[cold]
+    fn mark_dirty(&self) {
+        let prev = self.slot.state.fetch_or(DIRTY | LIVE, Ordering::SeqCst);
+        if prev & DIRTY == 0 {
+            self.shared.push(PendingOp::Slot(self.slot.clone()));
+        }
+    }
+
+    /// Replaces the key's metadata (file identity, path after a rename); rare. Persisted with
+    /// the next flush. Like a commit, it creates the key if it does not exist yet.
+    pub fn set_meta(&self, meta: Value) {
+        *self.slot.meta.lock() = Arc::new(Meta::new(meta));
+        self.mark_dirty();
+    }
+
+    pub fn key(&self) -> &str {
+        &self.slot.key
+    }
+
+    /// The newest offset committed through any handle on this key (or loaded at start-up).
+    pub fn offset(&self) -> u64 {
+        self.slot.offset.load(Ordering::Relaxed)
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn ms_to_time(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn lock_exclusive(file: &File) -> bool {
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(file), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Whether another process holds `dir`'s lock (tested with a shared lock released at once).
+fn lock_held(dir: &Path) -> bool {
+    let Ok(f) = File::open(dir.join(format::LOCK)) else { return false };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    if unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+        // SAFETY: as above.
+        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        false
+    } else {
+        true
+    }
+}
+
+/// What [`Registry::read`] found: the entries, and notes about any damage it worked around.
+#[derive(Debug, Clone)]
+pub struct ReadOnlyView {
+    pub entries: Vec<Entry>,
+    pub warnings: Vec<String>,
+    /// Another process has the registry open (it may hold newer offsets in memory).
+    pub in_use: bool,
+}
+
+impl Registry {
+    /// Opens (or creates) the registry in `dir`: recovers snapshot and op log, repairs what it
+    /// must (truncates a torn log tail, rewrites after damage or an interrupted compaction) and
+    /// starts the background writer.
+    pub fn open(dir: &Path, opts: RegistryOptions) -> Result<Arc<Registry>, RegistryError> {
+        let io_err = |source| RegistryError::Io { dir: dir.to_path_buf(), source };
+        fs::create_dir_all(dir).map_err(io_err)?;
+        let lock =
+            File::options().create(true).truncate(false).write(true).open(dir.join(format::LOCK)).map_err(io_err)?;
+        if !lock_exclusive(&lock) {
+            return Err(RegistryError::Locked { dir: dir.to_path_buf() });
+        }
+        for tmp in [format::SNAPSHOT_TMP, format::LOG_TMP] {
+            match fs::remove_file(dir.join(tmp)) {
+                Ok(()) => {
+                    tracing::info!(file = %dir.join(tmp).display(), "removed a leftover of an interrupted registry compaction")
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(e)),
+            }
+        }
+        let started = Instant::now();
+        let rec = format::recover(dir).map_err(io_err)?;
+        let mut writer = Writer {
+            dir: dir.to_path_buf(),
+            state: rec.state,
+            generation: rec.max_generation,
+            log: None,
+            log_len: 0,
+            snapshot_len: rec.snapshot_len,
+            needs_rewrite: false,
+            opts: opts.clone(),
+            buf: Vec::new(),
+            batch: Vec::new(),
+        };
+        match rec.log_generation {
+            Some(generation) if !rec.needs_rewrite => {
+                let mut log = File::options().read(true).write(true).open(dir.join(format::LOG)).map_err(io_err)?;
+                if rec.log_good_len < rec.log_len {
+                    log.set_len(rec.log_good_len).map_err(io_err)?;
+                    log.sync_all().map_err(io_err)?;
+                    tracing::warn!(file = %dir.join(format::LOG).display(), offset = rec.log_good_len,
+                        "truncated the registry op log at its first bad record");
+                }
+                log.seek(SeekFrom::Start(rec.log_good_len)).map_err(io_err)?;
+                writer.generation = generation;
+                writer.log = Some(log);
+                writer.log_len = rec.log_good_len;
+            }
+            _ => writer.compact().map_err(io_err)?,
+        }
+
+        let load_ms = now_ms();
+        let slots: HashMap<Box<str>, Arc<Slot>> = writer
+            .state
+            .iter()
+            .map(|(k, e)| {
+                let slot = Slot {
+                    key: k.as_str().into(),
+                    offset: AtomicU64::new(e.offset),
+                    state: AtomicU8::new(LIVE),
+                    meta: Mutex::new(e.meta.clone()),
+                    updated_ms: AtomicU64::new(if e.updated_ms == 0 { load_ms } else { e.updated_ms }),
+                };
+                (k.as_str().into(), Arc::new(slot))
+            })
+            .collect();
+        tracing::info!(dir = %dir.display(), keys = slots.len(), log_bytes = writer.log_len,
+            elapsed_ms = started.elapsed().as_millis() as u64, "registry opened");
+        let disabled = std::env::var(DISABLED_ENV).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+        if disabled {
+            tracing::warn!("{DISABLED_ENV} is set: registry commits are ignored (a benchmarking switch)");
+        }
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            slots: RwLock::new(slots),
+            pending: Mutex::new(Vec::with_capacity(1024)),
+            control: Mutex::new(Control::default()),
+            wake: Condvar::new(),
+            eager: opts.flush_interval.is_zero(),
+            disabled,
+            stats: RegistryStats::default(),
+            log_bytes: AtomicU64::new(writer.log_len),
+        });
+        let thread_shared = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("sluice-registry".into())
+            .spawn(move || writer.run(&thread_shared))
+            .map_err(io_err)?;
+        Ok(Arc::new(Registry { shared, writer: Mutex::new(Some(handle)), _lock: lock }))
+    }
+
+    /// Reads the registry in `dir` without taking it over: no lock, no truncation, no rewrite.
+    /// Works while another process has it open (showing what that process has written so far).
+    pub fn read(dir: &Path) -> Result<ReadOnlyView, RegistryError> {
+        if !dir.is_dir() {
+            return Err(RegistryError::Io {
+                dir: dir.to_path_buf(),
+                source: io::Error::new(io::ErrorKind::NotFound, "no registry directory"),
+            });
+        }
+        let in_use = lock_held(dir);
+        let rec = format::recover(dir).map_err(|source| RegistryError::Io { dir: dir.to_path_buf(), source })?;
+        let entries = rec
+            .state
+            .into_iter()
+            .map(|(key, e)| Entry {
+                key,
+                offset: e.offset,
+                meta: e.meta.value.clone(),
+                updated: ms_to_time(e.updated_ms),
+            })
+            .collect();
+        Ok(ReadOnlyView { entries, warnings: rec.warnings, in_use })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    pub fn get(&self, key: &str) -> Option<Entry> {
+        let slots = self.shared.slots.read();
+        slots.get(key).and_then(|s| entry_of(s))
+    }
+
+    /// Every key, sorted.
+    pub fn entries(&self) -> Vec<Entry> {
+        let mut out: Vec<Entry> = self.shared.slots.read().values().filter_map(|s| entry_of(s)).collect();
+        out.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        out
+    }
+
+    /// A handle on `key` for the ack path. The key exists once something is committed through it.
+    pub fn cursor(&self, key: &str) -> Cursor {
+        if let Some(slot) = self.shared.slots.read().get(key) {
+            return Cursor { slot: slot.clone(), shared: self.shared.clone() };
+        }
+        let mut slots = self.shared.slots.write();
+        let slot = slots
+            .entry(key.into())
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    key: key.into(),
+                    offset: AtomicU64::new(0),
+                    state: AtomicU8::new(0),
+                    meta: Mutex::new(Arc::new(Meta::null())),
+                    updated_ms: AtomicU64::new(now_ms()),
+                })
+            })
+            .clone();
+        Cursor { slot, shared: self.shared.clone() }
+    }
+
+    /// Removes `key`. Cursors taken on it before are detached: their commits are ignored; take
+    /// a new cursor to create the key again.
+    pub fn remove(&self, key: &str) {
+        let mut slots = self.shared.slots.write();
+        if let Some(slot) = slots.remove(key) {
+            slot.state.fetch_or(REMOVED, Ordering::SeqCst);
+            // Queued under the map's lock, so a cursor created again afterwards queues after it.
+            self.shared.push(PendingOp::Remove(key.into()));
+        }
+    }
+
+    /// Writes and fsyncs everything pending now.
+    pub fn flush(&self) -> Result<(), RegistryError> {
+        let mut c = self.shared.control.lock();
+        if c.stopped {
+            let pending = self.shared.pending.lock().len();
+            return if pending == 0 {
+                Ok(())
+            } else {
+                Err(RegistryError::Closed { dir: self.shared.dir.clone(), pending })
+            };
+        }
+        c.requested += 1;
+        let ticket = c.requested;
+        self.shared.wake.notify_all();
+        while c.completed < ticket && !c.stopped {
+            self.shared.wake.wait(&mut c);
+        }
+        if c.completed < ticket {
+            let pending = self.shared.pending.lock().len();
+            return Err(RegistryError::Closed { dir: self.shared.dir.clone(), pending });
+        }
+        match &c.last_error {
+            None => Ok(()),
+            Some(message) => Err(RegistryError::Write { dir: self.shared.dir.clone(), message: message.clone() }),
+        }
+    }
+
+    /// Flushes everything pending and stops the writer. Idempotent; also run on drop.
+    pub fn close(&self) -> Result<(), RegistryError> {
+        let Some(handle) = self.writer.lock().take() else { return Ok(()) };
+        {
+            let mut c = self.shared.control.lock();
+            c.stop = true;
+            self.shared.wake.notify_all();
+        }
+        if handle.join().is_err() {
+            return Err(RegistryError::Write {
+                dir: self.shared.dir.clone(),
+                message: "the registry writer thread panicked".into(),
+            });
+        }
+        let s = self.stats();
+        tracing::info!(dir = %self.shared.dir.display(), keys = s.keys, flushes = s.flushes, fsyncs = s.fsyncs,
+            records = s.records_written, bytes = s.bytes_written, compactions = s.compactions,
+            write_errors = s.write_errors, "registry closed");
+        let c = self.shared.control.lock();
+        match &c.last_error {
+            None => Ok(()),
+            Some(message) => Err(RegistryError::Write { dir: self.shared.dir.clone(), message: message.clone() }),
+        }
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        let s = &self.shared.stats;
+        StatsSnapshot {
+            flushes: s.flushes.load(Ordering::Relaxed),
+            fsyncs: s.fsyncs.load(Ordering::Relaxed),
+            records_written: s.records_written.load(Ordering::Relaxed),
+            bytes_written: s.bytes_written.load(Ordering::Relaxed),
+            compactions: s.compactions.load(Ordering::Relaxed),
+            write_errors: s.write_errors.load(Ordering::Relaxed),
+            pending_keys: self.shared.pending.lock().len() as u64,
+            keys: self.shared.slots.read().values().filter(|s| s.state.load(Ordering::Relaxed) & LIVE != 0).count()
+                as u64,
+            log_bytes: self.shared.log_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::error!("{e}");
+        }
+    }
+}
+
+fn entry_of(slot: &Slot) -> Option<Entry> {
+    if slot.state.load(Ordering::Acquire) & LIVE == 0 {
+        return None;
+    }
+    Some(Entry {
+        key: slot.key.to_string(),
+        offset: slot.offset.load(Ordering::Acquire),
+        meta: slot.meta.lock().value.clone(),
+        updated: ms_to_time(slot.updated_ms.load(Ordering::Relaxed)),
+    })
+}
+
+/// The background writer: owns the files and the state as it should be on disk.
+struct Writer {
+    dir: PathBuf,
+    state: State,
+    generation: u64,
+    log: Option<File>,
+    log_len: u64,
+    snapshot_len: u64,
+    /// The log is not trustworthy (a failed write or fsync): write a snapshot and a fresh log.
+    needs_rewrite: bool,
+    opts: RegistryOptions,
+    buf: Vec<u8>,
+    batch: Vec<PendingOp>,
+}
+
+impl Writer {
+    fn run(mut self, shared: &Shared) {
+        let mut next_flush = Instant::now() + self.opts.flush_interval;
+        let mut retry_at: Option<Instant> = None;
+        loop {
+            let (ticket, stop) = {
+                let mut c = shared.control.lock();
+                loop {
+                    if c.stop || c.requested > c.completed {
+                        break;
+                    }
+                    let now = Instant::now();
+                    if let Some(at) = retry_at {
+                        if now >= at {
+                            break;
+                        }
+                    } else if self.opts.flush_interval.is_zero() {
+                        if !shared.pending.lock().is_empty() {
+                            break;
+                        }
+                        shared.wake.wait(&mut c);
+                        continue;
+                    } else if now >= next_flush {
+                        break;
+                    }
+                    let deadline = retry_at.unwrap_or(next_flush);
+                    shared.wake.wait_until(&mut c, deadline);
+                }
+                (c.requested, c.stop)
+            };
+            next_flush = Instant::now() + self.opts.flush_interval;
+            let result = self.cycle(shared);
+            retry_at = match &result {
+                Ok(()) => None,
+                Err(e) => {
+                    shared.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(dir = %self.dir.display(), "registry write failed (retrying): {e}");
+                    Some(Instant::now() + self.opts.flush_interval.max(Duration::from_secs(1)))
+                }
+            };
+            let mut c = shared.control.lock();
+            c.completed = c.completed.max(ticket);
+            c.last_error = result.err().map(|e| e.to_string());
+            if stop {
+                c.stopped = true;
+                shared.wake.notify_all();
+                return;
+            }
+            shared.wake.notify_all();
+        }
+    }
+
+    /// Takes everything pending, appends it to the log and fsyncs; compacts when due.
+    fn cycle(&mut self, shared: &Shared) -> io::Result<()> {
+        {
+            let mut pending = shared.pending.lock();
+            std::mem::swap(&mut *pending, &mut self.batch);
+        }
+        let now = now_ms();
+        self.buf.clear();
+        let mut records = 0u64;
+        for op in self.batch.drain(..) {
+            match op {
+                PendingOp::Remove(key) => {
+                    if self.state.remove(&*key).is_some() {
+                        format::encode_record(&mut self.buf, format::KIND_REMOVE, now, 0, &key, &[]);
+                        records += 1;
+                    }
+                }
+                PendingOp::Slot(slot) => {
+                    let prev = slot.state.fetch_and(!DIRTY, Ordering::SeqCst);
+                    if prev & REMOVED != 0 {
+                        continue;
+                    }
+                    let offset = slot.offset.load(Ordering::SeqCst);
+                    let meta = slot.meta.lock().clone();
+                    slot.updated_ms.store(now, Ordering::Relaxed);
+                    match self.state.get_mut(&*slot.key) {
+                        Some(e) if Arc::ptr_eq(&e.meta, &meta) => {
+                            if e.offset == offset {
+                                continue;
+                            }
+                            e.offset = offset;
+                            e.updated_ms = now;
+                            format::encode_record(&mut self.buf, format::KIND_SET_OFFSET, now, offset, &slot.key, &[]);
+                        }
+                        _ => {
+                            format::encode_record(
+                                &mut self.buf,
+                                format::KIND_SET_WITH_META,
+                                now,
+                                offset,
+                                &slot.key,
+                                &meta.bytes,
+                            );
+                            self.state.insert(slot.key.to_string(), DurableEntry { offset, meta, updated_ms: now });
+                        }
+                    }
+                    records += 1;
+                }
+            }
+        }
+        if self.needs_rewrite {
+            self.compact()?;
+            shared.stats.compactions.fetch_add(1, Ordering::Relaxed);
+            shared.log_bytes.store(self.log_len, Ordering::Relaxed);
+            return Ok(());
+        }
+        if !self.buf.is_empty() {
+            self.append(shared, records)?;
+        }
+        if self.log_len >= self.opts.compact_after_bytes.max(self.snapshot_len) {
+            self.compact()?;
+            shared.stats.compactions.fetch_add(1, Ordering::Relaxed);
+        }
+        shared.log_bytes.store(self.log_len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn append(&mut self, shared: &Shared, records: u64) -> io::Result<()> {
+        let Some(log) = self.log.as_mut() else {
+            self.needs_rewrite = true;
+            return self.compact();
+        };
+        let result = log.write_all(&self.buf).and_then(|()| log.sync_data());
+        match result {
+            Ok(()) => {
+                self.log_len += self.buf.len() as u64;
+                let s = &shared.stats;
+                s.flushes.fetch_add(1, Ordering::Relaxed);
+                s.fsyncs.fetch_add(1, Ordering::Relaxed);
+                s.records_written.fetch_add(records, Ordering::Relaxed);
+                s.bytes_written.fetch_add(self.buf.len() as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                // The log may now hold a partial batch, or (after a failed fsync) pages the kernel
+                // dropped: the state is rewritten as a fresh snapshot and log on the next cycle.
+                self.needs_rewrite = true;
+                self.log = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes the whole state as a snapshot of the next generation, then a fresh empty log of
+    /// that generation. Each step is atomic (tmp, fsync, rename, fsync dir) and every state
+    /// between them recovers (see the `format` module).
+    fn compact(&mut self) -> io::Result<()> {
+        let generation = self.generation + 1;
+        let snapshot = format::encode_snapshot(&self.state, generation);
+        self.log = None;
+        self.needs_rewrite = true;
+        format::replace_file(&self.dir, format::SNAPSHOT_TMP, format::SNAPSHOT, &snapshot)?;
+        format::replace_file(&self.dir, format::LOG_TMP, format::LOG, &format::log_header(generation))?;
+        let mut log = File::options().append(true).open(self.dir.join(format::LOG))?;
+        log.seek(SeekFrom::End(0))?;
+        self.generation = generation;
+        self.snapshot_len = snapshot.len() as u64;
+        self.log_len = format::HEADER_LEN as u64;
+        self.log = Some(log);
+        self.needs_rewrite = false;
+        tracing::debug!(dir = %self.dir.display(), generation, keys = self.state.len(), "registry compacted");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
