@@ -40,6 +40,7 @@ use sluice_config::model::ComponentSpec;
 use sluice_config::{ByteSize, ConfigError, HumanDuration};
 use sluice_core::value::now_nanos;
 use sluice_core::{AckSet, Batch, FieldPath, Str};
+use sluice_registry::Registry;
 
 use crate::codec::Codec;
 use crate::{Input, InputContext, InputError};
@@ -280,22 +281,10 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Where file positions are kept between runs.
-pub(crate) trait Positions: Send + Sync {
-    /// The committed offset and metadata of a key.
-    fn get(&self, key: &str) -> Option<(u64, serde_json::Value)>;
-    /// A function that records a new offset for `key` (called on the ack path: no I/O).
-    fn committer(&self, key: &str) -> Box<dyn Fn(u64) + Send + Sync>;
-    fn set_meta(&self, key: &str, meta: serde_json::Value);
-    fn remove(&self, key: &str);
-    /// Every key that starts with `prefix`.
-    fn keys(&self, prefix: &str) -> Vec<String>;
-}
-
 #[async_trait]
 impl Input for FileInput {
     async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
-        let positions = positions_of(&ctx);
+        let positions = ctx.registry.clone();
         let handle = tokio::runtime::Handle::current();
         let settings = self.settings;
         tokio::task::spawn_blocking(move || Harvester::new(settings, ctx, positions, handle).run())
@@ -304,47 +293,11 @@ impl Input for FileInput {
     }
 }
 
-fn positions_of(_ctx: &InputContext) -> Arc<dyn Positions> {
-    Arc::new(memory::MemoryPositions::default())
-}
-
-pub(crate) mod memory {
-    //! Positions held in memory only (for tests of the input on its own).
-    use std::collections::HashMap;
-    use std::sync::Arc;
-
-    use parking_lot::Mutex;
-
-    #[derive(Default, Clone)]
-    pub(crate) struct MemoryPositions {
-        pub(crate) map: Arc<Mutex<HashMap<String, (u64, serde_json::Value)>>>,
-    }
-
-    impl super::Positions for MemoryPositions {
-        fn get(&self, key: &str) -> Option<(u64, serde_json::Value)> {
-            self.map.lock().get(key).cloned()
-        }
-        fn committer(&self, key: &str) -> Box<dyn Fn(u64) + Send + Sync> {
-            let (map, key) = (self.map.clone(), key.to_string());
-            Box::new(move |o| map.lock().entry(key.clone()).or_insert((0, serde_json::Value::Null)).0 = o)
-        }
-        fn set_meta(&self, key: &str, meta: serde_json::Value) {
-            self.map.lock().entry(key.to_string()).or_insert((0, serde_json::Value::Null)).1 = meta;
-        }
-        fn remove(&self, key: &str) {
-            self.map.lock().remove(key);
-        }
-        fn keys(&self, prefix: &str) -> Vec<String> {
-            self.map.lock().keys().filter(|k| k.starts_with(prefix)).cloned().collect()
-        }
-    }
-}
-
 /// The reader thread's state.
 struct Harvester {
     s: Settings,
     ctx: InputContext,
-    positions: Arc<dyn Positions>,
+    positions: Arc<Registry>,
     handle: tokio::runtime::Handle,
     key_prefix: String,
     files: HashMap<FileId, Tracked>,
@@ -367,7 +320,7 @@ enum Stop {
 }
 
 impl Harvester {
-    fn new(s: Settings, ctx: InputContext, positions: Arc<dyn Positions>, handle: tokio::runtime::Handle) -> Harvester {
+    fn new(s: Settings, ctx: InputContext, positions: Arc<Registry>, handle: tokio::runtime::Handle) -> Harvester {
         let key_prefix = format!("file:{}/{}:", ctx.pipeline, ctx.id);
         let buf = vec![0u8; s.read_buffer];
         Harvester {
@@ -495,8 +448,8 @@ impl Harvester {
                     }
                     t.path = f.path.clone();
                     t.path_value = Str::from(f.path.to_string_lossy().as_ref());
-                    if t.started {
-                        self.positions.set_meta(&t.key, meta_json(t));
+                    if let Some(c) = &t.cursor {
+                        c.set_meta(meta_json(t));
                     }
                 }
                 t.released = false;
@@ -553,7 +506,8 @@ impl Harvester {
         let known: HashSet<&str> = self.files.values().map(|t| t.key.as_str()).collect();
         let seen_keys: HashSet<String> =
             seen.iter().map(|id| format!("{}{}:{}", self.key_prefix, id.dev, id.ino)).collect();
-        for key in self.positions.keys(&self.key_prefix) {
+        let ours = self.positions.entries().into_iter().map(|e| e.key).filter(|k| k.starts_with(&self.key_prefix));
+        for key in ours {
             if known.contains(key.as_str()) || seen_keys.contains(&key) {
                 self.missing_since.remove(&key);
                 continue;
@@ -652,7 +606,7 @@ impl Harvester {
         self.warned.remove(&t.path);
         let size = meta.len();
         if !t.started {
-            if !start(t, &file, size, &*self.positions, pipeline, input) {
+            if !start(t, &file, size, &self.positions, pipeline, input) {
                 return;
             }
         } else if !t.gzip {
@@ -697,8 +651,10 @@ impl Harvester {
                 Ok(Turn::Data(n)) => {
                     total += n;
                     t.at_end = false;
-                    if t.fingerprint != fingerprint {
-                        self.positions.set_meta(&t.key, meta_json(t));
+                    if t.fingerprint != fingerprint
+                        && let Some(c) = &t.cursor
+                    {
+                        c.set_meta(meta_json(t));
                     }
                 }
                 Ok(Turn::End) => {
@@ -734,7 +690,9 @@ impl Harvester {
         t.done = true;
         t.source = None;
         self.open -= 1;
-        self.positions.set_meta(&t.key, meta_json(t));
+        if let Some(c) = &t.cursor {
+            c.set_meta(meta_json(t));
+        }
         tracing::info!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, path = %t.path.display(), bytes = t.pos,
             "gzip file read to its end");
     }
@@ -796,15 +754,8 @@ impl Harvester {
 
 /// Decides where a newly opened file starts: its saved position if the file is still the one
 /// that position belongs to, else 0 (or its end, for `read_from: end` at start-up).
-fn start(
-    t: &mut Tracked,
-    file: &std::fs::File,
-    size: u64,
-    positions: &dyn Positions,
-    pipeline: &str,
-    input: &str,
-) -> bool {
-    let saved = positions.get(&t.key);
+fn start(t: &mut Tracked, file: &std::fs::File, size: u64, positions: &Registry, pipeline: &str, input: &str) -> bool {
+    let saved = positions.get(&t.key).map(|e| (e.offset, e.meta));
     let wanted_end = t.pos == u64::MAX;
     t.pos = 0;
     if let Some((offset, meta)) = saved {
@@ -822,6 +773,7 @@ fn start(
                 t.done = true;
                 t.started = true;
                 t.ready = false;
+                t.pos = offset;
                 return false;
             }
             t.pos = offset;
@@ -835,10 +787,12 @@ fn start(
         t.pos = size;
     }
     t.fingerprint = identity::fingerprint(file, FINGERPRINT_MAX).unwrap_or_default();
-    let tracker = AckTracker::new(positions.committer(&t.key));
-    t.tracker = Some(tracker);
+    let cursor = positions.cursor(&t.key);
+    let committer = cursor.clone();
+    t.tracker = Some(AckTracker::new(move |offset| committer.commit(offset)));
     t.started = true;
-    positions.set_meta(&t.key, meta_json(t));
+    cursor.set_meta(meta_json(t));
+    t.cursor = Some(cursor);
     true
 }
 

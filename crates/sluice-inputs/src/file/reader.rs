@@ -245,6 +245,8 @@ pub(crate) struct Tracked {
     pub pending: multiline::Pending,
     pub fingerprint: Fingerprint,
     pub tracker: Option<Arc<AckTracker>>,
+    /// The file's registry key, once started.
+    pub cursor: Option<sluice_registry::Cursor>,
     /// May have unread data (last read was not at the end, or a notification came).
     pub ready: bool,
     /// The last look found no more data: check for truncation before reading again.
@@ -273,6 +275,7 @@ impl Tracked {
             pending: multiline::Pending::default(),
             fingerprint: Fingerprint::default(),
             tracker: None,
+            cursor: None,
             ready: true,
             at_end: false,
             last_data: now,
