@@ -64,6 +64,7 @@ impl Multiline {
     }
 
     /// Adds a line; a finished event, if this line closed one, goes to `out`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn push(
         &self,
         p: &mut Pending,
