@@ -245,7 +245,12 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError>
             })
         }
     };
+    let meta_overlaps_text = [&c.path_field, &c.offset_field, &c.host_field]
+        .into_iter()
+        .flatten()
+        .any(|p| matches!(p.segments()[0].as_str(), "message" | "@timestamp" | "tags"));
     let shape = Shape {
+        meta_overlaps_text,
         framing: Framing::new(&c.delimiter, encoding, c.max_line_bytes.as_usize()),
         codec: c.codec,
         encoding,
@@ -447,7 +452,7 @@ impl Harvester {
                         self.by_path.remove(&t.path);
                     }
                     t.path = f.path.clone();
-                    t.path_value = Str::from(f.path.to_string_lossy().as_ref());
+                    t.template = self.s.shape.template(&f.path);
                     if let Some(c) = &t.cursor {
                         c.set_meta(meta_json(t));
                     }
@@ -467,7 +472,7 @@ impl Harvester {
             }
             let key = format!("{}{}:{}", self.key_prefix, id.dev, id.ino);
             self.missing_since.remove(&key);
-            let mut t = Tracked::new(id, key, f.path.clone(), now);
+            let mut t = Tracked::new(id, key, f.path.clone(), self.s.shape.template(&f.path), now);
             // `read_from: end` is for files present at start-up; files that appear later are
             // new and read whole, or a rotation would lose the first lines of the new file.
             if self.first_scan && self.s.read_from == ReadFrom::End {

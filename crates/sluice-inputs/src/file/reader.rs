@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use memchr::memmem;
-use sluice_core::{Event, FieldPath, Str, Value};
+use sluice_core::{Event, FieldPath, Map, Str, Value};
 
 use super::acks::AckTracker;
 use super::decode::TextEncoding;
@@ -198,6 +198,8 @@ pub(crate) struct Shape {
     pub offset_field: Option<FieldPath>,
     pub host_field: Option<FieldPath>,
     pub host: Str,
+    /// A metadata field is `message` or `@timestamp` itself (or under them).
+    pub meta_overlaps_text: bool,
 }
 
 /// The open source of a file's bytes.
@@ -234,7 +236,8 @@ pub(crate) struct Tracked {
     pub id: FileId,
     pub key: String,
     pub path: PathBuf,
-    pub path_value: Str,
+    /// This file's metadata fields (path, offset placeholder, host), cloned into each event.
+    pub template: Map,
     pub source: Option<Source>,
     pub gzip: bool,
     /// Where the start offset was decided (first open): before that the file was only found.
@@ -260,12 +263,12 @@ pub(crate) struct Tracked {
 }
 
 impl Tracked {
-    pub(crate) fn new(id: FileId, key: String, path: PathBuf, now: Instant) -> Tracked {
+    pub(crate) fn new(id: FileId, key: String, path: PathBuf, template: Map, now: Instant) -> Tracked {
         let gzip = path.extension().is_some_and(|e| e == "gz");
         Tracked {
             id,
             key,
-            path_value: Str::from(path.to_string_lossy().as_ref()),
+            template,
             path,
             source: None,
             gzip,
@@ -357,7 +360,7 @@ pub(crate) fn read_turn(
     let tracker = t.tracker.clone().expect("a started file has a tracker");
     let (partial, pending) = (&mut t.partial, &mut t.pending);
     let truncated = &mut t.truncated_lines;
-    let path = &t.path_value;
+    let path = &t.template;
     partial.feed(&shape.framing, data, start_at, &mut |line| {
         *truncated += u64::from(line.truncated);
         take_line(shape, pending, path, &tracker, line, now, timestamp, out);
@@ -368,7 +371,7 @@ pub(crate) fn read_turn(
 /// Lets a file go: its unterminated last line and pending multiline event are handed out.
 pub(crate) fn finish(t: &mut Tracked, shape: &Shape, out: &mut BatchBuilder, now: Instant, timestamp: i64) {
     let Some(tracker) = t.tracker.clone() else { return };
-    let (partial, pending, path, end) = (&mut t.partial, &mut t.pending, &t.path_value, t.pos);
+    let (partial, pending, path, end) = (&mut t.partial, &mut t.pending, &t.template, t.pos);
     partial.finish(&shape.framing, end, &mut |line| {
         take_line(shape, pending, path, &tracker, line, now, timestamp, out);
     });
@@ -383,7 +386,7 @@ pub(crate) fn finish(t: &mut Tracked, shape: &Shape, out: &mut BatchBuilder, now
 pub(crate) fn flush_idle(t: &mut Tracked, shape: &Shape, out: &mut BatchBuilder, now: Instant, timestamp: i64) {
     let (Some(m), Some(tracker)) = (&shape.multiline, t.tracker.clone()) else { return };
     if let Some(j) = m.flush_idle(&mut t.pending, now) {
-        push_joined(shape, &t.path_value, &tracker, j, timestamp, out);
+        push_joined(shape, &t.template, &tracker, j, timestamp, out);
     }
 }
 
@@ -391,7 +394,7 @@ pub(crate) fn flush_idle(t: &mut Tracked, shape: &Shape, out: &mut BatchBuilder,
 fn take_line(
     shape: &Shape,
     pending: &mut multiline::Pending,
-    path: &Str,
+    path: &Map,
     tracker: &Arc<AckTracker>,
     line: RawLine<'_>,
     now: Instant,
@@ -420,7 +423,7 @@ fn take_line(
 
 fn push_joined(
     shape: &Shape,
-    path: &Str,
+    path: &Map,
     tracker: &Arc<AckTracker>,
     j: multiline::Joined,
     timestamp: i64,
@@ -437,7 +440,7 @@ fn make_event(
     shape: &Shape,
     text: &[u8],
     truncated: bool,
-    path: &Str,
+    template: &Map,
     offset: u64,
     timestamp: i64,
     out: &mut BatchBuilder,
@@ -449,16 +452,42 @@ fn make_event(
     if truncated && !event.has_tag(TAG_TRUNCATED) {
         event.add_tag(TAG_TRUNCATED);
     }
-    if let Some(p) = &shape.path_field {
-        let _ = event.insert(p, Value::String(path.clone()));
+    if template.is_empty() {
+        return event;
     }
-    if let Some(p) = &shape.offset_field {
-        let _ = event.insert(p, Value::Int(offset as i64));
+    let mut meta = template.clone();
+    if let Some(slot) = shape.offset_field.as_ref().and_then(|p| p.get_mut(&mut meta)) {
+        *slot = Value::Int(offset as i64);
     }
-    if let Some(p) = &shape.host_field {
-        let _ = event.insert(p, Value::String(shape.host.clone()));
+    if shape.codec == Codec::Lines && !shape.meta_overlaps_text {
+        // A text event holds only `message` and `@timestamp`: the metadata's top-level keys
+        // are new, so they are appended whole (no walk, no growth of the nested objects).
+        event.fields.extend(meta);
+    } else {
+        for p in [&shape.path_field, &shape.offset_field, &shape.host_field].into_iter().flatten() {
+            if let Some(v) = p.get(&meta) {
+                let _ = event.insert(p, v.clone());
+            }
+        }
     }
     event
+}
+
+impl Shape {
+    /// The metadata fields of events from a file at `path`, with the offset at 0.
+    pub(crate) fn template(&self, path: &std::path::Path) -> Map {
+        let mut m = Map::new();
+        if let Some(p) = &self.path_field {
+            let _ = p.insert(&mut m, Value::String(Str::from(path.to_string_lossy().as_ref())));
+        }
+        if let Some(p) = &self.offset_field {
+            let _ = p.insert(&mut m, Value::Int(0));
+        }
+        if let Some(p) = &self.host_field {
+            let _ = p.insert(&mut m, Value::String(self.host.clone()));
+        }
+        m
+    }
 }
 
 #[cfg(test)]
