@@ -462,7 +462,9 @@ fn make_event(
     if shape.codec == Codec::Lines && !shape.meta_overlaps_text {
         // A text event holds only `message` and `@timestamp`: the metadata's top-level keys
         // are new, so they are appended whole (no walk, no growth of the nested objects).
-        event.fields.extend(meta);
+        for (k, v) in meta {
+            event.fields.push_unchecked(k, v);
+        }
     } else {
         for p in [&shape.path_field, &shape.offset_field, &shape.host_field].into_iter().flatten() {
             if let Some(v) = p.get(&meta) {
