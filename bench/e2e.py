@@ -140,20 +140,21 @@ def tcp_blackhole(tmp, events, processors=(), name="tcp -> blackhole"):
 
 def loghub_file(path, size):
     """A file of about `size` bytes made of the loghub sample lines, cycled; returns (lines, bytes)."""
-    lines = []
+    parts = []
     for name in sorted(os.listdir(LOGHUB)):
         if name.endswith(".log"):
             with open(os.path.join(LOGHUB, name), "rb") as f:
-                lines += f.read().splitlines(keepends=True)
-    blob = b"".join(lines)
+                text = f.read()
+            parts.append(text if text.endswith(b"\n") else text + b"\n")
+    blob = b"".join(parts)
     repeats = max(1, size // len(blob))
     with open(path, "wb") as f:
         for _ in range(repeats):
             f.write(blob)
-    return len(lines) * repeats, len(blob) * repeats
+    return blob.count(b"\n") * repeats, len(blob) * repeats
 
 
-def wait_out(api, proc, events, timeout=600):
+def wait_out(api, proc, events, timeout=300):
     deadline = time.time() + timeout
     while True:
         out = stats(api)["pipelines"]["bench"]["events"]["out"]
