@@ -8,5 +8,5 @@ if [[ "${1:-}" == "--micro" ]]; then micro=1; shift; fi
 cargo build --release -p sluice -p sluice-loadgen
 python3 bench/e2e.py "$@"
 if [[ $micro == 1 ]]; then
-  cargo bench -p sluice-inputs -p sluice-expr -p sluice-processors -p sluice-segment -p sluice-queue -- --warm-up-time 1 --measurement-time 3
+  cargo bench -p sluice-inputs -p sluice-expr -p sluice-processors -p sluice-segment -p sluice-queue -p sluice-registry -- --warm-up-time 1 --measurement-time 3
 fi

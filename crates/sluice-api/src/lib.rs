@@ -331,7 +331,53 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
             .map(|(l, c)| (l.clone(), &c.duration))
             .collect::<Vec<_>>(),
     );
+    if let Some(r) = registry.registry() {
+        registry_metrics(&mut out, &r);
+    }
     out
+}
+
+fn registry_metrics(out: &mut String, r: &sluice_core::metrics::RegistryMetrics) {
+    use sluice_core::metrics::Counter;
+    let counters: [(&str, &str, &Counter); 6] = [
+        (
+            "sluice_registry_flushes_total",
+            "Batches of position updates the registry appended to its op log.",
+            &r.flushes,
+        ),
+        ("sluice_registry_fsyncs_total", "fsync calls of the registry's op log.", &r.fsyncs),
+        (
+            "sluice_registry_records_written_total",
+            "Records the registry appended (one per changed key per flush).",
+            &r.records_written,
+        ),
+        ("sluice_registry_bytes_written_total", "Bytes the registry appended to its op log.", &r.bytes_written),
+        ("sluice_registry_compactions_total", "Op log compactions into the snapshot.", &r.compactions),
+        ("sluice_registry_write_errors_total", "Failed registry writes (retried).", &r.write_errors),
+    ];
+    for (name, help, c) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.get());
+    }
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let gauges: [(&str, &str, f64); 4] = [
+        ("sluice_registry_keys", "Keys the registry holds.", load(&r.keys) as f64),
+        ("sluice_registry_flushed_keys", "Keys the last flush wrote.", load(&r.flushed_keys) as f64),
+        ("sluice_registry_log_bytes", "Size of the registry's op log.", load(&r.log_bytes) as f64),
+        (
+            "sluice_registry_lag_seconds",
+            "Time since everything handed to the registry writer was last durable.",
+            registry_lag(r),
+        ),
+    ];
+    for (name, help, v) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
+}
+
+fn registry_lag(r: &sluice_core::metrics::RegistryMetrics) -> f64 {
+    let durable = r.durable_unix_ms.load(std::sync::atomic::Ordering::Relaxed);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    now.saturating_sub(durable) as f64 / 1000.0
 }
 
 async fn metrics(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
@@ -374,7 +420,20 @@ pub fn render_stats(state: &ApiState) -> Json {
             }),
         );
     }
-    json!({"uptime_seconds": state.started.elapsed().as_secs_f64(), "pipelines": pipelines})
+    let registry = state.registry.registry().map(|r| {
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        json!({
+            "keys": load(&r.keys),
+            "lag_seconds": registry_lag(&r),
+            "flushes": r.flushes.get(),
+            "fsyncs": r.fsyncs.get(),
+            "records_written": r.records_written.get(),
+            "compactions": r.compactions.get(),
+            "write_errors": r.write_errors.get(),
+            "log_bytes": load(&r.log_bytes),
+        })
+    });
+    json!({"uptime_seconds": state.started.elapsed().as_secs_f64(), "pipelines": pipelines, "registry": registry})
 }
 
 async fn stats(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
@@ -385,6 +444,23 @@ async fn stats(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
 mod tests {
     use super::*;
     use sluice_core::metrics::ComponentKind;
+
+    #[test]
+    fn registry_figures_appear_once_published() {
+        let reg = Arc::new(MetricsRegistry::default());
+        assert!(!render_prometheus(&reg, Duration::from_secs(1)).contains("sluice_registry_"));
+        assert!(render_stats(&ApiState::new(reg.clone()))["registry"].is_null());
+        let r = Arc::new(sluice_core::metrics::RegistryMetrics::default());
+        r.fsyncs.add(3);
+        r.keys.store(10, std::sync::atomic::Ordering::Relaxed);
+        reg.set_registry(r);
+        let text = render_prometheus(&reg, Duration::from_secs(1));
+        assert!(text.contains("\nsluice_registry_fsyncs_total 3\n"), "{text}");
+        assert!(text.contains("\nsluice_registry_keys 10\n"), "{text}");
+        let stats = render_stats(&ApiState::new(reg));
+        assert_eq!(stats["registry"]["keys"], 10);
+        assert_eq!(stats["registry"]["fsyncs"], 3);
+    }
 
     #[test]
     fn prometheus_text_has_labels_and_values() {

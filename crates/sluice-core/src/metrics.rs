@@ -160,10 +160,30 @@ impl PipelineMetrics {
     }
 }
 
+/// Figures of the registry of input positions (`data_dir/registry`), kept by its writer.
+#[derive(Debug, Default)]
+pub struct RegistryMetrics {
+    /// Batches of updates appended to the op log.
+    pub flushes: Counter,
+    pub fsyncs: Counter,
+    pub records_written: Counter,
+    pub bytes_written: Counter,
+    pub compactions: Counter,
+    pub write_errors: Counter,
+    /// Keys held, as of the last flush.
+    pub keys: AtomicU64,
+    /// Keys the last flush took from the acknowledgement path (many acks of a key count once).
+    pub flushed_keys: AtomicU64,
+    pub log_bytes: AtomicU64,
+    /// When everything handed to the writer was last durable (ms since the Unix epoch; 0: never).
+    pub durable_unix_ms: AtomicU64,
+}
+
 /// All pipelines of the process. Reloading a pipeline replaces its entry.
 #[derive(Debug, Default)]
 pub struct MetricsRegistry {
     pipelines: RwLock<Vec<Arc<PipelineMetrics>>>,
+    registry: RwLock<Option<Arc<RegistryMetrics>>>,
 }
 
 impl MetricsRegistry {
@@ -179,6 +199,15 @@ impl MetricsRegistry {
 
     pub fn pipelines(&self) -> Vec<Arc<PipelineMetrics>> {
         self.pipelines.read().clone()
+    }
+
+    /// Publishes the registry's figures (once it is durable).
+    pub fn set_registry(&self, m: Arc<RegistryMetrics>) {
+        *self.registry.write() = Some(m);
+    }
+
+    pub fn registry(&self) -> Option<Arc<RegistryMetrics>> {
+        self.registry.read().clone()
     }
 }
 

@@ -52,6 +52,13 @@ pub trait Input: Send {
     fn is_internal(&self) -> bool {
         false
     }
+
+    /// True for inputs that resume from positions kept in [`InputContext::registry`] (files, a
+    /// DLQ reader): the engine then opens the durable registry in `data_dir/registry`. When no
+    /// input of a process says so, the registry is an in-memory one and no directory is touched.
+    fn uses_registry(&self) -> bool {
+        false
+    }
 }
 
 /// What a running input is given.
@@ -65,7 +72,8 @@ pub struct InputContext {
     pub bus: Arc<PipelineBus>,
     pub data_dir: PathBuf,
     /// The process's registry of input positions (`data_dir/registry`): inputs that resume
-    /// where they stopped take a cursor per key and commit to it on acknowledgement.
+    /// where they stopped take a cursor per key and commit to it on acknowledgement. Durable
+    /// only if some input's [`Input::uses_registry`] is true; otherwise in memory.
     pub registry: Arc<sluice_registry::Registry>,
 }
 

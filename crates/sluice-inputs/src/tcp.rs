@@ -267,20 +267,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// One registry for the whole test process, in a directory kept until it exits.
-    pub(crate) fn test_registry() -> Arc<sluice_registry::Registry> {
-        static REGISTRY: std::sync::OnceLock<(tempfile::TempDir, Arc<sluice_registry::Registry>)> =
-            std::sync::OnceLock::new();
-        REGISTRY
-            .get_or_init(|| {
-                let dir = tempfile::tempdir().expect("a temporary directory");
-                let registry = sluice_registry::Registry::open(dir.path(), Default::default()).expect("a registry");
-                (dir, registry)
-            })
-            .1
-            .clone()
-    }
-
     pub(crate) fn context() -> (InputContext, mpsc::UnboundedReceiver<Batch>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let ctx = InputContext {
@@ -291,7 +277,7 @@ pub(crate) mod tests {
             shutdown: CancellationToken::new(),
             bus: Arc::new(PipelineBus::default()),
             data_dir: PathBuf::from("."),
-            registry: test_registry(),
+            registry: sluice_registry::Registry::in_memory(),
         };
         (ctx, rx)
     }

@@ -44,6 +44,21 @@ fn ack(c: &mut Criterion) {
             }
         })
     });
+    // Two threads (the machine's cores), each on its own half of the keys, as ack handlers on
+    // two runtime workers would be.
+    group.bench_function("commit_1M_two_threads_10k_keys", |b| {
+        b.iter(|| {
+            std::thread::scope(|s| {
+                for half in cursors.chunks(KEYS / 2) {
+                    s.spawn(move || {
+                        for i in 0..COMMITS / 2 {
+                            half[i as usize % half.len()].commit(i);
+                        }
+                    });
+                }
+            })
+        })
+    });
     group.finish();
 
     // fsyncs per flush interval under a sustained commit load.

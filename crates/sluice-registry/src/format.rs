@@ -35,8 +35,13 @@ const VERSION: u32 = 1;
 pub(crate) const HEADER_LEN: usize = 32;
 const RECORD_HEADER_LEN: usize = 8;
 const PAYLOAD_FIXED_LEN: usize = 1 + 8 + 8 + 4;
-/// Larger than any sane record (keys and metadata are small); a length above it is corruption.
+/// Larger than any record the registry writes (see the limits below); a length above it is
+/// corruption.
 const MAX_RECORD_LEN: usize = 16 << 20;
+/// The longest key the registry writes; longer keys are refused (and logged) by the writer.
+pub(crate) const MAX_KEY_LEN: usize = 64 << 10;
+/// The largest metadata (as JSON) the registry keeps; larger metadata is refused by `set_meta`.
+pub(crate) const MAX_META_LEN: usize = 1 << 20;
 
 /// Sets the offset and replaces the metadata.
 pub(crate) const KIND_SET_WITH_META: u8 = 1;
@@ -441,10 +446,4 @@ pub(crate) fn encode_snapshot(state: &State, generation: u64) -> Vec<u8> {
     }
     encode_record(&mut buf, KIND_SNAPSHOT_END, 0, state.len() as u64, "", &[]);
     buf
-}
-
-/// Test support: crafting files in every intermediate state.
-#[cfg(test)]
-pub(crate) fn snapshot_header(generation: u64) -> [u8; HEADER_LEN] {
-    header(SNAPSHOT_MAGIC, generation)
 }

@@ -15,6 +15,22 @@
 //! everything pending. Start-up recovers the snapshot and the op log up to the first bad record,
 //! names the file and offset of any damage, and survives a crash at any step of compaction
 //! (see the `format` module).
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use sluice_registry::{Registry, RegistryOptions};
+//!
+//! let registry = Registry::open(Path::new("data/registry"), RegistryOptions::default())?;
+//! let start = registry.get("file:2049:131").map_or(0, |e| e.offset); // where to resume
+//! let cursor = registry.cursor("file:2049:131");
+//! cursor.set_meta(serde_json::json!({"path": "/var/log/app.log"})); // rare
+//! cursor.commit(start + 4096); // on every acknowledgement: in memory only
+//! registry.close()?; // at shutdown: everything pending is written
+//! # Ok::<(), sluice_registry::RegistryError>(())
+//! ```
+//!
+//! Limits: a key is at most 64 KiB and metadata at most 1 MiB of JSON; beyond that the update is
+//! refused and logged rather than written as a record recovery would reject.
 
 mod format;
 
@@ -31,6 +47,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
 
 use format::{DurableEntry, Meta, State};
+pub use sluice_core::metrics::RegistryMetrics;
 
 /// The environment switch that turns [`Cursor::commit`] into a no-op (for benchmarks that
 /// measure what the registry costs).
@@ -79,19 +96,7 @@ pub struct Entry {
     pub updated: SystemTime,
 }
 
-/// Counters of the background writer.
-#[derive(Debug, Default)]
-pub struct RegistryStats {
-    /// Batches written to the op log.
-    pub flushes: AtomicU64,
-    pub fsyncs: AtomicU64,
-    pub records_written: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub compactions: AtomicU64,
-    pub write_errors: AtomicU64,
-}
-
-/// A copy of [`RegistryStats`] plus gauges.
+/// A copy of the writer's [`RegistryMetrics`], plus the keys pending right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StatsSnapshot {
     pub flushes: u64,
@@ -145,8 +150,13 @@ struct Shared {
     /// `flush_interval` is zero: a commit that makes the pending list non-empty wakes the writer.
     eager: bool,
     disabled: bool,
-    stats: RegistryStats,
-    log_bytes: AtomicU64,
+    /// An in-memory registry ([`Registry::in_memory`]): nothing is queued or written.
+    memory_only: bool,
+    warned_memory_only: std::sync::atomic::AtomicBool,
+    stats: Arc<RegistryMetrics>,
+    /// Test support: the number of upcoming file writes to fail.
+    #[cfg(test)]
+    fail_writes: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Shared {
@@ -170,7 +180,7 @@ pub struct Registry {
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Held for the registry's lifetime: one process owns a registry directory.
-    _lock: File,
+    _lock: Option<File>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -198,6 +208,8 @@ impl std::fmt::Debug for Cursor {
 impl Cursor {
     /// Records `offset` as the key's newest cursor. No syscall, no allocation in steady state,
     /// and no lock the writer holds during I/O; the writer persists it with its next flush.
+    /// Only the commit that finds the key clean queues it (a short, uncontended lock); with a
+    /// zero flush interval that commit also wakes the writer.
     #[inline]
     pub fn commit(&self, offset: u64) {
         if self.shared.disabled {
@@ -223,7 +235,13 @@ impl Cursor {
     /// Replaces the key's metadata (file identity, path after a rename); rare. Persisted with
     /// the next flush. Like a commit, it creates the key if it does not exist yet.
     pub fn set_meta(&self, meta: Value) {
-        *self.slot.meta.lock() = Arc::new(Meta::new(meta));
+        let meta = Meta::new(meta);
+        if meta.bytes.len() > format::MAX_META_LEN {
+            tracing::error!(key = %self.slot.key, bytes = meta.bytes.len(), limit = format::MAX_META_LEN,
+                "registry metadata too large; keeping the previous metadata");
+            return;
+        }
+        *self.slot.meta.lock() = Arc::new(meta);
         self.mark_dirty();
     }
 
@@ -279,7 +297,13 @@ impl Registry {
     /// starts the background writer.
     pub fn open(dir: &Path, opts: RegistryOptions) -> Result<Arc<Registry>, RegistryError> {
         let io_err = |source| RegistryError::Io { dir: dir.to_path_buf(), source };
-        fs::create_dir_all(dir).map_err(io_err)?;
+        if !dir.is_dir() {
+            fs::create_dir_all(dir).map_err(io_err)?;
+            // The new directory's own entry must be durable too, or a crash could lose it whole.
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                format::sync_dir(parent).map_err(io_err)?;
+            }
+        }
         let lock =
             File::options().create(true).truncate(false).write(true).open(dir.join(format::LOCK)).map_err(io_err)?;
         if !lock_exclusive(&lock) {
@@ -307,6 +331,8 @@ impl Registry {
             opts: opts.clone(),
             buf: Vec::new(),
             batch: Vec::new(),
+            #[cfg(test)]
+            fail_writes: Default::default(),
         };
         match rec.log_generation {
             Some(generation) if !rec.needs_rewrite => {
@@ -354,15 +380,47 @@ impl Registry {
             wake: Condvar::new(),
             eager: opts.flush_interval.is_zero(),
             disabled,
-            stats: RegistryStats::default(),
-            log_bytes: AtomicU64::new(writer.log_len),
+            memory_only: false,
+            warned_memory_only: Default::default(),
+            stats: Arc::default(),
+            #[cfg(test)]
+            fail_writes: writer.fail_writes.clone(),
         });
+        shared.stats.log_bytes.store(writer.log_len, Ordering::Relaxed);
+        shared.stats.keys.store(writer.state.len() as u64, Ordering::Relaxed);
+        shared.stats.durable_unix_ms.store(now_ms(), Ordering::Relaxed);
         let thread_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("sluice-registry".into())
             .spawn(move || writer.run(&thread_shared))
             .map_err(io_err)?;
-        Ok(Arc::new(Registry { shared, writer: Mutex::new(Some(handle)), _lock: lock }))
+        Ok(Arc::new(Registry { shared, writer: Mutex::new(Some(handle)), _lock: Some(lock) }))
+    }
+
+    /// A registry that keeps cursors in memory only and writes nothing: for a process none of
+    /// whose inputs resumes from a position (so it touches no directory), and for tests.
+    /// Taking a cursor on it logs a warning once, since nothing taken there survives a restart.
+    pub fn in_memory() -> Arc<Registry> {
+        let shared = Arc::new(Shared {
+            dir: PathBuf::from("(in memory)"),
+            slots: RwLock::new(HashMap::new()),
+            pending: Mutex::new(Vec::new()),
+            control: Mutex::new(Control { stopped: true, ..Control::default() }),
+            wake: Condvar::new(),
+            eager: false,
+            disabled: false,
+            memory_only: true,
+            warned_memory_only: Default::default(),
+            stats: Arc::default(),
+            #[cfg(test)]
+            fail_writes: Default::default(),
+        });
+        Arc::new(Registry { shared, writer: Mutex::new(None), _lock: None })
+    }
+
+    /// False for [`Registry::in_memory`].
+    pub fn is_persistent(&self) -> bool {
+        !self.shared.memory_only
     }
 
     /// Reads the registry in `dir` without taking it over: no lock, no truncation, no rewrite.
@@ -375,7 +433,15 @@ impl Registry {
             });
         }
         let in_use = lock_held(dir);
-        let rec = format::recover(dir).map_err(|source| RegistryError::Io { dir: dir.to_path_buf(), source })?;
+        let mut rec = format::recover(dir).map_err(|source| RegistryError::Io { dir: dir.to_path_buf(), source })?;
+        // The owner may have compacted between our reads of the snapshot and the log: read again.
+        for _ in 0..3 {
+            if !(in_use && rec.needs_rewrite) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            rec = format::recover(dir).map_err(|source| RegistryError::Io { dir: dir.to_path_buf(), source })?;
+        }
         let entries = rec
             .state
             .into_iter()
@@ -410,6 +476,11 @@ impl Registry {
         if let Some(slot) = self.shared.slots.read().get(key) {
             return Cursor { slot: slot.clone(), shared: self.shared.clone() };
         }
+        if self.shared.memory_only && !self.shared.warned_memory_only.swap(true, Ordering::Relaxed) {
+            tracing::warn!(key, "a cursor was taken on an in-memory registry: positions will not survive a restart");
+        }
+        // In memory, a slot is born dirty so that commits never queue it for a writer.
+        let initial = if self.shared.memory_only { DIRTY } else { 0 };
         let mut slots = self.shared.slots.write();
         let slot = slots
             .entry(key.into())
@@ -417,7 +488,7 @@ impl Registry {
                 Arc::new(Slot {
                     key: key.into(),
                     offset: AtomicU64::new(0),
-                    state: AtomicU8::new(0),
+                    state: AtomicU8::new(initial),
                     meta: Mutex::new(Arc::new(Meta::null())),
                     updated_ms: AtomicU64::new(now_ms()),
                 })
@@ -432,6 +503,9 @@ impl Registry {
         let mut slots = self.shared.slots.write();
         if let Some(slot) = slots.remove(key) {
             slot.state.fetch_or(REMOVED, Ordering::SeqCst);
+            if self.shared.memory_only {
+                return;
+            }
             // Queued under the map's lock, so a cursor created again afterwards queues after it.
             self.shared.push(PendingOp::Remove(key.into()));
         }
@@ -491,18 +565,25 @@ impl Registry {
 
     pub fn stats(&self) -> StatsSnapshot {
         let s = &self.shared.stats;
+        // One lock at a time: `remove` takes the slots and then the pending list.
+        let pending_keys = self.shared.pending.lock().len() as u64;
+        let keys = self.shared.slots.read().values().filter(|s| s.state.load(Ordering::Relaxed) & LIVE != 0).count();
         StatsSnapshot {
-            flushes: s.flushes.load(Ordering::Relaxed),
-            fsyncs: s.fsyncs.load(Ordering::Relaxed),
-            records_written: s.records_written.load(Ordering::Relaxed),
-            bytes_written: s.bytes_written.load(Ordering::Relaxed),
-            compactions: s.compactions.load(Ordering::Relaxed),
-            write_errors: s.write_errors.load(Ordering::Relaxed),
-            pending_keys: self.shared.pending.lock().len() as u64,
-            keys: self.shared.slots.read().values().filter(|s| s.state.load(Ordering::Relaxed) & LIVE != 0).count()
-                as u64,
-            log_bytes: self.shared.log_bytes.load(Ordering::Relaxed),
+            flushes: s.flushes.get(),
+            fsyncs: s.fsyncs.get(),
+            records_written: s.records_written.get(),
+            bytes_written: s.bytes_written.get(),
+            compactions: s.compactions.get(),
+            write_errors: s.write_errors.get(),
+            pending_keys,
+            keys: keys as u64,
+            log_bytes: s.log_bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// The writer's figures, for the monitoring API.
+    pub fn metrics(&self) -> Arc<RegistryMetrics> {
+        self.shared.stats.clone()
     }
 }
 
@@ -539,11 +620,26 @@ struct Writer {
     opts: RegistryOptions,
     buf: Vec<u8>,
     batch: Vec<PendingOp>,
+    #[cfg(test)]
+    fail_writes: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Writer {
+    /// Test support: fails this write if failures were asked for.
+    fn injected_failure(&self) -> io::Result<()> {
+        #[cfg(test)]
+        if self.fail_writes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(io::Error::other("injected write failure"));
+        }
+        Ok(())
+    }
+
     fn run(mut self, shared: &Shared) {
-        let mut next_flush = Instant::now() + self.opts.flush_interval;
+        // With a zero interval the writer sleeps until a commit wakes it; it still wakes this
+        // often, idle, so that the lag it reports stays fresh.
+        const IDLE_WAKE: Duration = Duration::from_secs(1);
+        let interval = if self.opts.flush_interval.is_zero() { IDLE_WAKE } else { self.opts.flush_interval };
+        let mut next_flush = Instant::now() + interval;
         let mut retry_at: Option<Instant> = None;
         loop {
             let (ticket, stop) = {
@@ -557,13 +653,7 @@ impl Writer {
                         if now >= at {
                             break;
                         }
-                    } else if self.opts.flush_interval.is_zero() {
-                        if !shared.pending.lock().is_empty() {
-                            break;
-                        }
-                        shared.wake.wait(&mut c);
-                        continue;
-                    } else if now >= next_flush {
+                    } else if now >= next_flush || (shared.eager && !shared.pending.lock().is_empty()) {
                         break;
                     }
                     let deadline = retry_at.unwrap_or(next_flush);
@@ -571,12 +661,12 @@ impl Writer {
                 }
                 (c.requested, c.stop)
             };
-            next_flush = Instant::now() + self.opts.flush_interval;
+            next_flush = Instant::now() + interval;
             let result = self.cycle(shared);
             retry_at = match &result {
                 Ok(()) => None,
                 Err(e) => {
-                    shared.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                    shared.stats.write_errors.add(1);
                     tracing::error!(dir = %self.dir.display(), "registry write failed (retrying): {e}");
                     Some(Instant::now() + self.opts.flush_interval.max(Duration::from_secs(1)))
                 }
@@ -599,7 +689,18 @@ impl Writer {
             let mut pending = shared.pending.lock();
             std::mem::swap(&mut *pending, &mut self.batch);
         }
+        let taken = self.batch.len() as u64;
         let now = now_ms();
+        self.write_batch(shared, now)?;
+        let s = &shared.stats;
+        s.log_bytes.store(self.log_len, Ordering::Relaxed);
+        s.keys.store(self.state.len() as u64, Ordering::Relaxed);
+        s.flushed_keys.store(taken, Ordering::Relaxed);
+        s.durable_unix_ms.store(now, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_batch(&mut self, shared: &Shared, now: u64) -> io::Result<()> {
         self.buf.clear();
         let mut records = 0u64;
         for op in self.batch.drain(..) {
@@ -615,9 +716,13 @@ impl Writer {
                     if prev & REMOVED != 0 {
                         continue;
                     }
+                    if slot.key.len() > format::MAX_KEY_LEN {
+                        tracing::error!(key_prefix = %slot.key.chars().take(64).collect::<String>(),
+                            bytes = slot.key.len(), limit = format::MAX_KEY_LEN, "registry key too long; not written");
+                        continue;
+                    }
                     let offset = slot.offset.load(Ordering::SeqCst);
                     let meta = slot.meta.lock().clone();
-                    slot.updated_ms.store(now, Ordering::Relaxed);
                     match self.state.get_mut(&*slot.key) {
                         Some(e) if Arc::ptr_eq(&e.meta, &meta) => {
                             if e.offset == offset {
@@ -639,14 +744,14 @@ impl Writer {
                             self.state.insert(slot.key.to_string(), DurableEntry { offset, meta, updated_ms: now });
                         }
                     }
+                    slot.updated_ms.store(now, Ordering::Relaxed);
                     records += 1;
                 }
             }
         }
         if self.needs_rewrite {
             self.compact()?;
-            shared.stats.compactions.fetch_add(1, Ordering::Relaxed);
-            shared.log_bytes.store(self.log_len, Ordering::Relaxed);
+            shared.stats.compactions.add(1);
             return Ok(());
         }
         if !self.buf.is_empty() {
@@ -654,26 +759,29 @@ impl Writer {
         }
         if self.log_len >= self.opts.compact_after_bytes.max(self.snapshot_len) {
             self.compact()?;
-            shared.stats.compactions.fetch_add(1, Ordering::Relaxed);
+            shared.stats.compactions.add(1);
         }
-        shared.log_bytes.store(self.log_len, Ordering::Relaxed);
         Ok(())
     }
 
     fn append(&mut self, shared: &Shared, records: u64) -> io::Result<()> {
-        let Some(log) = self.log.as_mut() else {
+        if self.log.is_none() {
             self.needs_rewrite = true;
             return self.compact();
-        };
-        let result = log.write_all(&self.buf).and_then(|()| log.sync_data());
+        }
+        let result = self.injected_failure().and_then(|()| {
+            let log = self.log.as_mut().expect("checked above");
+            log.write_all(&self.buf)?;
+            log.sync_data()
+        });
         match result {
             Ok(()) => {
                 self.log_len += self.buf.len() as u64;
                 let s = &shared.stats;
-                s.flushes.fetch_add(1, Ordering::Relaxed);
-                s.fsyncs.fetch_add(1, Ordering::Relaxed);
-                s.records_written.fetch_add(records, Ordering::Relaxed);
-                s.bytes_written.fetch_add(self.buf.len() as u64, Ordering::Relaxed);
+                s.flushes.add(1);
+                s.fsyncs.add(1);
+                s.records_written.add(records);
+                s.bytes_written.add(self.buf.len() as u64);
                 Ok(())
             }
             Err(e) => {
@@ -694,6 +802,7 @@ impl Writer {
         let snapshot = format::encode_snapshot(&self.state, generation);
         self.log = None;
         self.needs_rewrite = true;
+        self.injected_failure()?;
         format::replace_file(&self.dir, format::SNAPSHOT_TMP, format::SNAPSHOT, &snapshot)?;
         format::replace_file(&self.dir, format::LOG_TMP, format::LOG, &format::log_header(generation))?;
         let mut log = File::options().append(true).open(self.dir.join(format::LOG))?;

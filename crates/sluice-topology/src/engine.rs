@@ -38,12 +38,13 @@ struct State {
     feeds: BTreeMap<String, BTreeSet<String>>,
     /// Summaries of pipelines stopped by reloads, reported again at shutdown.
     stopped: Vec<PipelineSummary>,
+    /// Durable (in `data_dir/registry`) once some input uses it, opened once (at start or at
+    /// the reload that brings the first such input), kept across reloads, closed at shutdown.
+    registry: Arc<Registry>,
 }
 
 pub struct Engine {
     bus: Arc<PipelineBus>,
-    /// Opened once at start in `data_dir/registry`, kept across reloads, closed at shutdown.
-    registry: Arc<Registry>,
     pub metrics: Arc<MetricsRegistry>,
     state: Mutex<State>,
     inputs_changed: Arc<Notify>,
@@ -62,7 +63,11 @@ impl Engine {
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
         let built = build_all(&config, &bus)?;
-        let registry = open_registry(&config).await?;
+        let registry = if built.iter().any(uses_registry) {
+            open_registry(&config, &metrics).await?
+        } else {
+            Registry::in_memory()
+        };
         let mut running: BTreeMap<String, RunningPipeline> = BTreeMap::new();
         for b in built {
             metrics.register(b.metrics.clone());
@@ -82,9 +87,8 @@ impl Engine {
         }
         Ok(Engine {
             bus,
-            registry,
             metrics,
-            state: Mutex::new(State { config, running, feeds, stopped: Vec::new() }),
+            state: Mutex::new(State { config, running, feeds, stopped: Vec::new(), registry }),
             inputs_changed,
         })
     }
@@ -119,6 +123,10 @@ impl Engine {
         report.stopped =
             state.running.keys().filter(|n| !config.pipelines.iter().any(|p| &p.name == *n)).cloned().collect();
 
+        if !state.registry.is_persistent() && fresh.iter().any(uses_registry) {
+            state.registry = open_registry(&config, &self.metrics).await?;
+        }
+
         let timeout = config.shutdown_timeout;
         let to_stop: BTreeSet<&String> = report.stopped.iter().chain(&report.restarted).collect();
         for name in upstream_first(&state.feeds) {
@@ -134,7 +142,7 @@ impl Engine {
         for b in fresh {
             self.metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &self.bus, &config.data_dir, &self.registry, self.inputs_changed.clone())
+            match RunningPipeline::start(b, &self.bus, &config.data_dir, &state.registry, self.inputs_changed.clone())
                 .await
             {
                 Ok(p) => {
@@ -192,13 +200,13 @@ impl Engine {
             }
         }
         // Every input has stopped and every acknowledgement has arrived: write what is pending.
-        close_registry(&self.registry).await;
+        close_registry(&state.registry).await;
         summaries
     }
 
     /// The registry of input positions.
-    pub fn registry(&self) -> &Arc<Registry> {
-        &self.registry
+    pub async fn registry(&self) -> Arc<Registry> {
+        self.state.lock().await.registry.clone()
     }
 
     /// Summaries of the running pipelines, as they stand.
@@ -211,8 +219,12 @@ impl Engine {
     }
 }
 
-/// Opens the registry in `data_dir/registry` with the config's options.
-async fn open_registry(config: &RootConfig) -> Result<Arc<Registry>, ConfigErrors> {
+fn uses_registry(b: &crate::build::BuiltPipeline) -> bool {
+    b.inputs.iter().any(|i| i.input.uses_registry())
+}
+
+/// Opens the registry in `data_dir/registry` with the config's options and publishes its figures.
+async fn open_registry(config: &RootConfig, metrics: &MetricsRegistry) -> Result<Arc<Registry>, ConfigErrors> {
     let dir = config.data_dir.join("registry");
     let opts = RegistryOptions {
         flush_interval: config.registry.flush_interval.0,
@@ -224,7 +236,10 @@ async fn open_registry(config: &RootConfig) -> Result<Arc<Registry>, ConfigError
     })
     .await;
     match opened {
-        Ok(Ok(r)) => Ok(r),
+        Ok(Ok(r)) => {
+            metrics.set_registry(r.metrics());
+            Ok(r)
+        }
         Ok(Err(e)) => Err(sluice_config::ConfigError::new(format!("cannot open the registry: {e}")).into()),
         Err(e) => {
             Err(sluice_config::ConfigError::new(format!("cannot open the registry in {}: {e}", dir.display())).into())
@@ -239,5 +254,47 @@ async fn close_registry(registry: &Arc<Registry>) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!("closing the registry: {e}"),
         Err(e) => tracing::error!(dir = %registry.dir().display(), "closing the registry: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(data_dir: &std::path::Path) -> RootConfig {
+        let text = format!(
+            "data_dir: {}\napi: {{enabled: false}}\npipelines:\n  p:\n    inputs: [{{type: generator, count: 10}}]\n    outputs: [{{type: blackhole}}]\n",
+            data_dir.display()
+        );
+        sluice_config::model::load_str(&text, "test.yml").unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_positioned_inputs_the_registry_stays_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let engine = Engine::start(config(&data)).await.unwrap();
+        assert!(!engine.registry().await.is_persistent());
+        engine.inputs_finished().await;
+        engine.shutdown(true).await;
+        assert!(!data.join("registry").exists(), "a registry directory was created for nothing");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_registry_that_cannot_open_is_an_error_naming_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_dir = dir.path().join("plain-file");
+        std::fs::write(&not_a_dir, b"x").unwrap();
+        let e = open_registry(&config(&not_a_dir), &MetricsRegistry::default()).await.unwrap_err().to_string();
+        assert!(e.contains("cannot open the registry") && e.contains("plain-file/registry"), "{e}");
+
+        let data = dir.path().join("data");
+        let metrics = MetricsRegistry::default();
+        let held = open_registry(&config(&data), &metrics).await.unwrap();
+        let e = open_registry(&config(&data), &metrics).await.unwrap_err().to_string();
+        assert!(e.contains("in use by another process") && e.contains("data/registry"), "{e}");
+        close_registry(&held).await;
+        assert!(held.is_persistent());
+        assert!(metrics.registry().is_some(), "the registry's figures were not published");
     }
 }

@@ -1,4 +1,4 @@
-//! The `sluice` command: `run`, `validate`, `queue stats|verify`, `version`.
+//! The `sluice` command: `run`, `validate`, `queue stats|verify`, `registry show`, `version`.
 //!
 //! `run` starts every pipeline of the config (or, without `-c`, an embedded default that reads
 //! stdin and writes JSON lines to stdout), serves the monitoring API, and then:
@@ -65,8 +65,30 @@ enum Command {
         #[command(subcommand)]
         command: QueueCommand,
     },
+    /// Inspects the registry of input positions offline, without writing to it.
+    Registry {
+        #[command(subcommand)]
+        command: RegistryCommand,
+    },
     /// Prints the version.
     Version,
+}
+
+#[derive(Subcommand)]
+enum RegistryCommand {
+    /// Lists every key with its offset, metadata (path, identity) and last update. Read-only:
+    /// safe while sluice runs (it then shows what was last flushed). Exit 2 if there is none.
+    Show {
+        /// The data directory whose `registry/` to read (default `./data`).
+        #[arg(long, conflicts_with = "config")]
+        data_dir: Option<PathBuf>,
+        /// Takes the data directory from this config file.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Prints the entries as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -98,6 +120,9 @@ fn main() -> ExitCode {
         }
         Command::Validate { config } => validate(&config),
         Command::Queue { command } => queue(command),
+        Command::Registry { command: RegistryCommand::Show { data_dir, config, json } } => {
+            registry_show(data_dir, config.as_deref(), json)
+        }
         Command::Run { config, log_level } => match run(config.as_deref(), log_level) {
             Ok(code) => code,
             Err(e) => {
@@ -175,6 +200,106 @@ fn queue(command: QueueCommand) -> ExitCode {
         eprintln!("{}: {} damaged spot(s)", path.display(), report.totals.damaged);
         return ExitCode::FAILURE;
     }
+    ExitCode::SUCCESS
+}
+
+fn registry_show(data_dir: Option<PathBuf>, config: Option<&Path>, json: bool) -> ExitCode {
+    let data_dir = match (config, data_dir) {
+        (Some(path), _) => match load_file(path) {
+            Ok(c) => c.data_dir,
+            Err(errors) => {
+                eprintln!("{errors}");
+                return ExitCode::from(2);
+            }
+        },
+        (None, Some(d)) => d,
+        (None, None) => load_str(DEFAULT_CONFIG, "<embedded default>").map(|c| c.data_dir).unwrap_or_default(),
+    };
+    let dir = data_dir.join("registry");
+    let view = match sluice_registry::Registry::read(&dir) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    for w in &view.warnings {
+        eprintln!("warning: {w}");
+    }
+    if view.in_use {
+        eprintln!(
+            "note: a running sluice holds this registry; offsets acknowledged since its last flush are not shown"
+        );
+    }
+    let unix_ms =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let rfc3339 = |t: std::time::SystemTime| humantime::format_rfc3339_millis(t).to_string();
+    if json {
+        let entries: Vec<serde_json::Value> = view
+            .entries
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "key": e.key,
+                    "offset": e.offset,
+                    "meta": e.meta,
+                    "updated": rfc3339(e.updated),
+                    "updated_unix_ms": unix_ms(e.updated),
+                })
+            })
+            .collect();
+        let out = serde_json::json!({
+            "dir": dir.display().to_string(),
+            "in_use": view.in_use,
+            "warnings": view.warnings,
+            "entries": entries,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).expect("JSON values serialize"));
+        return ExitCode::SUCCESS;
+    }
+    // The path gets a column of its own; the rest of the metadata is shown as compact JSON.
+    let rows: Vec<[String; 5]> = view
+        .entries
+        .iter()
+        .map(|e| {
+            let path = e.meta.get("path").and_then(|p| p.as_str()).unwrap_or("-").to_string();
+            let rest = match &e.meta {
+                serde_json::Value::Object(m) => {
+                    let mut m = m.clone();
+                    m.remove("path");
+                    if m.is_empty() { "-".to_string() } else { serde_json::Value::Object(m).to_string() }
+                }
+                serde_json::Value::Null => "-".to_string(),
+                other => other.to_string(),
+            };
+            [e.key.clone(), e.offset.to_string(), rfc3339(e.updated), path, rest]
+        })
+        .collect();
+    let header = ["KEY", "OFFSET", "UPDATED", "PATH", "META"];
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 5]| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i == 4 {
+                out.push_str(cell);
+            } else if i == 1 {
+                out.push_str(&format!("{cell:>w$}  "));
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        out.trim_end().to_string()
+    };
+    println!("{}", line(header));
+    for row in &rows {
+        println!("{}", line([&row[0], &row[1], &row[2], &row[3], &row[4]]));
+    }
+    println!("{} key(s) in {}", rows.len(), dir.display());
     ExitCode::SUCCESS
 }
 
