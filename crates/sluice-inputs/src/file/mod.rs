@@ -296,6 +296,10 @@ impl Input for FileInput {
             .await
             .map_err(|e| InputError(format!("file input reader thread failed: {e}")))?
     }
+
+    fn uses_registry(&self) -> bool {
+        true
+    }
 }
 
 /// The reader thread's state.
