@@ -1,7 +1,8 @@
 //! The `file` input through the real binary: tailing, rotation (rename and copytruncate),
 //! truncation, deletion, a file rewritten under the same inode, tiny and huge lines, multiline
 //! stack traces, many files at once, `read_from: end`, resuming after a restart, gzip, UTF-16,
-//! and config errors for bad globs and regular expressions.
+//! registry positions and their cleanup (`clean_removed_after`), and config errors for bad
+//! globs and regular expressions.
 
 mod common;
 
@@ -393,4 +394,44 @@ fn unsafe_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
         .unwrap_or(false)
+}
+
+/// The file input's keys in the registry, as `sluice registry show --json` sees them.
+fn registry_keys(s: &Sluice) -> Vec<(String, u64, String)> {
+    let out = std::process::Command::new(BIN)
+        .args(["registry", "show", "--json", "--data-dir", s.path("data").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    v["entries"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["key"].as_str().is_some_and(|k| k.starts_with("file:")))
+                .map(|e| {
+                    let path = e["meta"]["path"].as_str().unwrap_or("").to_string();
+                    (e["key"].as_str().unwrap().to_string(), e["offset"].as_u64().unwrap_or(0), path)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn positions_are_in_the_registry_and_gone_files_are_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let cfg = config("{type: file, include: ['{dir}/logs/*.log'], scan_interval: 200ms, clean_removed_after: 1s}")
+        .replace("api:", "registry: {flush_interval: 50ms}\napi:");
+    let mut s = Sluice::start_in(dir, &cfg, Stdio::null());
+    s.wait_log("file input watching", Duration::from_secs(20));
+    append(&s.path("logs/a.log"), "one\ntwo\n");
+    wait_events(&mut s, 2);
+    wait_until("the position in the registry", Duration::from_secs(10), || {
+        registry_keys(&s).iter().any(|(k, off, path)| k.starts_with("file:f/") && *off == 8 && path.ends_with("a.log"))
+    });
+    std::fs::remove_file(s.path("logs/a.log")).unwrap();
+    wait_until("the gone file's position to be removed", Duration::from_secs(15), || registry_keys(&s).is_empty());
+    s.wait_log("gone longer than clean_removed_after", Duration::from_secs(5));
+    s.stop();
 }
