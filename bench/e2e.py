@@ -19,8 +19,10 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SLUICE = os.path.join(ROOT, "target", "release", "sluice")
-LOADGEN = os.path.join(ROOT, "target", "release", "sluice-loadgen")
+TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+SLUICE = os.path.join(TARGET, "release", "sluice")
+LOADGEN = os.path.join(TARGET, "release", "sluice-loadgen")
+LOGHUB = os.path.join(ROOT, "..", "shared", "data", "loghub")
 LINE_BYTES = 250
 
 
@@ -65,25 +67,25 @@ def finish(proc):
     return usage
 
 
-def row(name, events, secs, usage):
+def row(name, events, secs, usage, total_bytes=None):
     cpu = usage.ru_utime + usage.ru_stime
     return {
         "scenario": name,
         "events": events,
         "seconds": secs,
         "events_per_s": events / secs,
-        "mib_per_s": events * LINE_BYTES / secs / (1 << 20),
+        "mib_per_s": (total_bytes if total_bytes is not None else events * LINE_BYTES) / secs / (1 << 20),
         "cpu_s_per_m": cpu / (events / 1e6),
         "peak_rss_mib": usage.ru_maxrss / 1024,
     }
 
 
-def config(tmp, api, inputs, processors, workers=2, queue=None):
+def config(tmp, api, inputs, processors, workers=2, queue=None, data_dir=None):
     pipeline = {"workers": workers, "inputs": inputs, "processors": processors, "outputs": [{"type": "blackhole"}]}
     if queue:
         pipeline["queue"] = queue
     text = {
-        "data_dir": os.path.join(tmp, "data"),
+        "data_dir": data_dir or os.path.join(tmp, "data"),
         "api": {"address": api},
         "log": {"level": "warn"},
         "pipelines": {"bench": pipeline},
@@ -136,6 +138,95 @@ def tcp_blackhole(tmp, events, processors=(), name="tcp -> blackhole"):
     return row(name, events, secs, usage)
 
 
+def loghub_file(path, size):
+    """A file of about `size` bytes made of the loghub sample lines, cycled; returns (lines, bytes)."""
+    parts = []
+    for name in sorted(os.listdir(LOGHUB)):
+        if name.endswith(".log"):
+            with open(os.path.join(LOGHUB, name), "rb") as f:
+                text = f.read()
+            parts.append(text if text.endswith(b"\n") else text + b"\n")
+    blob = b"".join(parts)
+    repeats = max(1, size // len(blob))
+    with open(path, "wb") as f:
+        for _ in range(repeats):
+            f.write(blob)
+    return blob.count(b"\n") * repeats, len(blob) * repeats
+
+
+def wait_out(api, proc, events, timeout=300):
+    deadline = time.time() + timeout
+    while True:
+        out = stats(api)["pipelines"]["bench"]["events"]["out"]
+        if out >= events:
+            return
+        if proc.poll() is not None:
+            raise RuntimeError("sluice exited during the run: " + proc.stderr.read().decode(errors="replace")[-2000:])
+        if time.time() > deadline:
+            raise RuntimeError(f"only {out} of {events} events arrived")
+        time.sleep(0.01)
+
+
+def file_blackhole(tmp, events, processors=(), name="file(loghub) -> blackhole", json_lines=False):
+    """One big file read from its start: loghub-shaped lines (1 GiB), or `events` JSON lines."""
+    path = os.path.join(tmp, "input.log")
+    if json_lines:
+        json_lines_file(path, events)
+        total_bytes = os.path.getsize(path)
+    else:
+        events, total_bytes = loghub_file(path, 1 << 30)
+    api = f"127.0.0.1:{free_port()}"
+    data = os.path.join(tmp, "data-file")
+    shutil.rmtree(data, ignore_errors=True)
+    cfg = config(tmp, api, [{"type": "file", "include": [path]}], list(processors), data_dir=data)
+    started = time.perf_counter()
+    proc = subprocess.Popen([SLUICE, "run", "-c", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_api(api, proc)
+    wait_out(api, proc, events)
+    secs = time.perf_counter() - started
+    proc.send_signal(signal.SIGTERM)
+    usage = finish(proc)
+    os.unlink(path)
+    return row(name, events, secs, usage, total_bytes)
+
+
+def many_files(tmp, events, registry=True, files=10_000, lines_per_round=20):
+    """`files` files appended to round-robin, `lines_per_round` lines each per round, while
+    sluice reads them; with the registry, or with its commits switched off."""
+    rounds = max(1, events // (files * lines_per_round))
+    total = rounds * files * lines_per_round
+    logs = os.path.join(tmp, "many")
+    shutil.rmtree(logs, ignore_errors=True)
+    os.makedirs(logs)
+    api = f"127.0.0.1:{free_port()}"
+    data = os.path.join(tmp, "data-many")
+    shutil.rmtree(data, ignore_errors=True)
+    cfg = config(tmp, api, [{"type": "file", "include": [os.path.join(logs, "*.log")], "max_open_files": files + 100,
+                             "scan_interval": "1s"}], [], data_dir=data)
+    env = dict(os.environ)
+    if not registry:
+        env["SLUICE_REGISTRY_DISABLED"] = "1"
+    handles = [open(os.path.join(logs, f"{i}.log"), "ab", buffering=0) for i in range(files)]
+    proc = subprocess.Popen([SLUICE, "run", "-c", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    wait_api(api, proc)
+    started = time.perf_counter()
+    size = 0
+    for r in range(rounds):
+        for i, h in enumerate(handles):
+            chunk = b"".join(b"%d round %d line %d of a file appended to round-robin by the benchmark\n" % (i, r, k)
+                             for k in range(lines_per_round))
+            h.write(chunk)
+            size += len(chunk)
+    for h in handles:
+        h.close()
+    wait_out(api, proc, total)
+    secs = time.perf_counter() - started
+    proc.send_signal(signal.SIGTERM)
+    usage = finish(proc)
+    name = f"{files} files round-robin, registry {'on' if registry else 'off'}"
+    return row(name, total, secs, usage, size)
+
+
 SCENARIOS = {
     "gen": lambda tmp, n: generator_blackhole(tmp, n),
     "gen-json": lambda tmp, n: generator_blackhole(tmp, n, [{"type": "json"}], "generator -> json -> blackhole"),
@@ -143,6 +234,11 @@ SCENARIOS = {
                                                       queue={"type": "persisted", "sync": "commit"}),
     "tcp": lambda tmp, n: tcp_blackhole(tmp, n),
     "tcp-json": lambda tmp, n: tcp_blackhole(tmp, n, [{"type": "json"}], "tcp -> json -> blackhole"),
+    "file": lambda tmp, n: file_blackhole(tmp, n),
+    "file-json": lambda tmp, n: file_blackhole(tmp, n, [{"type": "json"}], "file(JSON) -> json -> blackhole",
+                                               json_lines=True),
+    "files-10k": lambda tmp, n: many_files(tmp, min(n, 2_000_000)),
+    "files-10k-noreg": lambda tmp, n: many_files(tmp, min(n, 2_000_000), registry=False),
 }
 
 
@@ -165,6 +261,10 @@ def main():
     mem, pq = by.get("generator -> json -> blackhole"), by.get("generator -> persisted -> json -> bh")
     if mem and pq:
         print(f"persisted / memory throughput, generator -> json -> blackhole: {pq['events_per_s'] / mem['events_per_s']:.2f}")
+    on, off = by.get("10000 files round-robin, registry on"), by.get("10000 files round-robin, registry off")
+    if on and off:
+        print(f"10,000 files, registry on / off: throughput {on['events_per_s'] / off['events_per_s']:.3f}, "
+              f"CPU per event {on['cpu_s_per_m'] / off['cpu_s_per_m']:.3f}")
     print(f"(load average at the end: {load:.2f}; {os.cpu_count()} CPUs)")
     if args.json:
         print(json.dumps(rows))

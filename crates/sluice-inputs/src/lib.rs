@@ -5,10 +5,12 @@
 //! [`InputContext`]. A full queue makes the push wait, which is how backpressure reaches a
 //! socket or a file. Inputs stop when the context's shutdown token is cancelled, after pushing
 //! what they have already read. Inputs that must answer their peer only once events are safe
-//! (HTTP) attach an [`sluice_core::Acker`] to each batch.
+//! (HTTP), or that keep a position (the `file` input, through the registry), attach an
+//! [`sluice_core::Acker`] to each batch.
 //!
-//! Line-based inputs share [`framing::LineFramer`] (newline splitting with a length cap that
-//! truncates and tags instead of stalling) and [`codec::Codec`] (text or JSON lines).
+//! Network line inputs share [`framing::LineFramer`] (newline splitting with a length cap that
+//! truncates and tags instead of stalling); the `file` input has its own framing with exact
+//! byte offsets, any delimiter and any encoding. All use [`codec::Codec`] (text or JSON lines).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod codec;
 pub mod dead_letter_queue;
+mod file;
 pub mod framing;
 mod generator;
 mod http;
@@ -92,12 +95,13 @@ impl InputContext {
 }
 
 /// The input types this build knows, for messages.
-pub const TYPES: &[&str] = &["dead_letter_queue", "generator", "http", "pipeline", "stdin", "tcp"];
+pub const TYPES: &[&str] = &["dead_letter_queue", "file", "generator", "http", "pipeline", "stdin", "tcp"];
 
 /// Builds an input from its config section; nothing is opened or bound until it runs.
 pub fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
     match spec.type_name.as_str() {
         "dead_letter_queue" => dead_letter_queue::build(spec),
+        "file" => file::build(spec),
         "generator" => generator::build(spec),
         "http" => http::build(spec),
         "pipeline" => pipeline::build(spec),

@@ -1,0 +1,866 @@
+//! `file` input: tails files matched by globs, resumes exactly where acknowledged events end.
+//!
+//! One dedicated thread (blocking file I/O never runs on the async workers) does everything:
+//! it walks the globs (at start, every `scan_interval`, and soon after a filesystem
+//! notification), opens files up to `max_open_files`, and reads the files that may have data in
+//! turns of at most `read_buffer` bytes each, so a busy file cannot starve the others. The
+//! events of one pass go to the queue together; each file's share of a batch carries its own
+//! acknowledgement, and a file's offset is committed to the registry only once every event
+//! before it is acknowledged (see [`acks`]).
+//!
+//! Guarantees:
+//! - At-least-once: an offset is committed only after the events before it reached the ack
+//!   point (durable in a persisted queue, or delivered with a memory queue). After a crash,
+//!   events after the last offset the registry wrote out are read again (duplicates bounded by
+//!   the registry's flush interval), never lost.
+//! - Identity is device + inode checked against a fingerprint of the first KiB (see
+//!   [`identity`]): a rotated (renamed) file keeps its offset and is read to its end; a new
+//!   file at the old path is a new file; a truncated file (copytruncate), a file rewritten in
+//!   place, and a reused inode are detected and read again from offset 0, with a warning
+//!   naming the path.
+//! - Unreadable files and directories are reported (warn, with the path) once and retried at
+//!   every scan; nothing here panics on bad input.
+
+mod acks;
+mod decode;
+mod discovery;
+mod identity;
+mod multiline;
+mod reader;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use regex::Regex;
+use serde::Deserialize;
+use sluice_config::model::ComponentSpec;
+use sluice_config::{ByteSize, ConfigError, HumanDuration};
+use sluice_core::value::now_nanos;
+use sluice_core::{AckSet, Batch, FieldPath, Str};
+use sluice_registry::Registry;
+
+use crate::codec::Codec;
+use crate::{Input, InputContext, InputError};
+use acks::AckTracker;
+use decode::TextEncoding;
+use discovery::{Change, Notifications, Patterns};
+use identity::{FINGERPRINT_MAX, FileId, Fingerprint};
+use multiline::{Multiline, Rule};
+use reader::{BatchBuilder, Framing, Shape, Source, Tracked, Turn};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+enum ReadFrom {
+    #[default]
+    Beginning,
+    End,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MultilineConfig {
+    start_pattern: Option<String>,
+    continuation_pattern: Option<String>,
+    #[serde(default)]
+    negate: bool,
+    #[serde(default = "default_max_lines")]
+    max_lines: usize,
+    #[serde(default = "default_multiline_timeout")]
+    timeout: HumanDuration,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    include: Vec<String>,
+    #[serde(default)]
+    exclude: Vec<String>,
+    #[serde(default = "default_scan_interval")]
+    scan_interval: HumanDuration,
+    #[serde(default)]
+    read_from: ReadFrom,
+    ignore_older: Option<HumanDuration>,
+    #[serde(default = "default_close_inactive")]
+    close_inactive: HumanDuration,
+    #[serde(default = "default_max_open_files")]
+    max_open_files: usize,
+    #[serde(default = "default_max_line")]
+    max_line_bytes: ByteSize,
+    #[serde(default = "default_delimiter")]
+    delimiter: String,
+    multiline: Option<MultilineConfig>,
+    #[serde(default = "default_encoding")]
+    encoding: String,
+    #[serde(default = "default_clean_removed_after")]
+    clean_removed_after: HumanDuration,
+    #[serde(default)]
+    codec: Codec,
+    #[serde(default = "default_read_buffer")]
+    read_buffer: ByteSize,
+    #[serde(default = "default_path_field")]
+    path_field: Option<FieldPath>,
+    #[serde(default = "default_offset_field")]
+    offset_field: Option<FieldPath>,
+    #[serde(default = "default_host_field")]
+    host_field: Option<FieldPath>,
+}
+
+fn default_max_lines() -> usize {
+    500
+}
+fn default_multiline_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(5))
+}
+fn default_scan_interval() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+fn default_close_inactive() -> HumanDuration {
+    HumanDuration(Duration::from_secs(300))
+}
+fn default_max_open_files() -> usize {
+    1024
+}
+fn default_max_line() -> ByteSize {
+    ByteSize(1 << 20)
+}
+fn default_delimiter() -> String {
+    "\n".into()
+}
+fn default_encoding() -> String {
+    "utf-8".into()
+}
+fn default_clean_removed_after() -> HumanDuration {
+    HumanDuration(Duration::from_secs(24 * 3600))
+}
+fn default_read_buffer() -> ByteSize {
+    // Small enough that one turn's batch (and so what is in flight) stays small, large enough
+    // that the system call per read is noise.
+    ByteSize(64 << 10)
+}
+fn default_path_field() -> Option<FieldPath> {
+    FieldPath::parse("/log/file/path").ok()
+}
+fn default_offset_field() -> Option<FieldPath> {
+    FieldPath::parse("/log/offset").ok()
+}
+fn default_host_field() -> Option<FieldPath> {
+    FieldPath::parse("/host/name").ok()
+}
+
+/// Events per batch before it is pushed in the middle of a pass.
+const BATCH_EVENTS: usize = 1024;
+/// A file at its end is looked at again at least this often, notification or not.
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// A file let go (renamed away, deleted) is closed once it stayed at its end this long.
+const RELEASE_GRACE: Duration = Duration::from_secs(1);
+/// Notifications of new files are answered by a walk at most this often.
+const SCAN_DEBOUNCE: Duration = Duration::from_millis(50);
+
+struct Settings {
+    patterns: Patterns,
+    scan_interval: Duration,
+    read_from: ReadFrom,
+    ignore_older: Option<Duration>,
+    close_inactive: Duration,
+    max_open_files: usize,
+    clean_removed_after: Duration,
+    read_buffer: usize,
+    shape: Shape,
+    include: Vec<String>,
+}
+
+struct FileInput {
+    settings: Settings,
+}
+
+/// The node of a nested key, for error positions (`multiline.start_pattern`).
+fn nested_error(spec: &ComponentSpec, keys: &[&str], message: String) -> ConfigError {
+    let mut node = Some(&spec.settings);
+    for k in keys {
+        node = node.and_then(|n| n.get(k));
+    }
+    let mark = node.map(|n| n.mark.clone()).unwrap_or_else(|| spec.mark.clone());
+    ConfigError::at(message, &format!("{}.{}", spec.path, keys.join(".")), mark)
+}
+
+pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
+    let c: FileConfig = spec.settings()?;
+    if c.include.is_empty() {
+        return Err(spec.key_error("include", "needs at least one glob pattern, like /var/log/*.log"));
+    }
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let patterns = Patterns::new(&c.include, &c.exclude, &cwd).map_err(|(is_include, bad)| {
+        let key = if is_include { "include" } else { "exclude" };
+        let list = if is_include { &c.include } else { &c.exclude };
+        let text = list.get(bad.index).map(String::as_str).unwrap_or("");
+        spec.key_error(key, format!("bad glob pattern `{text}`: {}", bad.message))
+    })?;
+    if c.max_line_bytes.0 == 0 {
+        return Err(spec.key_error("max_line_bytes", "must be at least 1 byte"));
+    }
+    if c.max_open_files == 0 {
+        return Err(spec.key_error("max_open_files", "must be at least 1"));
+    }
+    if c.read_buffer.0 < 4096 || c.read_buffer.0 > 64 << 20 {
+        return Err(spec.key_error("read_buffer", "must be between 4KiB and 64MiB"));
+    }
+    if c.scan_interval.0 < Duration::from_millis(10) {
+        return Err(spec.key_error("scan_interval", "must be at least 10ms"));
+    }
+    if c.delimiter.is_empty() {
+        return Err(spec.key_error("delimiter", "cannot be empty"));
+    }
+    let encoding = TextEncoding::for_label(&c.encoding).ok_or_else(|| {
+        spec.key_error(
+            "encoding",
+            format!("unknown encoding `{}`; use a label like utf-8, utf-16le, utf-16be, latin1", c.encoding),
+        )
+    })?;
+    let multiline = match &c.multiline {
+        None => None,
+        Some(m) => {
+            let compile = |key: &str, p: &str| {
+                Regex::new(p)
+                    .map_err(|e| nested_error(spec, &["multiline", key], format!("bad regular expression: {e}")))
+            };
+            let rule = match (&m.start_pattern, &m.continuation_pattern) {
+                (Some(p), None) => Rule::Start(compile("start_pattern", p)?),
+                (None, Some(p)) => Rule::Continuation(compile("continuation_pattern", p)?),
+                _ => {
+                    return Err(
+                        spec.key_error("multiline", "needs exactly one of `start_pattern` or `continuation_pattern`")
+                    );
+                }
+            };
+            if m.max_lines == 0 {
+                return Err(nested_error(spec, &["multiline", "max_lines"], "must be at least 1".into()));
+            }
+            Some(Multiline {
+                rule,
+                negate: m.negate,
+                max_lines: m.max_lines,
+                timeout: m.timeout.0,
+                max_bytes: c.max_line_bytes.as_usize(),
+            })
+        }
+    };
+    let meta_overlaps_text = [&c.path_field, &c.offset_field, &c.host_field]
+        .into_iter()
+        .flatten()
+        .any(|p| matches!(p.segments()[0].as_str(), "message" | "@timestamp" | "tags"));
+    let shape = Shape {
+        meta_overlaps_text,
+        framing: Framing::new(&c.delimiter, encoding, c.max_line_bytes.as_usize()),
+        codec: c.codec,
+        encoding,
+        multiline,
+        path_field: c.path_field,
+        offset_field: c.offset_field,
+        host_field: c.host_field,
+        host: Str::from(hostname()),
+    };
+    let settings = Settings {
+        patterns,
+        scan_interval: c.scan_interval.0,
+        read_from: c.read_from,
+        ignore_older: c.ignore_older.map(|d| d.0).filter(|d| !d.is_zero()),
+        close_inactive: c.close_inactive.0,
+        max_open_files: c.max_open_files,
+        clean_removed_after: c.clean_removed_after.0,
+        read_buffer: c.read_buffer.as_usize(),
+        shape,
+        include: c.include,
+    };
+    Ok(Box::new(FileInput { settings }))
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or fails.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[async_trait]
+impl Input for FileInput {
+    async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
+        let positions = ctx.registry.clone();
+        let handle = tokio::runtime::Handle::current();
+        let settings = self.settings;
+        tokio::task::spawn_blocking(move || Harvester::new(settings, ctx, positions, handle).run())
+            .await
+            .map_err(|e| InputError(format!("file input reader thread failed: {e}")))?
+    }
+
+    fn uses_registry(&self) -> bool {
+        true
+    }
+}
+
+/// The reader thread's state.
+struct Harvester {
+    s: Settings,
+    ctx: InputContext,
+    positions: Arc<Registry>,
+    handle: tokio::runtime::Handle,
+    key_prefix: String,
+    files: HashMap<FileId, Tracked>,
+    by_path: HashMap<PathBuf, FileId>,
+    /// Files in the order they were found: the order of turns.
+    order: Vec<FileId>,
+    open: usize,
+    first_scan: bool,
+    /// Keys of ours whose file was not found, and since when (for `clean_removed_after`).
+    missing_since: HashMap<String, Instant>,
+    /// Paths already warned about (unreadable), so a scan does not repeat the warning.
+    warned: HashSet<PathBuf>,
+    warned_cap: bool,
+    buf: Vec<u8>,
+    batch: BatchBuilder,
+}
+
+enum Stop {
+    Shutdown,
+}
+
+impl Harvester {
+    fn new(s: Settings, ctx: InputContext, positions: Arc<Registry>, handle: tokio::runtime::Handle) -> Harvester {
+        let key_prefix = format!("file:{}/{}:", ctx.pipeline, ctx.id);
+        let buf = vec![0u8; s.read_buffer];
+        Harvester {
+            s,
+            ctx,
+            positions,
+            handle,
+            key_prefix,
+            files: HashMap::new(),
+            by_path: HashMap::new(),
+            order: Vec::new(),
+            open: 0,
+            first_scan: true,
+            missing_since: HashMap::new(),
+            warned: HashSet::new(),
+            warned_cap: false,
+            buf,
+            batch: BatchBuilder::default(),
+        }
+    }
+
+    fn run(mut self) -> Result<(), InputError> {
+        let mut notifications = match Notifications::start(self.s.patterns.watch_roots()) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, error = %e,
+                    "file input cannot use filesystem notifications; finding changes by rescanning only");
+                Notifications::disabled()
+            }
+        };
+        tracing::info!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, include = ?self.s.include,
+            "file input watching");
+        let mut changes = Vec::new();
+        let mut last_scan = Instant::now() - self.s.scan_interval;
+        let mut scan_soon = true;
+        let mut last_poll = Instant::now();
+        let result = loop {
+            if self.ctx.shutdown.is_cancelled() {
+                break Ok(());
+            }
+            let now = Instant::now();
+            if now.duration_since(last_scan) >= self.s.scan_interval
+                || (scan_soon && now.duration_since(last_scan) >= SCAN_DEBOUNCE)
+            {
+                if notifications.retry_missing() {
+                    tracing::debug!(input = %self.ctx.id, "file input now watches a directory that appeared");
+                }
+                self.scan(now);
+                last_scan = now;
+                scan_soon = false;
+            }
+            if now.duration_since(last_poll) >= POLL_INTERVAL {
+                for t in self.files.values_mut() {
+                    t.ready |= t.source.is_some();
+                }
+                last_poll = now;
+            }
+            self.open_wanted(now);
+            let read = match self.pass(now) {
+                Ok(n) => n,
+                Err(Stop::Shutdown) => break Ok(()),
+            };
+            if let Err(Stop::Shutdown) = self.housekeeping(now) {
+                break Ok(());
+            }
+            changes.clear();
+            if read == 0 {
+                let wait = POLL_INTERVAL.min(self.s.scan_interval.saturating_sub(now.duration_since(last_scan)));
+                notifications.wait(wait.max(Duration::from_millis(1)), &mut changes);
+            } else {
+                notifications.drain(&mut changes);
+            }
+            for change in changes.drain(..) {
+                match change {
+                    Change::Rescan => {
+                        scan_soon = true;
+                        for t in self.files.values_mut() {
+                            t.ready = true;
+                        }
+                    }
+                    Change::Paths(paths) => {
+                        for p in paths {
+                            match self.by_path.get(&p).and_then(|id| self.files.get_mut(id)) {
+                                Some(t) => t.ready = true,
+                                None => scan_soon = true,
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        // What was read is pushed; a shutdown that stops the push leaves it for the next run.
+        let _ = self.flush_batch();
+        for t in self.files.values() {
+            if t.truncated_lines > 0 {
+                tracing::warn!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, path = %t.path.display(),
+                    lines = t.truncated_lines, "file input stopped; lines of this file were cut to max_line_bytes");
+            }
+        }
+        result
+    }
+
+    /// Walks the globs: new files become tracked, moved files get their new path, files no
+    /// longer found are let go, and registry entries of long-gone files are removed.
+    fn scan(&mut self, now: Instant) {
+        let (pipeline, input) = (self.ctx.pipeline.clone(), self.ctx.id.clone());
+        let warned = &mut self.warned;
+        let found = self.s.patterns.walk(&mut |path, e| {
+            if warned.insert(path.to_path_buf()) {
+                tracing::warn!(pipeline = %pipeline, input = %input, path = %path.display(), error = %e,
+                    "file input cannot read this path; trying again at every scan");
+            }
+        });
+        let mut seen = HashSet::with_capacity(found.len());
+        let wall = SystemTime::now();
+        for f in found {
+            let id = FileId::of(&f.meta);
+            seen.insert(id);
+            if let Some(t) = self.files.get_mut(&id) {
+                if t.path != f.path {
+                    tracing::info!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, from = %t.path.display(),
+                        to = %f.path.display(), "file input follows a renamed file");
+                    if self.by_path.get(&t.path) == Some(&id) {
+                        self.by_path.remove(&t.path);
+                    }
+                    t.path = f.path.clone();
+                    t.template = self.s.shape.template(&f.path);
+                    if let Some(c) = &t.cursor {
+                        c.set_meta(meta_json(t));
+                    }
+                }
+                t.released = false;
+                if f.meta.len() != t.pos && !t.done {
+                    t.ready = true;
+                }
+                self.by_path.insert(f.path, id);
+                continue;
+            }
+            if let Some(max_age) = self.s.ignore_older
+                && let Ok(modified) = f.meta.modified()
+                && wall.duration_since(modified).is_ok_and(|age| age > max_age)
+            {
+                continue;
+            }
+            let key = format!("{}{}:{}", self.key_prefix, id.dev, id.ino);
+            self.missing_since.remove(&key);
+            let mut t = Tracked::new(id, key, f.path.clone(), self.s.shape.template(&f.path), now);
+            // `read_from: end` is for files present at start-up; files that appear later are
+            // new and read whole, or a rotation would lose the first lines of the new file.
+            if self.first_scan && self.s.read_from == ReadFrom::End {
+                t.pos = u64::MAX;
+            }
+            self.by_path.insert(f.path, id);
+            self.files.insert(id, t);
+            self.order.push(id);
+        }
+        for t in self.files.values_mut() {
+            if !seen.contains(&t.id) && !t.released {
+                t.released = true;
+                t.ready = true;
+                tracing::debug!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, path = %t.path.display(),
+                    "file no longer at a matching path; reading it to its end");
+            }
+        }
+        // Files let go while closed cannot be read further: what they left pending goes out.
+        let drop_ids: Vec<FileId> =
+            self.files.values().filter(|t| t.released && t.source.is_none()).map(|t| t.id).collect();
+        let timestamp = now_nanos();
+        for id in drop_ids {
+            if let Some(t) = self.files.get_mut(&id)
+                && t.started
+                && !t.done
+            {
+                reader::finish(t, &self.s.shape, &mut self.batch, now, timestamp);
+            }
+            self.forget(id);
+        }
+        self.clean_registry(&seen, now);
+        self.first_scan = false;
+    }
+
+    fn clean_registry(&mut self, seen: &HashSet<FileId>, now: Instant) {
+        let known: HashSet<&str> = self.files.values().map(|t| t.key.as_str()).collect();
+        let seen_keys: HashSet<String> =
+            seen.iter().map(|id| format!("{}{}:{}", self.key_prefix, id.dev, id.ino)).collect();
+        let ours = self.positions.entries().into_iter().map(|e| e.key).filter(|k| k.starts_with(&self.key_prefix));
+        for key in ours {
+            if known.contains(key.as_str()) || seen_keys.contains(&key) {
+                self.missing_since.remove(&key);
+                continue;
+            }
+            let since = *self.missing_since.entry(key.clone()).or_insert(now);
+            if now.duration_since(since) >= self.s.clean_removed_after {
+                tracing::info!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, key = %key,
+                    "file input forgets the position of a file gone longer than clean_removed_after");
+                self.positions.remove(&key);
+                self.missing_since.remove(&key);
+            }
+        }
+    }
+
+    fn forget(&mut self, id: FileId) {
+        if let Some(t) = self.files.remove(&id) {
+            if t.source.is_some() {
+                self.open -= 1;
+            }
+            if self.by_path.get(&t.path) == Some(&id) {
+                self.by_path.remove(&t.path);
+            }
+            self.order.retain(|x| *x != id);
+        }
+    }
+
+    /// Opens files that have something to read, within `max_open_files`.
+    fn open_wanted(&mut self, now: Instant) {
+        let wanted: Vec<FileId> = self
+            .order
+            .iter()
+            .filter(|id| self.files.get(id).is_some_and(|t| t.source.is_none() && t.ready && !t.done))
+            .copied()
+            .collect();
+        for id in wanted {
+            if self.open >= self.s.max_open_files && !self.evict_one() {
+                if !self.warned_cap {
+                    self.warned_cap = true;
+                    tracing::warn!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, max_open_files = self.s.max_open_files,
+                        "file input has max_open_files files open with data to read; other files wait their turn");
+                }
+                return;
+            }
+            self.open_file(id, now);
+        }
+    }
+
+    /// Closes the least recently active open file that is at its end; false if none is.
+    fn evict_one(&mut self) -> bool {
+        let victim = self
+            .files
+            .values()
+            .filter(|t| t.source.is_some() && t.at_end && !t.released)
+            .min_by_key(|t| t.last_data)
+            .map(|t| t.id);
+        match victim {
+            Some(id) => {
+                if let Some(t) = self.files.get_mut(&id) {
+                    t.source = None;
+                    self.open -= 1;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn open_file(&mut self, id: FileId, now: Instant) {
+        let Some(t) = self.files.get_mut(&id) else { return };
+        let (pipeline, input) = (&self.ctx.pipeline, &self.ctx.id);
+        let file = match std::fs::File::open(&t.path) {
+            Ok(f) => f,
+            Err(e) => {
+                t.ready = false;
+                if e.kind() != std::io::ErrorKind::NotFound && self.warned.insert(t.path.clone()) {
+                    tracing::warn!(pipeline = %pipeline, input = %input, path = %t.path.display(), error = %e,
+                        "file input cannot open this file; trying again at every scan");
+                }
+                return;
+            }
+        };
+        let meta = match file.metadata() {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(pipeline = %pipeline, input = %input, path = %t.path.display(), error = %e,
+                    "file input cannot stat this file");
+                t.ready = false;
+                return;
+            }
+        };
+        if FileId::of(&meta) != id {
+            // Another file is at this path now: the next scan sorts out which is which.
+            t.ready = false;
+            return;
+        }
+        self.warned.remove(&t.path);
+        let size = meta.len();
+        if !t.started {
+            if !start(t, &file, size, &self.positions, pipeline, input) {
+                return;
+            }
+        } else if !t.gzip {
+            check_same_content(t, &file, size, pipeline, input);
+        }
+        let source = if t.gzip {
+            let mut gz = Box::new(flate2::read::MultiGzDecoder::new(file));
+            if t.pos > 0 && !skip_decompressed(&mut gz, t.pos) {
+                tracing::warn!(pipeline = %pipeline, input = %input, path = %t.path.display(),
+                    "gzip file is shorter than its saved position; reading it from the start");
+                t.restart();
+                gz = match std::fs::File::open(&t.path) {
+                    Ok(f) => Box::new(flate2::read::MultiGzDecoder::new(f)),
+                    Err(_) => return,
+                };
+            }
+            Source::Gzip(gz)
+        } else {
+            Source::Plain(file)
+        };
+        t.source = Some(source);
+        t.last_data = now;
+        t.ready = true;
+        self.open += 1;
+    }
+
+    /// One turn for every open file that may have data. Returns the bytes read.
+    fn pass(&mut self, now: Instant) -> Result<usize, Stop> {
+        let mut total = 0;
+        let timestamp = now_nanos();
+        for i in 0..self.order.len() {
+            let Some(id) = self.order.get(i).copied() else { break };
+            let Some(t) = self.files.get_mut(&id) else { continue };
+            if t.source.is_none() || !t.ready {
+                continue;
+            }
+            if !t.gzip && t.at_end && !check_growth(t, &self.ctx) {
+                continue;
+            }
+            let fingerprint = t.fingerprint;
+            match reader::read_turn(t, &self.s.shape, &mut self.buf, &mut self.batch, now, timestamp) {
+                Ok(Turn::Data(n)) => {
+                    total += n;
+                    t.at_end = false;
+                    if t.fingerprint != fingerprint
+                        && let Some(c) = &t.cursor
+                    {
+                        c.set_meta(meta_json(t));
+                    }
+                }
+                Ok(Turn::End) => {
+                    t.ready = false;
+                    t.at_end = true;
+                    if t.gzip {
+                        self.finish_gzip(id, now, timestamp);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, path = %t.path.display(),
+                        error = %e, "file input cannot read this file; closing it (a later scan retries)");
+                    t.source = None;
+                    t.ready = false;
+                    self.open -= 1;
+                    if t.gzip {
+                        // A damaged or unfinished gzip stream: what was read is kept; it is not retried.
+                        t.done = true;
+                    }
+                }
+            }
+            if self.batch.events.len() >= BATCH_EVENTS {
+                self.flush_batch()?;
+            }
+        }
+        self.flush_batch()?;
+        Ok(total)
+    }
+
+    fn finish_gzip(&mut self, id: FileId, now: Instant, timestamp: i64) {
+        let Some(t) = self.files.get_mut(&id) else { return };
+        reader::finish(t, &self.s.shape, &mut self.batch, now, timestamp);
+        t.done = true;
+        t.source = None;
+        self.open -= 1;
+        if let Some(c) = &t.cursor {
+            c.set_meta(meta_json(t));
+        }
+        tracing::info!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, path = %t.path.display(), bytes = t.pos,
+            "gzip file read to its end");
+    }
+
+    /// Multiline timeouts, files let go, files inactive too long.
+    fn housekeeping(&mut self, now: Instant) -> Result<(), Stop> {
+        let timestamp = now_nanos();
+        let mut release = Vec::new();
+        for t in self.files.values_mut() {
+            if self.s.shape.multiline.is_some() && !t.pending.is_empty() {
+                reader::flush_idle(t, &self.s.shape, &mut self.batch, now, timestamp);
+            }
+            if t.source.is_none() || t.ready {
+                continue;
+            }
+            let idle = now.duration_since(t.last_data);
+            if t.released && idle >= RELEASE_GRACE {
+                release.push(t.id);
+            } else if idle >= self.s.close_inactive {
+                tracing::debug!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, path = %t.path.display(),
+                    "file input closes an inactive file (it is opened again when it grows)");
+                t.source = None;
+                self.open -= 1;
+            }
+        }
+        for id in release {
+            if let Some(t) = self.files.get_mut(&id) {
+                reader::finish(t, &self.s.shape, &mut self.batch, now, timestamp);
+                if t.truncated_lines > 0 {
+                    tracing::warn!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, path = %t.path.display(),
+                        lines = t.truncated_lines, "file closed; lines of it were cut to max_line_bytes");
+                }
+                tracing::debug!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, path = %t.path.display(),
+                    "file input read a renamed or deleted file to its end and closed it");
+            }
+            self.forget(id);
+        }
+        self.flush_batch()
+    }
+
+    /// Pushes the pending batch, one acknowledgement group per file in it.
+    fn flush_batch(&mut self) -> Result<(), Stop> {
+        if self.batch.events.is_empty() {
+            return Ok(());
+        }
+        let b = std::mem::take(&mut self.batch);
+        if b.failed > 0 {
+            self.ctx.metrics.failed.add(b.failed);
+        }
+        let mut acks = AckSet::none();
+        for (tracker, count, end) in &b.groups {
+            acks.append(AckSet::single(tracker.acker(*count, *end), *count));
+        }
+        let batch = Batch::new(b.events, acks, b.bytes);
+        let ctx = &self.ctx;
+        self.handle.block_on(ctx.send(batch)).map_err(|_| Stop::Shutdown)
+    }
+}
+
+/// Decides where a newly opened file starts: its saved position if the file is still the one
+/// that position belongs to, else 0 (or its end, for `read_from: end` at start-up).
+fn start(t: &mut Tracked, file: &std::fs::File, size: u64, positions: &Registry, pipeline: &str, input: &str) -> bool {
+    let saved = positions.get(&t.key).map(|e| (e.offset, e.meta));
+    let wanted_end = t.pos == u64::MAX;
+    t.pos = 0;
+    if let Some((offset, meta)) = saved {
+        let fp = meta.get("fingerprint").and_then(Fingerprint::from_json);
+        let gzip_size = meta.get("gzip_size").and_then(serde_json::Value::as_u64);
+        let same = match fp {
+            Some(fp) if fp.len <= size => identity::still_matches(file, fp).unwrap_or(false),
+            _ => false,
+        };
+        if !same {
+            tracing::warn!(pipeline, input, path = %t.path.display(), offset,
+                "file has a saved position but its first bytes changed (rewritten, or a reused inode); reading it from the start");
+        } else if t.gzip {
+            if gzip_size.is_some_and(|g| offset >= g) {
+                t.done = true;
+                t.started = true;
+                t.ready = false;
+                t.pos = offset;
+                return false;
+            }
+            t.pos = offset;
+        } else if offset > size {
+            tracing::warn!(pipeline, input, path = %t.path.display(), offset, size,
+                "file is shorter than its saved position (truncated); reading it from the start");
+        } else {
+            t.pos = offset;
+        }
+    } else if wanted_end && !t.gzip {
+        t.pos = size;
+    }
+    t.fingerprint = identity::fingerprint(file, FINGERPRINT_MAX).unwrap_or_default();
+    let cursor = positions.cursor(&t.key);
+    let committer = cursor.clone();
+    t.tracker = Some(AckTracker::new(move |offset| committer.commit(offset)));
+    t.started = true;
+    cursor.set_meta(meta_json(t));
+    t.cursor = Some(cursor);
+    true
+}
+
+/// For a file opened again: is it still the content we were reading?
+fn check_same_content(t: &mut Tracked, file: &std::fs::File, size: u64, pipeline: &str, input: &str) {
+    let same = identity::still_matches(file, t.fingerprint).unwrap_or(false);
+    if !same || size < t.pos {
+        tracing::warn!(pipeline, input, path = %t.path.display(), offset = t.pos, size,
+            "file was truncated or rewritten while closed; reading it from the start");
+        t.restart();
+    }
+}
+
+/// Before reading more of a plain file: was it truncated or rewritten in place? Returns
+/// whether there may be data to read.
+fn check_growth(t: &mut Tracked, ctx: &InputContext) -> bool {
+    let Some(file) = t.source.as_ref().and_then(Source::plain) else { return true };
+    let Ok(meta) = file.metadata() else { return true };
+    let size = meta.len();
+    if size == t.pos {
+        t.ready = false;
+        return false;
+    }
+    let truncated = size < t.pos;
+    let rewritten =
+        !truncated && t.fingerprint.len > 0 && !identity::still_matches(file, t.fingerprint).unwrap_or(true);
+    if truncated || rewritten {
+        let what = if truncated { "truncated (copytruncate?)" } else { "rewritten in place" };
+        tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, path = %t.path.display(), offset = t.pos, size,
+            "file was {what}; reading it again from the start");
+        t.restart();
+    }
+    true
+}
+
+fn skip_decompressed(gz: &mut flate2::read::MultiGzDecoder<std::fs::File>, mut n: u64) -> bool {
+    use std::io::Read;
+    let mut sink = vec![0u8; 64 << 10];
+    while n > 0 {
+        let want = sink.len().min(n as usize);
+        match gz.read(&mut sink[..want]) {
+            Ok(0) | Err(_) => return false,
+            Ok(k) => n -= k as u64,
+        }
+    }
+    true
+}
+
+fn meta_json(t: &Tracked) -> serde_json::Value {
+    let mut m = serde_json::json!({
+        "path": t.path.to_string_lossy(),
+        "dev": t.id.dev,
+        "inode": t.id.ino,
+        "fingerprint": t.fingerprint.to_json(),
+    });
+    if t.gzip && t.done {
+        m["gzip_size"] = t.pos.into();
+    }
+    m
+}

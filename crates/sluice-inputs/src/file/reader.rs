@@ -1,0 +1,548 @@
+//! One file being read: its framing state, its position, and how its lines become events.
+//!
+//! Reads use `pread` at the file's own position into a buffer shared by all files (only one
+//! file reads at a time), so an open file costs a descriptor and a small state, not a buffer.
+//! Lines are split in place with `memchr` (one-byte delimiters) or `memmem`; only a line that
+//! spans two reads is copied into the file's side buffer. A line longer than `max_line_bytes`
+//! keeps its first `max_line_bytes` and is handed out, tagged, when its delimiter arrives: the
+//! rest is skipped, the file keeps flowing, and the offset after it is exact.
+//!
+//! An unterminated last line is held until its delimiter arrives (a writer may be in the middle
+//! of it) and handed out only when the file is let go (deleted or renamed away and read to its
+//! end) or, for gzip files, at the end of the stream.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use memchr::memmem;
+use sluice_core::{Event, FieldPath, Map, Str, Value};
+
+use super::acks::AckTracker;
+use super::decode::TextEncoding;
+use super::identity::{FileId, Fingerprint};
+use super::multiline::{self, Multiline};
+use crate::codec::{Codec, Decoded, TAG_TRUNCATED};
+
+/// How lines are cut: delimiter, code unit, length cap.
+#[derive(Debug, Clone)]
+pub(crate) struct Framing {
+    delimiter: Vec<u8>,
+    finder: memmem::Finder<'static>,
+    /// Bytes of an encoded `\r`, stripped from the end of lines when the delimiter is `\n`.
+    cr: Option<Vec<u8>>,
+    unit: usize,
+    max_line_bytes: usize,
+}
+
+impl Framing {
+    pub(crate) fn new(delimiter: &str, encoding: TextEncoding, max_line_bytes: usize) -> Framing {
+        let bytes = encoding.encode_delimiter(delimiter);
+        let unit = encoding.unit();
+        let max = (max_line_bytes.max(unit) / unit) * unit;
+        Framing {
+            finder: memmem::Finder::new(&bytes).into_owned(),
+            cr: (delimiter == "\n").then(|| encoding.encode_delimiter("\r")),
+            delimiter: bytes,
+            unit,
+            max_line_bytes: max,
+        }
+    }
+}
+
+/// A line cut out of a file: its bytes, where it starts, and the offset just past its delimiter.
+pub(crate) struct RawLine<'a> {
+    pub bytes: &'a [u8],
+    pub start: u64,
+    pub end: u64,
+    pub truncated: bool,
+}
+
+/// The unfinished line of one file.
+#[derive(Debug, Default)]
+pub(crate) struct Partial {
+    kept: Vec<u8>,
+    /// Bytes of the line seen so far, skipped ones included.
+    len: u64,
+    start: u64,
+    /// The line's last bytes (up to the delimiter's length), to find a delimiter that straddles
+    /// two reads.
+    tail: Vec<u8>,
+}
+
+impl Partial {
+    pub(crate) fn clear(&mut self) {
+        self.kept = Vec::new();
+        self.tail.clear();
+        self.len = 0;
+    }
+
+    /// A delimiter split between the end of the unfinished line and the start of `data`:
+    /// how many of its bytes are in `data`.
+    fn straddling(&self, f: &Framing, data: &[u8]) -> Option<usize> {
+        let d = &f.delimiter;
+        (1..d.len())
+            .find(|&k| {
+                self.tail.ends_with(&d[..k])
+                    && data.starts_with(&d[k..])
+                    && (self.len - k as u64).is_multiple_of(f.unit as u64)
+            })
+            .map(|k| d.len() - k)
+    }
+
+    /// Splits `data`, read at offset `at`, into lines.
+    pub(crate) fn feed(&mut self, f: &Framing, mut data: &[u8], mut at: u64, emit: &mut impl FnMut(RawLine<'_>)) {
+        if self.len > 0
+            && f.delimiter.len() > 1
+            && let Some(rest) = self.straddling(f, data)
+        {
+            let head = (f.delimiter.len() - rest) as u64;
+            let truncated = self.len - head > f.max_line_bytes as u64;
+            let kept = std::mem::take(&mut self.kept);
+            let keep = kept.len().min((self.len - head) as usize);
+            let bytes = if truncated { &kept[..keep] } else { strip_cr(f, &kept[..keep]) };
+            emit(RawLine { bytes, start: self.start, end: at + rest as u64, truncated });
+            self.kept = kept;
+            self.kept.clear();
+            self.tail.clear();
+            self.len = 0;
+            data = &data[rest..];
+            at += rest as u64;
+        }
+        let mut line_start = 0usize;
+        let mut from = 0usize;
+        while from < data.len() {
+            let found = if f.delimiter.len() == 1 {
+                memchr::memchr(f.delimiter[0], &data[from..])
+            } else {
+                f.finder.find(&data[from..])
+            };
+            let Some(rel) = found else { break };
+            let pos = from + rel;
+            let before = self.len + (pos - line_start) as u64;
+            if f.unit > 1 && !before.is_multiple_of(f.unit as u64) {
+                from = pos + 1;
+                continue;
+            }
+            let end = at + (pos + f.delimiter.len()) as u64;
+            if self.len == 0 {
+                let bytes = &data[line_start..pos];
+                let (bytes, truncated) = cap(f, bytes);
+                emit(RawLine { bytes: strip_cr(f, bytes), start: at + line_start as u64, end, truncated });
+            } else {
+                self.keep(f, &data[line_start..pos]);
+                let truncated = self.len > f.max_line_bytes as u64;
+                let kept = std::mem::take(&mut self.kept);
+                let bytes = if truncated { &kept[..] } else { strip_cr(f, &kept) };
+                emit(RawLine { bytes, start: self.start, end, truncated });
+                self.kept = kept;
+                self.kept.clear();
+                self.tail.clear();
+                self.len = 0;
+            }
+            line_start = pos + f.delimiter.len();
+            from = line_start;
+        }
+        if line_start < data.len() {
+            if self.len == 0 {
+                self.start = at + line_start as u64;
+            }
+            self.keep(f, &data[line_start..]);
+        }
+    }
+
+    fn keep(&mut self, f: &Framing, piece: &[u8]) {
+        let room = (f.max_line_bytes as u64).saturating_sub(self.kept.len() as u64) as usize;
+        self.kept.extend_from_slice(&piece[..piece.len().min(room)]);
+        self.len += piece.len() as u64;
+        let want = f.delimiter.len() - 1;
+        if want > 0 {
+            self.tail.extend_from_slice(&piece[piece.len().saturating_sub(want)..]);
+            let extra = self.tail.len().saturating_sub(want);
+            self.tail.drain(..extra);
+        }
+    }
+
+    /// Hands out an unterminated last line ending at `end`.
+    pub(crate) fn finish(&mut self, f: &Framing, end: u64, emit: &mut impl FnMut(RawLine<'_>)) {
+        if self.len > 0 {
+            let kept = std::mem::take(&mut self.kept);
+            let truncated = self.len > f.max_line_bytes as u64;
+            emit(RawLine { bytes: &kept, start: self.start, end, truncated });
+        }
+        self.clear();
+    }
+}
+
+fn cap<'a>(f: &Framing, bytes: &'a [u8]) -> (&'a [u8], bool) {
+    if bytes.len() > f.max_line_bytes { (&bytes[..f.max_line_bytes], true) } else { (bytes, false) }
+}
+
+fn strip_cr<'a>(f: &Framing, bytes: &'a [u8]) -> &'a [u8] {
+    match &f.cr {
+        Some(cr) => bytes.strip_suffix(cr.as_slice()).unwrap_or(bytes),
+        None => bytes,
+    }
+}
+
+/// Everything needed to turn lines of any file into events.
+pub(crate) struct Shape {
+    pub framing: Framing,
+    pub codec: Codec,
+    pub encoding: TextEncoding,
+    pub multiline: Option<Multiline>,
+    pub path_field: Option<FieldPath>,
+    pub offset_field: Option<FieldPath>,
+    pub host_field: Option<FieldPath>,
+    pub host: Str,
+    /// A metadata field is `message` or `@timestamp` itself (or under them).
+    pub meta_overlaps_text: bool,
+}
+
+/// The open source of a file's bytes.
+pub(crate) enum Source {
+    Plain(File),
+    Gzip(Box<flate2::read::MultiGzDecoder<File>>),
+}
+
+impl Source {
+    pub(crate) fn plain(&self) -> Option<&File> {
+        match self {
+            Source::Plain(f) => Some(f),
+            Source::Gzip(_) => None,
+        }
+    }
+
+    /// Reads at the file's position: `pread` for plain files, the stream for gzip.
+    fn read(&mut self, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
+        loop {
+            let r = match self {
+                Source::Plain(f) => f.read_at(buf, pos),
+                Source::Gzip(g) => g.read(buf),
+            };
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
+/// A file the input knows, open or not.
+pub(crate) struct Tracked {
+    pub id: FileId,
+    pub key: String,
+    pub path: PathBuf,
+    /// This file's metadata fields (path, offset placeholder, host), cloned into each event.
+    pub template: Map,
+    pub source: Option<Source>,
+    pub gzip: bool,
+    /// Where the start offset was decided (first open): before that the file was only found.
+    pub started: bool,
+    /// Offset of the next byte to read (decompressed offset for gzip).
+    pub pos: u64,
+    pub partial: Partial,
+    pub pending: multiline::Pending,
+    pub fingerprint: Fingerprint,
+    pub tracker: Option<Arc<AckTracker>>,
+    /// The file's registry key, once started.
+    pub cursor: Option<sluice_registry::Cursor>,
+    /// May have unread data (last read was not at the end, or a notification came).
+    pub ready: bool,
+    /// The last look found no more data: check for truncation before reading again.
+    pub at_end: bool,
+    pub last_data: Instant,
+    /// No longer at any matching path (renamed away or deleted): read to the end, then let go.
+    pub released: bool,
+    /// Gzip file read to its end; never opened again.
+    pub done: bool,
+    pub truncated_lines: u64,
+}
+
+impl Tracked {
+    pub(crate) fn new(id: FileId, key: String, path: PathBuf, template: Map, now: Instant) -> Tracked {
+        let gzip = path.extension().is_some_and(|e| e == "gz");
+        Tracked {
+            id,
+            key,
+            template,
+            path,
+            source: None,
+            gzip,
+            started: false,
+            pos: 0,
+            partial: Partial::default(),
+            pending: multiline::Pending::default(),
+            fingerprint: Fingerprint::default(),
+            tracker: None,
+            cursor: None,
+            ready: true,
+            at_end: false,
+            last_data: now,
+            released: false,
+            done: false,
+            truncated_lines: 0,
+        }
+    }
+
+    /// Starts again at offset 0 (truncation, or new content under the same inode).
+    pub(crate) fn restart(&mut self) {
+        self.pos = 0;
+        self.partial.clear();
+        self.pending.clear();
+        self.fingerprint = Fingerprint::default();
+    }
+}
+
+/// Events read in one pass over the files, with the acknowledgement groups they need.
+#[derive(Default)]
+pub(crate) struct BatchBuilder {
+    pub events: Vec<Event>,
+    /// `(file's tracker, events, offset after the last one)`, in event order.
+    pub groups: Vec<(Arc<AckTracker>, usize, u64)>,
+    pub bytes: usize,
+    pub failed: u64,
+}
+
+impl BatchBuilder {
+    fn push(&mut self, tracker: &Arc<AckTracker>, event: Event, end: u64, bytes: usize) {
+        self.events.push(event);
+        self.bytes += bytes;
+        match self.groups.last_mut() {
+            Some((t, n, e)) if Arc::ptr_eq(t, tracker) => {
+                *n += 1;
+                *e = end;
+            }
+            _ => self.groups.push((tracker.clone(), 1, end)),
+        }
+    }
+}
+
+/// What one read turn found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Bytes were read.
+    Data(usize),
+    /// At the end for now.
+    End,
+}
+
+/// Reads up to `buf.len()` bytes of `t` and turns the complete lines into events.
+pub(crate) fn read_turn(
+    t: &mut Tracked,
+    shape: &Shape,
+    buf: &mut [u8],
+    out: &mut BatchBuilder,
+    now: Instant,
+    timestamp: i64,
+) -> std::io::Result<Turn> {
+    let Some(source) = t.source.as_mut() else { return Ok(Turn::End) };
+    let at = t.pos;
+    let n = source.read(buf, at)?;
+    if n == 0 {
+        return Ok(Turn::End);
+    }
+    let mut data = &buf[..n];
+    if !t.gzip {
+        t.fingerprint.extend(at, data);
+    }
+    let mut start_at = at;
+    if at == 0 {
+        let bom = shape.encoding.bom_len(data);
+        data = &data[bom..];
+        start_at += bom as u64;
+    }
+    t.pos += n as u64;
+    t.last_data = now;
+    let tracker = t.tracker.clone().expect("a started file has a tracker");
+    let (partial, pending) = (&mut t.partial, &mut t.pending);
+    let truncated = &mut t.truncated_lines;
+    let path = &t.template;
+    partial.feed(&shape.framing, data, start_at, &mut |line| {
+        *truncated += u64::from(line.truncated);
+        take_line(shape, pending, path, &tracker, line, now, timestamp, out);
+    });
+    Ok(Turn::Data(n))
+}
+
+/// Lets a file go: its unterminated last line and pending multiline event are handed out.
+pub(crate) fn finish(t: &mut Tracked, shape: &Shape, out: &mut BatchBuilder, now: Instant, timestamp: i64) {
+    let Some(tracker) = t.tracker.clone() else { return };
+    let (partial, pending, path, end) = (&mut t.partial, &mut t.pending, &t.template, t.pos);
+    partial.finish(&shape.framing, end, &mut |line| {
+        take_line(shape, pending, path, &tracker, line, now, timestamp, out);
+    });
+    if let Some(m) = &shape.multiline
+        && let Some(j) = m.flush(pending)
+    {
+        push_joined(shape, path, &tracker, j, timestamp, out);
+    }
+}
+
+/// Hands out a multiline event that waited longer than the timeout.
+pub(crate) fn flush_idle(t: &mut Tracked, shape: &Shape, out: &mut BatchBuilder, now: Instant, timestamp: i64) {
+    let (Some(m), Some(tracker)) = (&shape.multiline, t.tracker.clone()) else { return };
+    if let Some(j) = m.flush_idle(&mut t.pending, now) {
+        push_joined(shape, &t.template, &tracker, j, timestamp, out);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn take_line(
+    shape: &Shape,
+    pending: &mut multiline::Pending,
+    path: &Map,
+    tracker: &Arc<AckTracker>,
+    line: RawLine<'_>,
+    now: Instant,
+    timestamp: i64,
+    out: &mut BatchBuilder,
+) {
+    match &shape.multiline {
+        Some(m) => {
+            let text = shape.encoding.decode(line.bytes);
+            m.push(pending, &text, line.start, line.end, line.truncated, now, &mut |j| {
+                push_joined(shape, path, tracker, j, timestamp, out)
+            });
+        }
+        None => {
+            let bytes = (line.end - line.start) as usize;
+            let event = if shape.encoding.is_utf8() {
+                make_event(shape, line.bytes, line.truncated, path, line.start, timestamp, out)
+            } else {
+                let text = shape.encoding.decode(line.bytes);
+                make_event(shape, text.as_bytes(), line.truncated, path, line.start, timestamp, out)
+            };
+            out.push(tracker, event, line.end, bytes);
+        }
+    }
+}
+
+fn push_joined(
+    shape: &Shape,
+    path: &Map,
+    tracker: &Arc<AckTracker>,
+    j: multiline::Joined,
+    timestamp: i64,
+    out: &mut BatchBuilder,
+) {
+    let mut event = make_event(shape, j.text.as_bytes(), j.truncated, path, j.start, timestamp, out);
+    if j.max_lines {
+        event.add_tag(multiline::TAG_MAX_LINES);
+    }
+    out.push(tracker, event, j.end, (j.end - j.start) as usize);
+}
+
+fn make_event(
+    shape: &Shape,
+    text: &[u8],
+    truncated: bool,
+    template: &Map,
+    offset: u64,
+    timestamp: i64,
+    out: &mut BatchBuilder,
+) -> Event {
+    let (mut event, decoded) = shape.codec.decode(text, truncated, timestamp);
+    if decoded == Decoded::Failed {
+        out.failed += 1;
+    }
+    if truncated && !event.has_tag(TAG_TRUNCATED) {
+        event.add_tag(TAG_TRUNCATED);
+    }
+    if template.is_empty() {
+        return event;
+    }
+    let mut meta = template.clone();
+    if let Some(slot) = shape.offset_field.as_ref().and_then(|p| p.get_mut(&mut meta)) {
+        *slot = Value::Int(offset as i64);
+    }
+    if shape.codec == Codec::Lines && !shape.meta_overlaps_text {
+        // A text event holds only `message` and `@timestamp`: the metadata's top-level keys
+        // are new, so they are appended whole (no walk, no growth of the nested objects).
+        for (k, v) in meta {
+            event.fields.push_unchecked(k, v);
+        }
+    } else {
+        for p in [&shape.path_field, &shape.offset_field, &shape.host_field].into_iter().flatten() {
+            if let Some(v) = p.get(&meta) {
+                let _ = event.insert(p, v.clone());
+            }
+        }
+    }
+    event
+}
+
+impl Shape {
+    /// The metadata fields of events from a file at `path`, with the offset at 0.
+    pub(crate) fn template(&self, path: &std::path::Path) -> Map {
+        let mut m = Map::new();
+        if let Some(p) = &self.path_field {
+            let _ = p.insert(&mut m, Value::String(Str::from(path.to_string_lossy().as_ref())));
+        }
+        if let Some(p) = &self.offset_field {
+            let _ = p.insert(&mut m, Value::Int(0));
+        }
+        if let Some(p) = &self.host_field {
+            let _ = p.insert(&mut m, Value::String(self.host.clone()));
+        }
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(delim: &str, enc: &str, max: usize, chunks: &[&[u8]]) -> Vec<(Vec<u8>, u64, u64, bool)> {
+        let f = Framing::new(delim, TextEncoding::for_label(enc).unwrap(), max);
+        let mut p = Partial::default();
+        let mut out = Vec::new();
+        let mut at = 0;
+        for c in chunks {
+            p.feed(&f, c, at, &mut |l| out.push((l.bytes.to_vec(), l.start, l.end, l.truncated)));
+            at += c.len() as u64;
+        }
+        p.finish(&f, at, &mut |l| out.push((l.bytes.to_vec(), l.start, l.end, l.truncated)));
+        out
+    }
+
+    #[test]
+    fn offsets_are_exact_across_chunks() {
+        let out = split("\n", "utf-8", 100, &[b"ab", b"c\r\nde", b"f\n\ng"]);
+        assert_eq!(
+            out,
+            [
+                (b"abc".to_vec(), 0, 5, false),
+                (b"def".to_vec(), 5, 9, false),
+                (b"".to_vec(), 9, 10, false),
+                (b"g".to_vec(), 10, 11, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn long_lines_are_cut_and_offsets_skip_the_rest() {
+        let out = split("\n", "utf-8", 4, &[b"0123456789\nok\n"]);
+        assert_eq!(out, [(b"0123".to_vec(), 0, 11, true), (b"ok".to_vec(), 11, 14, false)]);
+        let out = split("\n", "utf-8", 4, &[b"01", b"2345", b"6789", b"\nok\n"]);
+        assert_eq!(out, [(b"0123".to_vec(), 0, 11, true), (b"ok".to_vec(), 11, 14, false)]);
+    }
+
+    #[test]
+    fn multibyte_delimiter_and_utf16_alignment() {
+        let out = split("||", "utf-8", 100, &[b"a|b||c|", b"|d"]);
+        assert_eq!(
+            out.iter().map(|o| o.0.clone()).collect::<Vec<_>>(),
+            [b"a|b".to_vec(), b"c".to_vec(), b"d".to_vec()]
+        );
+        // U+0A41 then U+0100 in UTF-16LE contains the bytes 0A 00 at an odd position.
+        let text: Vec<u8> = "\u{0A41}\u{0100}\nx\n".encode_utf16().flat_map(u16::to_le_bytes).collect();
+        let out = split("\n", "utf-16le", 100, &[&text[..3], &text[3..]]);
+        assert_eq!(out.len(), 2);
+        assert_eq!(TextEncoding::for_label("utf-16le").unwrap().decode(&out[0].0).as_str(), "\u{0A41}\u{0100}");
+        assert_eq!((out[1].1, out[1].2), (6, 10));
+    }
+}

@@ -1,0 +1,156 @@
+//! Crash safety of the `file` input, through the real binary: a writer appends numbered lines
+//! to several files and rotates them (rename, then a new file) while the harness kills `sluice`
+//! (file input → persisted queue → file output) with SIGKILL at random moments and starts it
+//! again. Afterwards every written line must be in the output at least once. Duplicates are
+//! counted and reported, and must stay under what the crash windows can explain: per kill, the
+//! lines written during one registry flush interval plus one queue checkpoint interval (with
+//! slack for an fsync). `SLUICE_CRASH_CYCLES` sets the number of kills (default 30).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::*;
+
+const FILES: u64 = 3;
+/// Lines per second the writer aims at, over all files.
+const RATE: u64 = 5_000;
+const ROTATE_EVERY: u64 = 3_000;
+const FLUSH_INTERVAL_MS: u64 = 100;
+const CHECKPOINT_INTERVAL_MS: u64 = 50;
+
+fn config() -> String {
+    format!(
+        "data_dir: '{{dir}}/data'
+registry: {{flush_interval: {FLUSH_INTERVAL_MS}ms}}
+api: {{address: '127.0.0.1:0'}}
+pipelines:
+  p:
+    workers: 2
+    batch: {{size: 200, delay: 5ms}}
+    queue: {{type: persisted, shards: 2, sync: commit, segment_bytes: 256KiB, max_bytes: 64MiB, checkpoint_interval: {CHECKPOINT_INTERVAL_MS}ms}}
+    inputs: [{{type: file, include: ['{{dir}}/logs/*.log*'], scan_interval: 200ms, host_field: null}}]
+    outputs: [{{type: file, path: '{{dir}}/out.log'}}]
+"
+    )
+}
+
+struct XorShift(u64);
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Appends `n <number>` lines round-robin to `app<k>.log`, rotating each file by rename every
+/// `ROTATE_EVERY` lines; runs until told to stop and returns how many lines it wrote.
+fn writer(logs: &Path, stop: Arc<AtomicBool>, written: Arc<AtomicU64>) -> u64 {
+    let mut files: Vec<std::fs::File> = (0..FILES).map(|k| open(&logs.join(format!("app{k}.log")))).collect();
+    let mut lines_in = vec![0u64; FILES as usize];
+    let mut generation = vec![0u64; FILES as usize];
+    let started = Instant::now();
+    let mut n = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        // Keep to RATE lines per second, in small bursts.
+        let due = started.elapsed().as_micros() as u64 * RATE / 1_000_000;
+        if n >= due {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        let k = (n % FILES) as usize;
+        files[k].write_all(format!("crash line n={n}\n").as_bytes()).unwrap();
+        n += 1;
+        written.store(n, Ordering::SeqCst);
+        lines_in[k] += 1;
+        if lines_in[k] == ROTATE_EVERY {
+            let path = logs.join(format!("app{k}.log"));
+            generation[k] += 1;
+            std::fs::rename(&path, logs.join(format!("app{k}.log.{}", generation[k]))).unwrap();
+            files[k] = open(&path);
+            lines_in[k] = 0;
+        }
+    }
+    n
+}
+
+fn open(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap()
+}
+
+/// Every `n=<number>` in the output, with how often it appears.
+fn delivered(path: &Path) -> BTreeMap<u64, u32> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut seen = BTreeMap::new();
+    for piece in text.split("crash line n=").skip(1) {
+        let digits: String = piece.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(n) = digits.parse() {
+            *seen.entry(n).or_insert(0) += 1;
+        }
+    }
+    seen
+}
+
+#[test]
+fn sigkill_while_files_rotate_loses_no_line() {
+    let cycles: usize = std::env::var("SLUICE_CRASH_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(30);
+    let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let mut rng = XorShift(seed);
+    let cfg = config();
+    let mut dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let w = {
+        let (logs, stop, written) = (logs.clone(), stop.clone(), written.clone());
+        std::thread::spawn(move || writer(&logs, stop, written))
+    };
+    for _ in 0..cycles {
+        let mut s = Sluice::start_in(dir, &cfg, Stdio::null());
+        s.wait_log("file input watching", Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(100 + rng.next() % 500));
+        dir = s.kill_into_dir();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let total = w.join().unwrap();
+    // A last run delivers everything that is left, then stops cleanly.
+    let mut s = Sluice::start_in(dir, &cfg, Stdio::null());
+    let out = s.path("out.log");
+    let started = Instant::now();
+    while delivered(&out).len() < total as usize && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    let seen = delivered(&out);
+    let missing: Vec<u64> = (0..total).filter(|n| !seen.contains_key(n)).collect();
+    let duplicates: u64 = seen.values().map(|&c| u64::from(c) - 1).sum();
+    // Per kill: what one registry flush interval and one queue checkpoint interval can hold
+    // back, plus 200 ms for the fsyncs themselves, at the writer's rate.
+    let window_ms = FLUSH_INTERVAL_MS + CHECKPOINT_INTERVAL_MS + 200;
+    let bound = cycles as u64 * RATE * window_ms / 1000;
+    eprintln!(
+        "file crash test (seed {seed}): {cycles} kills, {total} lines written, {} delivered, {duplicates} duplicates \
+         (bound {bound}), {} missing",
+        seen.len(),
+        missing.len()
+    );
+    assert!(total > 10_000, "the writer wrote ({total} lines)");
+    assert!(
+        missing.is_empty(),
+        "lines missing from the output (seed {seed}): {} of them, first {:?}",
+        missing.len(),
+        &missing[..missing.len().min(20)]
+    );
+    assert!(seen.keys().all(|&n| n < total), "lines nobody wrote");
+    assert!(duplicates <= bound, "{duplicates} duplicates is more than {cycles} crash windows explain ({bound})");
+}
