@@ -232,6 +232,10 @@ SCENARIOS = {
     "gen-json": lambda tmp, n: generator_blackhole(tmp, n, [{"type": "json"}], "generator -> json -> blackhole"),
     "gen-json-pq": lambda tmp, n: generator_blackhole(tmp, n, [{"type": "json"}], "generator -> persisted -> json -> bh",
                                                       queue={"type": "persisted", "sync": "commit"}),
+    "gen-json-pq-direct": lambda tmp, n: generator_blackhole(tmp, n, [{"type": "json"}],
+                                                             "generator -> persisted (direct_io) -> json -> bh",
+                                                             queue={"type": "persisted", "sync": "commit",
+                                                                    "direct_io": True}),
     "tcp": lambda tmp, n: tcp_blackhole(tmp, n),
     "tcp-json": lambda tmp, n: tcp_blackhole(tmp, n, [{"type": "json"}], "tcp -> json -> blackhole"),
     "file": lambda tmp, n: file_blackhole(tmp, n),
@@ -261,6 +265,9 @@ def main():
     mem, pq = by.get("generator -> json -> blackhole"), by.get("generator -> persisted -> json -> bh")
     if mem and pq:
         print(f"persisted / memory throughput, generator -> json -> blackhole: {pq['events_per_s'] / mem['events_per_s']:.2f}")
+    direct = by.get("generator -> persisted (direct_io) -> json -> bh")
+    if mem and direct:
+        print(f"persisted (direct_io) / memory throughput: {direct['events_per_s'] / mem['events_per_s']:.2f}")
     on, off = by.get("10000 files round-robin, registry on"), by.get("10000 files round-robin, registry off")
     if on and off:
         print(f"10,000 files, registry on / off: throughput {on['events_per_s'] / off['events_per_s']:.3f}, "
