@@ -577,6 +577,13 @@ impl Harvester {
         match victim {
             Some(id) => {
                 if let Some(t) = self.files.get_mut(&id) {
+                    // Stays ready only if it grew since it was last read; otherwise it waits,
+                    // closed, until a notification or a scan sees it grow. Left ready, files
+                    // with nothing new were opened again at once, ahead of files with data,
+                    // which could then wait for ever.
+                    let size =
+                        t.source.as_ref().and_then(Source::plain).and_then(|f| f.metadata().ok()).map(|m| m.len());
+                    t.ready = size.is_some_and(|s| s != t.pos);
                     t.source = None;
                     self.open -= 1;
                 }
@@ -641,6 +648,10 @@ impl Harvester {
         t.source = Some(source);
         t.last_data = now;
         t.ready = true;
+        // Not known to be at its end until a read says so: a file just opened must not be the
+        // one closed again to make room for the next (the cap would then churn through the
+        // waiting files without reading any of them).
+        t.at_end = false;
         self.open += 1;
     }
 
