@@ -6,12 +6,12 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use common::*;
 
@@ -32,16 +32,6 @@ pipelines:
     )
 }
 
-struct XorShift(u64);
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Posts batches until told to stop or the server goes away; returns the ids answered 200.
 fn client(port: u16, first: u64, stop: Arc<AtomicBool>) -> (Vec<u64>, u64) {
     let addr = format!("127.0.0.1:{port}");
@@ -60,23 +50,10 @@ fn client(port: u16, first: u64, stop: Arc<AtomicBool>) -> (Vec<u64>, u64) {
     (acked, next)
 }
 
-/// Every `"n":<id>` in the output, with how often it appears.
-fn delivered(path: &std::path::Path) -> BTreeMap<u64, u32> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut seen = BTreeMap::new();
-    for piece in text.split("\"n\":").skip(1) {
-        let digits: String = piece.chars().take_while(char::is_ascii_digit).collect();
-        if let Ok(n) = digits.parse() {
-            *seen.entry(n).or_insert(0) += 1;
-        }
-    }
-    seen
-}
-
 #[test]
 fn sigkill_at_random_moments_loses_no_acknowledged_event() {
-    let cycles: usize = std::env::var("SLUICE_CRASH_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(30);
-    let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let cycles = crash_cycles();
+    let seed = clock_seed();
     let mut rng = XorShift(seed);
     let port = free_port();
     let cfg = config(port);
@@ -104,7 +81,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_event() {
     });
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
-    let seen = delivered(&s.path("out.log"));
+    let seen = numbers_after(&s.path("out.log"), r#""n":"#);
     let missing: Vec<u64> = acked.iter().copied().filter(|n| !seen.contains_key(n)).collect();
     let duplicates: u32 = seen.values().map(|c| c - 1).sum();
     eprintln!(

@@ -8,13 +8,12 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -39,16 +38,6 @@ pipelines:
     outputs: [{{type: file, path: '{{dir}}/out.log'}}]
 "
     )
-}
-
-struct XorShift(u64);
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 /// Appends `n <number>` lines round-robin to `app<k>.log`, rotating each file by rename every
@@ -86,23 +75,10 @@ fn open(path: &Path) -> std::fs::File {
     std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap()
 }
 
-/// Every `n=<number>` in the output, with how often it appears.
-fn delivered(path: &Path) -> BTreeMap<u64, u32> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut seen = BTreeMap::new();
-    for piece in text.split("crash line n=").skip(1) {
-        let digits: String = piece.chars().take_while(char::is_ascii_digit).collect();
-        if let Ok(n) = digits.parse() {
-            *seen.entry(n).or_insert(0) += 1;
-        }
-    }
-    seen
-}
-
 #[test]
 fn sigkill_while_files_rotate_loses_no_line() {
-    let cycles: usize = std::env::var("SLUICE_CRASH_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(30);
-    let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let cycles = crash_cycles();
+    let seed = clock_seed();
     let mut rng = XorShift(seed);
     let cfg = config();
     let mut dir = tempfile::tempdir().unwrap();
@@ -126,12 +102,12 @@ fn sigkill_while_files_rotate_loses_no_line() {
     let mut s = Sluice::start_in(dir, &cfg, Stdio::null());
     let out = s.path("out.log");
     let started = Instant::now();
-    while delivered(&out).len() < total as usize && started.elapsed() < Duration::from_secs(60) {
+    while numbers_after(&out, "crash line n=").len() < total as usize && started.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(200));
     }
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
-    let seen = delivered(&out);
+    let seen = numbers_after(&out, "crash line n=");
     let missing: Vec<u64> = (0..total).filter(|n| !seen.contains_key(n)).collect();
     let duplicates: u64 = seen.values().map(|&c| u64::from(c) - 1).sum();
     // Per kill: what one registry flush interval and one queue checkpoint interval can hold

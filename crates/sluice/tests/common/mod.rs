@@ -300,3 +300,39 @@ pub fn serve_http(respond: impl Fn(&[u8]) -> String + Send + Sync + 'static) -> 
     });
     addr
 }
+
+/// How many times crash tests kill the process: `SLUICE_CRASH_CYCLES`, 30 by default.
+pub fn crash_cycles() -> usize {
+    std::env::var("SLUICE_CRASH_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(30)
+}
+
+/// A seed from the clock, so each run picks other moments (tests print it).
+pub fn clock_seed() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::SystemTime::UNIX_EPOCH).unwrap();
+    now.as_nanos() as u64 | 1
+}
+
+/// A small random source for picking kill moments.
+pub struct XorShift(pub u64);
+
+impl XorShift {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Every number that follows `marker` in the file at `path`, with how often it appears.
+pub fn numbers_after(path: &Path, marker: &str) -> std::collections::BTreeMap<u64, u32> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut seen = std::collections::BTreeMap::new();
+    for piece in text.split(marker).skip(1) {
+        let digits: String = piece.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(n) = digits.parse() {
+            *seen.entry(n).or_insert(0) += 1;
+        }
+    }
+    seen
+}
