@@ -9,6 +9,13 @@
 //!
 //! Guarantee: a group is released (its inputs acknowledged, its events given to the workers)
 //! only after an fdatasync of its file that started after its write returned.
+//!
+//! When fdatasync fails, what it covered may or may not be on disk, and asking again proves
+//! nothing (the kernel reports a writeback error once). So those groups are not acknowledged:
+//! they are dropped, which tells their inputs the events were abandoned (an HTTP client gets an
+//! error and may retry; a file input does not move its offset). Their frames stay in the
+//! segment unacknowledged, so the shard's checkpoint cannot pass them: the next start-up reads
+//! back whatever of them reached the disk.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -76,6 +83,41 @@ pub(crate) fn release(inner: &Inner, shard: &Shard, group: Written) {
     drop(work);
 }
 
+/// fdatasync, with failures injected by tests.
+fn sync_data(file: &File, _shard_dir: &std::path::Path) -> std::io::Result<()> {
+    #[cfg(test)]
+    if tests::take_injected_failure(_shard_dir) {
+        return Err(std::io::Error::other("injected fdatasync failure"));
+    }
+    file.sync_data()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::path::{Path, PathBuf};
+
+    use parking_lot::Mutex;
+
+    /// Shard directories (under a test's own temporary directory) whose coming fdatasyncs fail,
+    /// and how many.
+    static FAILING: Mutex<Vec<(PathBuf, usize)>> = Mutex::new(Vec::new());
+
+    pub(crate) fn fail_next_syncs(dir_prefix: &Path, count: usize) {
+        FAILING.lock().push((dir_prefix.to_path_buf(), count));
+    }
+
+    pub(super) fn take_injected_failure(shard_dir: &Path) -> bool {
+        let mut failing = FAILING.lock();
+        match failing.iter_mut().find(|(prefix, n)| *n > 0 && shard_dir.starts_with(prefix)) {
+            Some((_, n)) => {
+                *n -= 1;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Queue {
     groups: Vec<Written>,
@@ -129,6 +171,7 @@ impl Syncer {
             // Earlier files were sealed with their own fsync before the writer moved on, but
             // a group handed over before that seal is covered only if its file is synced here.
             let mut synced: Vec<*const File> = Vec::with_capacity(2);
+            let mut failed = None;
             for group in groups.iter().rev() {
                 let key = Arc::as_ptr(&group.file);
                 if synced.contains(&key) {
@@ -136,14 +179,21 @@ impl Syncer {
                 }
                 synced.push(key);
                 let started = Instant::now();
-                if let Err(e) = group.file.sync_data() {
-                    tracing::error!(shard = shard.id, error = %e, "fdatasync of the persisted queue failed");
+                if let Err(e) = sync_data(&group.file, &shard.dir) {
+                    failed = Some(e);
                 }
                 inner.metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
                 inner.metrics.commit_latency.observe(started.elapsed());
             }
-            for group in groups {
-                release(inner, shard, group);
+            match failed {
+                None => groups.into_iter().for_each(|group| release(inner, shard, group)),
+                Some(e) => {
+                    let events: usize = groups.iter().flat_map(|g| &g.work).map(Batch::len).sum();
+                    tracing::error!(shard = shard.id, dir = %shard.dir.display(), error = %e, events,
+                        "fdatasync of the persisted queue failed: these events are not acknowledged (their \
+                         inputs see them abandoned); what reached the disk is delivered after a restart");
+                    drop(groups);
+                }
             }
             self.queue.lock().busy = false;
             self.idle.notify_all();

@@ -354,3 +354,26 @@ async fn frames_appended_to_a_block_already_read_are_read_fresh() {
         q.shutdown().await;
     }
 }
+
+/// A failed fdatasync proves nothing about what it covered: those events are not acknowledged
+/// (their inputs see them abandoned), later groups are, and a restart delivers what did reach
+/// the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_not_acknowledged_when_fdatasync_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    super::syncer::tests::fail_next_syncs(dir.path(), 1);
+    let (acker, done) = Acker::with_notify(10);
+    q.push(Batch::new(numbered(0, 10), AckSet::single(acker, 10), 800)).await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
+    assert_eq!(outcome, AckOutcome::Abandoned, "not acknowledged after a failed fdatasync");
+    // The next group's fdatasync succeeds: it is acknowledged and delivered.
+    push_durable(&q, numbered(10, 10)).await;
+    assert_eq!(drain(&q, 10, true).await, (10..20).collect::<Vec<_>>());
+    q.shutdown().await;
+    // The abandoned frames were written: after a restart they are delivered (at least once).
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    let got = drain(&q, 20, true).await;
+    assert!((0..10).all(|n| got.contains(&n)), "the unacknowledged events come back: {got:?}");
+    q.shutdown().await;
+}
