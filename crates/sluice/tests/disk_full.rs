@@ -246,6 +246,17 @@ fn df(path: &Path) -> String {
 
 #[test]
 fn a_full_disk_holds_inputs_back_and_the_queue_recovers_when_space_returns() {
+    full_disk(false);
+}
+
+/// The same with `direct_io`: a failed direct write is cut back to the live frames like a
+/// buffered one, and the block it rewrites holds them again when writing resumes.
+#[test]
+fn a_full_disk_under_direct_io_recovers_the_same_way() {
+    full_disk(true);
+}
+
+fn full_disk(direct_io: bool) {
     if !is_root() {
         eprintln!("skipped: cannot mount a tmpfs here (not root)");
         return;
@@ -273,7 +284,7 @@ pipelines:
   p:
     workers: 1
     batch: {{size: 100, delay: 5ms}}
-    queue: {{type: persisted, path: '{}', shards: 1, segment_bytes: 1MiB, max_bytes: 64MiB, checkpoint_interval: 50ms}}
+    queue: {{type: persisted, path: '{}', shards: 1, segment_bytes: 1MiB, max_bytes: 64MiB, checkpoint_interval: 50ms, direct_io: {direct_io}}}
     inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
     outputs:
       - {{type: http, url: 'http://127.0.0.1:{}/', timeout: 5s, retry: {{initial_backoff: 50ms, max_backoff: 500ms}}}}
