@@ -242,7 +242,7 @@ impl PersistedQueue {
                 active: recovered.active,
                 direct: None,
                 syncer: Arc::new(syncer::Syncer::default()),
-                direct_buf: direct::AlignedBuf::new(if self.inner.config.direct_io { 1 << 20 } else { 0 }),
+                direct_buf: direct::AlignedBuf::default(),
                 direct_io: self.inner.config.direct_io,
                 free: recovered.free,
                 checkpointed: shard.state.lock().done_lsn,

@@ -935,13 +935,18 @@ impl Writer {
         let len = self.inner.config.segment_bytes;
         let mut direct = if self.direct_io { DirectFile::open(path, 0, 0, file)? } else { None };
         let chunk = (1usize << 20).min(len as usize).next_multiple_of(BLOCK);
+        // One block-aligned chunk of zeros serves both kinds of write.
+        let mut staging = std::mem::take(&mut self.direct_buf);
+        let zeros = staging.slice(chunk);
+        zeros.fill(0);
         let mut at = 0;
-        while at < len {
+        let result = loop {
+            if at >= len {
+                break Ok(());
+            }
             let n = chunk.min((len - at) as usize);
             if let Some(d) = &direct {
-                let zeros = self.direct_buf.slice(n.next_multiple_of(BLOCK));
-                zeros.fill(0);
-                match d.write_raw(zeros, at) {
+                match d.write_raw(&zeros[..n.next_multiple_of(BLOCK)], at) {
                     Ok(()) => {
                         at += n as u64;
                         continue;
@@ -951,13 +956,16 @@ impl Writer {
                         self.direct_io = false;
                         direct = None;
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => break Err(e),
                 }
             }
-            file.write_all_at(&vec![0u8; n], at)?;
+            if let Err(e) = file.write_all_at(&zeros[..n], at) {
+                break Err(e);
+            }
             at += n as u64;
-        }
-        Ok(())
+        };
+        self.direct_buf = staging;
+        result
     }
 
     /// Writes the frames in `buf[..live]` at `offset`, followed by the end marker (`buf`
