@@ -266,6 +266,11 @@ impl Map {
         self.entries.push((key.into(), value));
     }
 
+    /// Makes room for `additional` more entries in one allocation.
+    pub fn reserve(&mut self, additional: usize) {
+        self.entries.reserve(additional);
+    }
+
     /// Returns the value under `key`, inserting the result of `default` first if absent.
     pub fn entry_or_insert_with(&mut self, key: &str, default: impl FnOnce() -> Value) -> &mut Value {
         let i = match self.position(key) {

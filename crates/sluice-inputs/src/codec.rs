@@ -48,8 +48,10 @@ impl Codec {
 }
 
 /// Bytes as text; invalid UTF-8 is replaced rather than refused, so nothing is dropped.
+/// (The check is `simdutf8`'s: on the ASCII-heavy lines of logs it is several times the speed
+/// of the standard library's, and it runs once per line of every text input.)
 pub fn text(bytes: &[u8]) -> Str {
-    match std::str::from_utf8(bytes) {
+    match simdutf8::basic::from_utf8(bytes) {
         Ok(s) => Str::new(s),
         Err(_) => Str::from(String::from_utf8_lossy(bytes).into_owned()),
     }

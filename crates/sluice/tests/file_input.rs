@@ -454,3 +454,39 @@ fn positions_are_in_the_registry_and_gone_files_are_forgotten() {
     s.wait_log("gone longer than clean_removed_after", Duration::from_secs(5));
     s.stop();
 }
+
+/// The lines of one busy file are made into events on several threads; with one worker they
+/// must still come out in file order, each with its own offset and the file's path.
+#[test]
+fn a_big_file_comes_out_in_file_order_with_one_worker() {
+    const LINES: usize = 120_000;
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs/a-directory-name-long-enough");
+    std::fs::create_dir_all(&logs).unwrap();
+    let text = numbered("line", 0..LINES);
+    std::fs::write(logs.join("big.log"), &text).unwrap();
+    let cfg = "data_dir: '{dir}/data'
+api: {address: '127.0.0.1:0'}
+pipelines:
+  f:
+    workers: 1
+    inputs: [{type: file, include: ['{dir}/logs/**/*.log'], read_buffer: 4KiB}]
+    outputs: [{type: file, path: '{dir}/out.log'}]
+";
+    let mut s = Sluice::start_in(dir, cfg, Stdio::null());
+    let e = wait_events(&mut s, LINES);
+    assert_eq!(e.len(), LINES);
+    let mut offset = 0u64;
+    for (i, event) in e.iter().enumerate() {
+        let expected = format!("line {i}");
+        assert_eq!(event["message"], expected.as_str(), "event {i} out of order: {event}");
+        assert_eq!(event["log"]["offset"], offset, "{event}");
+        assert!(
+            event["log"]["file"]["path"].as_str().unwrap().ends_with("logs/a-directory-name-long-enough/big.log"),
+            "{event}"
+        );
+        offset += expected.len() as u64 + 1;
+    }
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+}

@@ -1,12 +1,13 @@
 //! `file` input: tails files matched by globs, resumes exactly where acknowledged events end.
 //!
-//! One dedicated thread (blocking file I/O never runs on the async workers) does everything:
-//! it walks the globs (at start, every `scan_interval`, and soon after a filesystem
+//! One dedicated reader thread (blocking file I/O never runs on the async workers) does the
+//! file work: it walks the globs (at start, every `scan_interval`, and soon after a filesystem
 //! notification), opens files up to `max_open_files`, and reads the files that may have data in
-//! turns of at most `read_buffer` bytes each, so a busy file cannot starve the others. The
-//! events of one pass go to the queue together; each file's share of a batch carries its own
-//! acknowledgement, and a file's offset is committed to the registry only once every event
-//! before it is acknowledged (see [`acks`]).
+//! turns of at most `read_buffer` bytes each, so a busy file cannot starve the others, and
+//! cuts lines. Plain lines then become events on a few builder threads (see [`build`]), which
+//! push them in read order; with `multiline` the reader joins and builds them itself. Each
+//! file's share of a batch carries its own acknowledgement, and a file's offset is committed to
+//! the registry only once every event before it is acknowledged (see [`acks`]).
 //!
 //! Guarantees:
 //! - At-least-once: an offset is committed only after the events before it reached the ack
@@ -22,6 +23,7 @@
 //!   every scan; nothing here panics on bad input.
 
 mod acks;
+mod build;
 mod decode;
 mod discovery;
 mod identity;
@@ -45,6 +47,7 @@ use sluice_registry::Registry;
 use crate::codec::Codec;
 use crate::{Input, InputContext, InputError};
 use acks::AckTracker;
+use build::{Builders, Chunk};
 use decode::TextEncoding;
 use discovery::{Change, Notifications, Patterns};
 use identity::{FINGERPRINT_MAX, FileId, Fingerprint};
@@ -168,7 +171,7 @@ struct Settings {
     max_open_files: usize,
     clean_removed_after: Duration,
     read_buffer: usize,
-    shape: Shape,
+    shape: Arc<Shape>,
     include: Vec<String>,
 }
 
@@ -271,7 +274,7 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError>
         max_open_files: c.max_open_files,
         clean_removed_after: c.clean_removed_after.0,
         read_buffer: c.read_buffer.as_usize(),
-        shape,
+        shape: Arc::new(shape),
         include: c.include,
     };
     Ok(Box::new(FileInput { settings }))
@@ -324,6 +327,9 @@ struct Harvester {
     warned_cap: bool,
     buf: Vec<u8>,
     batch: BatchBuilder,
+    /// Threads that make the events of plain lines; none with `multiline` (joining lines
+    /// needs them in order) or on one core.
+    builders: Option<Builders>,
 }
 
 enum Stop {
@@ -334,6 +340,19 @@ impl Harvester {
     fn new(s: Settings, ctx: InputContext, positions: Arc<Registry>, handle: tokio::runtime::Handle) -> Harvester {
         let key_prefix = format!("file:{}/{}:", ctx.pipeline, ctx.id);
         let buf = vec![0u8; s.read_buffer];
+        let threads = if s.shape.multiline.is_none() { Builders::suggested_threads() } else { 0 };
+        let builders = match threads {
+            0 => None,
+            n => match Builders::start(n, s.shape.clone(), &ctx, &handle) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, error = %e,
+                        "file input cannot start event builder threads; its reader thread makes the events");
+                    None
+                }
+            },
+        };
+        let batch = BatchBuilder { deferred: builders.is_some(), ..BatchBuilder::default() };
         Harvester {
             s,
             ctx,
@@ -349,7 +368,8 @@ impl Harvester {
             warned: HashSet::new(),
             warned_cap: false,
             buf,
-            batch: BatchBuilder::default(),
+            batch,
+            builders,
         }
     }
 
@@ -397,6 +417,11 @@ impl Harvester {
             if let Err(Stop::Shutdown) = self.housekeeping(now) {
                 break Ok(());
             }
+            // While files keep giving data, batches fill up to BATCH_EVENTS across passes (one
+            // pass reads at most `read_buffer` per file); a pass that found nothing sends what waits.
+            if (read == 0 || self.batch.len() >= BATCH_EVENTS) && self.flush_batch().is_err() {
+                break Ok(());
+            }
             changes.clear();
             if read == 0 {
                 let wait = POLL_INTERVAL.min(self.s.scan_interval.saturating_sub(now.duration_since(last_scan)));
@@ -425,6 +450,8 @@ impl Harvester {
         };
         // What was read is pushed; a shutdown that stops the push leaves it for the next run.
         let _ = self.flush_batch();
+        // Every chunk handed over is pushed (or given up, at shutdown) before the input ends.
+        drop(self.builders.take());
         for t in self.files.values() {
             if t.truncated_lines > 0 {
                 tracing::warn!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, path = %t.path.display(),
@@ -698,11 +725,10 @@ impl Harvester {
                     }
                 }
             }
-            if self.batch.events.len() >= BATCH_EVENTS {
+            if self.batch.len() >= BATCH_EVENTS {
                 self.flush_batch()?;
             }
         }
-        self.flush_batch()?;
         Ok(total)
     }
 
@@ -752,21 +778,29 @@ impl Harvester {
             }
             self.forget(id);
         }
-        self.flush_batch()
+        Ok(())
     }
 
-    /// Pushes the pending batch, one acknowledgement group per file in it.
+    /// Pushes the pending batch (or hands its lines to the builders), one acknowledgement
+    /// piece per file in it, registered now so that pieces are in read order.
     fn flush_batch(&mut self) -> Result<(), Stop> {
-        if self.batch.events.is_empty() {
+        if self.batch.len() == 0 {
             return Ok(());
         }
-        let b = std::mem::take(&mut self.batch);
+        let deferred = self.batch.deferred;
+        let b = std::mem::replace(&mut self.batch, BatchBuilder { deferred, ..BatchBuilder::default() });
         if b.failed > 0 {
             self.ctx.metrics.failed.add(b.failed);
         }
         let mut acks = AckSet::none();
-        for (tracker, count, end) in &b.groups {
-            acks.append(AckSet::single(tracker.acker(*count, *end), *count));
+        for g in &b.groups {
+            acks.append(AckSet::single(g.tracker.acker(g.count, g.end), g.count));
+        }
+        if let Some(builders) = self.builders.as_mut() {
+            let chunk = Chunk { lines: b.lines, groups: b.groups, acks, bytes: b.bytes };
+            builders.submit(chunk).map_err(|()| Stop::Shutdown)?;
+            self.batch.lines = builders.spare_lines();
+            return Ok(());
         }
         let batch = Batch::new(b.events, acks, b.bytes);
         let ctx = &self.ctx;

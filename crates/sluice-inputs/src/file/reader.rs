@@ -237,7 +237,7 @@ pub(crate) struct Tracked {
     pub key: String,
     pub path: PathBuf,
     /// This file's metadata fields (path, offset placeholder, host), cloned into each event.
-    pub template: Map,
+    pub template: Arc<Map>,
     pub source: Option<Source>,
     pub gzip: bool,
     /// Where the start offset was decided (first open): before that the file was only found.
@@ -263,7 +263,7 @@ pub(crate) struct Tracked {
 }
 
 impl Tracked {
-    pub(crate) fn new(id: FileId, key: String, path: PathBuf, template: Map, now: Instant) -> Tracked {
+    pub(crate) fn new(id: FileId, key: String, path: PathBuf, template: Arc<Map>, now: Instant) -> Tracked {
         let gzip = path.extension().is_some_and(|e| e == "gz");
         Tracked {
             id,
@@ -297,28 +297,110 @@ impl Tracked {
     }
 }
 
-/// Events read in one pass over the files, with the acknowledgement groups they need.
+/// Lines cut on the reader thread and turned into events by a builder thread: their bytes back
+/// to back, and where each one ends.
+#[derive(Default)]
+pub(crate) struct Lines {
+    pub text: Vec<u8>,
+    /// `(end of the line in text, file offset where the line starts, cut at max_line_bytes)`.
+    pub spans: Vec<(usize, u64, bool)>,
+}
+
+impl Lines {
+    pub(crate) fn clear(&mut self) {
+        self.text.clear();
+        self.spans.clear();
+    }
+}
+
+/// One file's consecutive events (or lines) in a batch: what their events are made with, and
+/// the acknowledgement piece they form.
+pub(crate) struct Group {
+    pub tracker: Arc<AckTracker>,
+    pub template: Arc<Map>,
+    pub timestamp: i64,
+    pub count: usize,
+    /// The offset just past the group's last line.
+    pub end: u64,
+}
+
+/// Events read in one pass over the files, or the lines they will be made of, with the
+/// acknowledgement groups they need.
 #[derive(Default)]
 pub(crate) struct BatchBuilder {
+    /// Lines are kept in `lines` for builder threads instead of becoming events here.
+    pub deferred: bool,
     pub events: Vec<Event>,
-    /// `(file's tracker, events, offset after the last one)`, in event order.
-    pub groups: Vec<(Arc<AckTracker>, usize, u64)>,
+    pub lines: Lines,
+    pub groups: Vec<Group>,
     pub bytes: usize,
     pub failed: u64,
 }
 
 impl BatchBuilder {
-    fn push(&mut self, tracker: &Arc<AckTracker>, event: Event, end: u64, bytes: usize) {
+    pub(crate) fn len(&self) -> usize {
+        self.events.len() + self.lines.spans.len()
+    }
+
+    fn push(&mut self, file: &FileContext<'_>, event: Event, end: u64, bytes: usize) {
         self.events.push(event);
+        self.count(file, end, bytes);
+    }
+
+    fn push_line(&mut self, file: &FileContext<'_>, line: &RawLine<'_>) {
+        self.lines.text.extend_from_slice(line.bytes);
+        self.lines.spans.push((self.lines.text.len(), line.start, line.truncated));
+        self.count(file, line.end, (line.end - line.start) as usize);
+    }
+
+    fn count(&mut self, file: &FileContext<'_>, end: u64, bytes: usize) {
         self.bytes += bytes;
         match self.groups.last_mut() {
-            Some((t, n, e)) if Arc::ptr_eq(t, tracker) => {
-                *n += 1;
-                *e = end;
+            Some(g)
+                if Arc::ptr_eq(&g.tracker, file.tracker)
+                    && Arc::ptr_eq(&g.template, file.template)
+                    && g.timestamp == file.timestamp =>
+            {
+                g.count += 1;
+                g.end = end;
             }
-            _ => self.groups.push((tracker.clone(), 1, end)),
+            _ => self.groups.push(Group {
+                tracker: file.tracker.clone(),
+                template: file.template.clone(),
+                timestamp: file.timestamp,
+                count: 1,
+                end,
+            }),
         }
     }
+}
+
+/// What every line of one file in one turn shares.
+struct FileContext<'a> {
+    tracker: &'a Arc<AckTracker>,
+    template: &'a Arc<Map>,
+    timestamp: i64,
+}
+
+/// Makes the events of lines collected with [`BatchBuilder::deferred`], group by group.
+pub(crate) fn build_events(shape: &Shape, lines: &Lines, groups: &[Group], failed: &mut u64) -> Vec<Event> {
+    let mut events = Vec::with_capacity(lines.spans.len());
+    let mut spans = lines.spans.iter();
+    let mut from = 0;
+    for g in groups {
+        for &(to, start, truncated) in spans.by_ref().take(g.count) {
+            let bytes = &lines.text[from..to];
+            from = to;
+            let event = if shape.encoding.is_utf8() {
+                make_event(shape, bytes, truncated, &g.template, start, g.timestamp, failed)
+            } else {
+                let text = shape.encoding.decode(bytes);
+                make_event(shape, text.as_bytes(), truncated, &g.template, start, g.timestamp, failed)
+            };
+            events.push(event);
+        }
+    }
+    events
 }
 
 /// What one read turn found.
@@ -357,83 +439,77 @@ pub(crate) fn read_turn(
     }
     t.pos += n as u64;
     t.last_data = now;
-    let tracker = t.tracker.clone().expect("a started file has a tracker");
+    let Some(tracker) = t.tracker.as_ref() else { return Ok(Turn::Data(n)) };
+    let file = FileContext { tracker, template: &t.template, timestamp };
     let (partial, pending) = (&mut t.partial, &mut t.pending);
     let truncated = &mut t.truncated_lines;
-    let path = &t.template;
     partial.feed(&shape.framing, data, start_at, &mut |line| {
         *truncated += u64::from(line.truncated);
-        take_line(shape, pending, path, &tracker, line, now, timestamp, out);
+        take_line(shape, pending, &file, line, now, out);
     });
     Ok(Turn::Data(n))
 }
 
 /// Lets a file go: its unterminated last line and pending multiline event are handed out.
 pub(crate) fn finish(t: &mut Tracked, shape: &Shape, out: &mut BatchBuilder, now: Instant, timestamp: i64) {
-    let Some(tracker) = t.tracker.clone() else { return };
-    let (partial, pending, path, end) = (&mut t.partial, &mut t.pending, &t.template, t.pos);
+    let Some(tracker) = t.tracker.as_ref() else { return };
+    let file = FileContext { tracker, template: &t.template, timestamp };
+    let (partial, pending, end) = (&mut t.partial, &mut t.pending, t.pos);
     partial.finish(&shape.framing, end, &mut |line| {
-        take_line(shape, pending, path, &tracker, line, now, timestamp, out);
+        take_line(shape, pending, &file, line, now, out);
     });
     if let Some(m) = &shape.multiline
         && let Some(j) = m.flush(pending)
     {
-        push_joined(shape, path, &tracker, j, timestamp, out);
+        push_joined(shape, &file, j, out);
     }
 }
 
 /// Hands out a multiline event that waited longer than the timeout.
 pub(crate) fn flush_idle(t: &mut Tracked, shape: &Shape, out: &mut BatchBuilder, now: Instant, timestamp: i64) {
-    let (Some(m), Some(tracker)) = (&shape.multiline, t.tracker.clone()) else { return };
+    let (Some(m), Some(tracker)) = (&shape.multiline, t.tracker.as_ref()) else { return };
     if let Some(j) = m.flush_idle(&mut t.pending, now) {
-        push_joined(shape, &t.template, &tracker, j, timestamp, out);
+        push_joined(shape, &FileContext { tracker, template: &t.template, timestamp }, j, out);
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn take_line(
     shape: &Shape,
     pending: &mut multiline::Pending,
-    path: &Map,
-    tracker: &Arc<AckTracker>,
+    file: &FileContext<'_>,
     line: RawLine<'_>,
     now: Instant,
-    timestamp: i64,
     out: &mut BatchBuilder,
 ) {
     match &shape.multiline {
         Some(m) => {
             let text = shape.encoding.decode(line.bytes);
             m.push(pending, &text, line.start, line.end, line.truncated, now, &mut |j| {
-                push_joined(shape, path, tracker, j, timestamp, out)
+                push_joined(shape, file, j, out)
             });
         }
+        None if out.deferred => out.push_line(file, &line),
         None => {
             let bytes = (line.end - line.start) as usize;
+            let (template, ts, failed) = (file.template, file.timestamp, &mut out.failed);
             let event = if shape.encoding.is_utf8() {
-                make_event(shape, line.bytes, line.truncated, path, line.start, timestamp, out)
+                make_event(shape, line.bytes, line.truncated, template, line.start, ts, failed)
             } else {
                 let text = shape.encoding.decode(line.bytes);
-                make_event(shape, text.as_bytes(), line.truncated, path, line.start, timestamp, out)
+                make_event(shape, text.as_bytes(), line.truncated, template, line.start, ts, failed)
             };
-            out.push(tracker, event, line.end, bytes);
+            out.push(file, event, line.end, bytes);
         }
     }
 }
 
-fn push_joined(
-    shape: &Shape,
-    path: &Map,
-    tracker: &Arc<AckTracker>,
-    j: multiline::Joined,
-    timestamp: i64,
-    out: &mut BatchBuilder,
-) {
-    let mut event = make_event(shape, j.text.as_bytes(), j.truncated, path, j.start, timestamp, out);
+fn push_joined(shape: &Shape, file: &FileContext<'_>, j: multiline::Joined, out: &mut BatchBuilder) {
+    let mut event =
+        make_event(shape, j.text.as_bytes(), j.truncated, file.template, j.start, file.timestamp, &mut out.failed);
     if j.max_lines {
         event.add_tag(multiline::TAG_MAX_LINES);
     }
-    out.push(tracker, event, j.end, (j.end - j.start) as usize);
+    out.push(file, event, j.end, (j.end - j.start) as usize);
 }
 
 fn make_event(
@@ -443,11 +519,11 @@ fn make_event(
     template: &Map,
     offset: u64,
     timestamp: i64,
-    out: &mut BatchBuilder,
+    failed: &mut u64,
 ) -> Event {
     let (mut event, decoded) = shape.codec.decode(text, truncated, timestamp);
     if decoded == Decoded::Failed {
-        out.failed += 1;
+        *failed += 1;
     }
     if truncated && !event.has_tag(TAG_TRUNCATED) {
         event.add_tag(TAG_TRUNCATED);
@@ -455,17 +531,22 @@ fn make_event(
     if template.is_empty() {
         return event;
     }
-    let mut meta = template.clone();
-    if let Some(slot) = shape.offset_field.as_ref().and_then(|p| p.get_mut(&mut meta)) {
-        *slot = Value::Int(offset as i64);
-    }
     if shape.codec == Codec::Lines && !shape.meta_overlaps_text {
         // A text event holds only `message` and `@timestamp`: the metadata's top-level keys
-        // are new, so they are appended whole (no walk, no growth of the nested objects).
-        for (k, v) in meta {
-            event.fields.push_unchecked(k, v);
+        // are new, so they are cloned straight in (no walk, no growth of the nested objects,
+        // no temporary copy of the template).
+        event.fields.reserve(template.len());
+        for (k, v) in template.iter() {
+            event.fields.push_unchecked(k.clone(), v.clone());
+        }
+        if let Some(slot) = shape.offset_field.as_ref().and_then(|p| p.get_mut(&mut event.fields)) {
+            *slot = Value::Int(offset as i64);
         }
     } else {
+        let mut meta = template.clone();
+        if let Some(slot) = shape.offset_field.as_ref().and_then(|p| p.get_mut(&mut meta)) {
+            *slot = Value::Int(offset as i64);
+        }
         for p in [&shape.path_field, &shape.offset_field, &shape.host_field].into_iter().flatten() {
             if let Some(v) = p.get(&meta) {
                 let _ = event.insert(p, v.clone());
@@ -477,19 +558,42 @@ fn make_event(
 
 impl Shape {
     /// The metadata fields of events from a file at `path`, with the offset at 0.
-    pub(crate) fn template(&self, path: &std::path::Path) -> Map {
+    pub(crate) fn template(&self, path: &std::path::Path) -> Arc<Map> {
         let mut m = Map::new();
         if let Some(p) = &self.path_field {
-            let _ = p.insert(&mut m, Value::String(Str::from(path.to_string_lossy().as_ref())));
+            let _ = p.insert(&mut m, Value::String(shared_text(path.to_string_lossy().as_ref())));
         }
         if let Some(p) = &self.offset_field {
             let _ = p.insert(&mut m, Value::Int(0));
         }
         if let Some(p) = &self.host_field {
-            let _ = p.insert(&mut m, Value::String(self.host.clone()));
+            let _ = p.insert(&mut m, Value::String(shared_text(&self.host)));
         }
-        m
+        Arc::new(m)
     }
+}
+
+/// A string that every event of a file carries (its path, the host name) and that copies
+/// without allocating. Text longer than fits inline in a [`Str`] is kept once for the life of
+/// the process and referenced: each event's copy would otherwise be one more allocation (and
+/// one more free on another thread), about a tenth of the cost of a plain line. What is kept
+/// is bounded by the distinct paths the process ever reads.
+fn shared_text(text: &str) -> Str {
+    static KEPT: std::sync::LazyLock<parking_lot::Mutex<std::collections::HashSet<&'static str>>> =
+        std::sync::LazyLock::new(Default::default);
+    if text.len() <= std::mem::size_of::<Str>() {
+        return Str::new(text);
+    }
+    let mut kept = KEPT.lock();
+    let stored = match kept.get(text) {
+        Some(&s) => s,
+        None => {
+            let s: &'static str = Box::leak(text.to_owned().into_boxed_str());
+            kept.insert(s);
+            s
+        }
+    };
+    Str::const_new(stored)
 }
 
 #[cfg(test)]

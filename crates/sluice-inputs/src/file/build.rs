@@ -1,0 +1,189 @@
+//! Turning lines into events on more than one thread, pushed in the order they were read.
+//!
+//! One reader thread does the file work that must stay in order (reads, line framing,
+//! offsets, rotation); with plain (not multiline) lines it hands the cut lines over in chunks,
+//! and a few builder threads do what costs most per line: UTF-8 checks or decoding, JSON
+//! parsing, and making the event with its metadata. So one busy file is no longer held to the
+//! speed of one core.
+//!
+//! Guarantees:
+//! - The queue receives the chunks in the order the reader made them: a builder pushes its
+//!   chunk only when every earlier chunk has been pushed (or given up at shutdown), so one
+//!   file's events stay in file order.
+//! - Offsets are exactly as when the reader builds events itself: the reader registers each
+//!   chunk's acknowledgement pieces when it hands the chunk over, in read order, and a chunk
+//!   that is not pushed (shutdown) reports them abandoned, which stops the file's cursor.
+//! - Dropping [`Builders`] lets every chunk already handed over be pushed (or given up at
+//!   shutdown) and joins the threads.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+use sluice_core::{AckSet, Batch};
+
+use super::reader::{self, Group, Lines, Shape};
+use crate::InputContext;
+
+/// Lines of one or more files and the acknowledgement of each file's share.
+pub(crate) struct Chunk {
+    pub lines: Lines,
+    pub groups: Vec<Group>,
+    pub acks: AckSet,
+    pub bytes: usize,
+}
+
+/// The builder threads of one file input.
+pub(crate) struct Builders {
+    jobs: Option<SyncSender<(u64, Chunk)>>,
+    spare: Receiver<Lines>,
+    threads: Vec<JoinHandle<()>>,
+    next: u64,
+    stopped: Arc<AtomicBool>,
+}
+
+/// Whose turn it is to push.
+struct Turns {
+    next: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Turns {
+    fn wait_for(&self, seq: u64) {
+        let mut next = self.next.lock();
+        while *next != seq {
+            self.changed.wait(&mut next);
+        }
+    }
+
+    fn advance(&self) {
+        *self.next.lock() += 1;
+        self.changed.notify_all();
+    }
+}
+
+/// Takes chunk `seq`'s turn when dropped, so that a builder that fails in any way still lets
+/// the later chunks through.
+struct Turn<'a> {
+    turns: &'a Turns,
+    seq: u64,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.turns.wait_for(self.seq);
+        self.turns.advance();
+    }
+}
+
+impl Builders {
+    /// How many builder threads suit this machine; none on one core (the reader builds).
+    pub(crate) fn suggested_threads() -> usize {
+        match std::thread::available_parallelism().map_or(1, |n| n.get()) {
+            1 => 0,
+            n => n.min(4),
+        }
+    }
+
+    pub(crate) fn start(
+        threads: usize,
+        shape: Arc<Shape>,
+        ctx: &InputContext,
+        handle: &tokio::runtime::Handle,
+    ) -> std::io::Result<Builders> {
+        let (jobs, queue) = sync_channel::<(u64, Chunk)>(threads);
+        let queue = Arc::new(Mutex::new(queue));
+        let (give_back, spare) = sync_channel::<Lines>(threads * 2 + 2);
+        let turns = Arc::new(Turns { next: Mutex::new(0), changed: Condvar::new() });
+        let stopped = Arc::new(AtomicBool::new(false));
+        let mut handles = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let worker = Worker {
+                queue: queue.clone(),
+                shape: shape.clone(),
+                ctx: ctx.clone(),
+                handle: handle.clone(),
+                turns: turns.clone(),
+                give_back: give_back.clone(),
+                stopped: stopped.clone(),
+            };
+            let spawned = std::thread::Builder::new().name(format!("file-build-{i}")).spawn(move || worker.run());
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) if handles.is_empty() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, error = %e,
+                        started = handles.len(), "file input could not start all its event builder threads");
+                    break;
+                }
+            }
+        }
+        Ok(Builders { jobs: Some(jobs), spare, threads: handles, next: 0, stopped })
+    }
+
+    /// Hands a chunk over, waiting while every builder is busy. Fails once a push failed
+    /// (the pipeline is stopping): the chunk is then given up.
+    pub(crate) fn submit(&mut self, chunk: Chunk) -> Result<(), ()> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(());
+        }
+        let jobs = self.jobs.as_ref().ok_or(())?;
+        jobs.send((self.next, chunk)).map_err(|_| ())?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// An emptied line buffer to fill next, reused when a builder gave one back.
+    pub(crate) fn spare_lines(&self) -> Lines {
+        self.spare.try_recv().unwrap_or_default()
+    }
+}
+
+impl Drop for Builders {
+    fn drop(&mut self) {
+        self.jobs = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Worker {
+    queue: Arc<Mutex<Receiver<(u64, Chunk)>>>,
+    shape: Arc<Shape>,
+    ctx: InputContext,
+    handle: tokio::runtime::Handle,
+    turns: Arc<Turns>,
+    give_back: SyncSender<Lines>,
+    stopped: Arc<AtomicBool>,
+}
+
+impl Worker {
+    fn run(self) {
+        loop {
+            let job = self.queue.lock().recv();
+            let Ok((seq, chunk)) = job else { return };
+            let turn = Turn { turns: &self.turns, seq };
+            let Chunk { mut lines, groups, acks, bytes } = chunk;
+            let mut failed = 0;
+            let events = reader::build_events(&self.shape, &lines, &groups, &mut failed);
+            drop(groups);
+            lines.clear();
+            let _ = self.give_back.try_send(lines);
+            if failed > 0 {
+                self.ctx.metrics.failed.add(failed);
+            }
+            let batch = Batch::new(events, acks, bytes);
+            self.turns.wait_for(seq);
+            if self.stopped.load(Ordering::Acquire) {
+                // Dropped: its acknowledgement reports the lines abandoned.
+                drop(batch);
+            } else if self.handle.block_on(self.ctx.send(batch)).is_err() {
+                self.stopped.store(true, Ordering::Release);
+            }
+            drop(turn);
+        }
+    }
+}
