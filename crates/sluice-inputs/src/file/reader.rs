@@ -182,8 +182,14 @@ fn cap<'a>(f: &Framing, bytes: &'a [u8]) -> (&'a [u8], bool) {
 }
 
 fn strip_cr<'a>(f: &Framing, bytes: &'a [u8]) -> &'a [u8] {
-    match &f.cr {
-        Some(cr) => bytes.strip_suffix(cr.as_slice()).unwrap_or(bytes),
+    match f.cr.as_deref() {
+        // One byte in UTF-8 and the other single-byte encodings: compared inline (this runs
+        // once per line; a slice comparison would be a call).
+        Some(&[cr]) => match bytes.split_last() {
+            Some((&last, rest)) if last == cr => rest,
+            _ => bytes,
+        },
+        Some(cr) => bytes.strip_suffix(cr).unwrap_or(bytes),
         None => bytes,
     }
 }
