@@ -273,6 +273,13 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         );
         counter(
             &mut out,
+            "sluice_queue_fsync_failures_total",
+            "fdatasync calls of a persisted queue that failed; with sync: commit, the events they covered were \
+             not acknowledged.",
+            &persisted.iter().map(|(l, s)| (l.clone(), s.fsync_failures)).collect::<Vec<_>>(),
+        );
+        counter(
+            &mut out,
             "sluice_queue_corrupt_frames_total",
             "Damaged frames a persisted queue found and skipped.",
             &persisted.iter().map(|(l, s)| (l.clone(), s.corrupt_frames)).collect::<Vec<_>>(),

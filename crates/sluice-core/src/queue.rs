@@ -29,6 +29,8 @@ pub struct QueueStats {
     pub shards: Vec<ShardStats>,
     /// Persisted queues: fdatasync calls so far.
     pub fsyncs: u64,
+    /// Persisted queues: fdatasync calls that failed (what they covered was not acknowledged).
+    pub fsync_failures: u64,
     /// Persisted queues: time from write to durable, per group commit.
     pub commit_latency: Option<HistogramSnapshot>,
     /// Persisted queues: damaged frames found and skipped.

@@ -137,6 +137,8 @@ impl PersistedQueueConfig {
 #[derive(Debug, Default)]
 pub struct PersistedMetrics {
     pub fsyncs: AtomicU64,
+    /// Failed fdatasyncs: the groups they covered were given up (see `syncer.rs`).
+    pub fsync_failures: AtomicU64,
     pub commit_latency: Histogram,
     pub corrupt_frames: AtomicU64,
     pub torn_tails: AtomicU64,
@@ -494,6 +496,7 @@ impl Queue for PersistedQueue {
             blocked_nanos: self.blocked_nanos.load(Ordering::Relaxed),
             shards,
             fsyncs: m.fsyncs.load(Ordering::Relaxed),
+            fsync_failures: m.fsync_failures.load(Ordering::Relaxed),
             commit_latency: Some(m.commit_latency.snapshot_struct()),
             corrupt_frames: m.corrupt_frames.load(Ordering::Relaxed),
             unstored: m.unstored.load(Ordering::Relaxed),

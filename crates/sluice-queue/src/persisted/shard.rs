@@ -715,6 +715,7 @@ impl Writer {
         if let Some((file, _)) = &self.active {
             let started = Instant::now();
             if let Err(e) = file.sync_data() {
+                self.inner.metrics.fsync_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(shard = self.shard.id, error = %e, "fdatasync of the persisted queue failed");
             }
             self.inner.metrics.fsyncs.fetch_add(1, Ordering::Relaxed);

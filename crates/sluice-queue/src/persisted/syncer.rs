@@ -180,6 +180,7 @@ impl Syncer {
                 synced.push(key);
                 let started = Instant::now();
                 if let Err(e) = sync_data(&group.file, &shard.dir) {
+                    inner.metrics.fsync_failures.fetch_add(1, Ordering::Relaxed);
                     failed = Some(e);
                 }
                 inner.metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
