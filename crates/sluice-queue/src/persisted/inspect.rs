@@ -33,7 +33,7 @@ use sluice_segment::{
 };
 
 use super::checkpoint::{self, Checkpoint};
-use super::shard::segment_path;
+use super::shard::{FREE_SUFFIX, segment_path};
 
 /// What [`inspect`] found in a queue directory.
 #[derive(Debug, Clone, Serialize)]
@@ -63,6 +63,9 @@ pub struct Totals {
     pub unacked_bytes: u64,
     /// Damaged spots found (see [`Damage`]).
     pub damaged: usize,
+    /// Acknowledged segment files kept for reuse (`*.free`), and their size on disk.
+    pub spare_files: usize,
+    pub spare_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -76,6 +79,9 @@ pub struct ShardReport {
     pub acked_bytes: u64,
     pub unacked_events: u64,
     pub unacked_bytes: u64,
+    /// Acknowledged segment files kept for reuse (`*.free`): no events, but disk space.
+    pub spare_files: usize,
+    pub spare_bytes: u64,
     pub warnings: Vec<String>,
 }
 
@@ -208,6 +214,8 @@ pub fn inspect(path: &Path, verify: bool) -> io::Result<QueueReport> {
         totals.acked_bytes += s.acked_bytes;
         totals.unacked_events += s.unacked_events;
         totals.unacked_bytes += s.unacked_bytes;
+        totals.spare_files += s.spare_files;
+        totals.spare_bytes += s.spare_bytes;
         for g in &s.segments {
             totals.file_bytes += g.file_bytes;
             totals.live_bytes += g.live_bytes;
@@ -242,6 +250,22 @@ fn lock_held(lock: &Path) -> io::Result<bool> {
 }
 
 /// Segment files of a shard directory, oldest first.
+/// The reusable spare files of a shard directory: how many, and their bytes. A spare deleted
+/// meanwhile (the running queue reused or dropped it) is not counted.
+fn spare_files(dir: &Path) -> io::Result<(usize, u64)> {
+    let (mut files, mut bytes) = (0, 0);
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name().to_str().is_some_and(|n| n.ends_with(FREE_SUFFIX))
+            && let Ok(meta) = entry.metadata()
+        {
+            files += 1;
+            bytes += meta.len();
+        }
+    }
+    Ok((files, bytes))
+}
+
 fn segment_ids(dir: &Path) -> io::Result<Vec<u64>> {
     let mut out = Vec::new();
     for entry in fs::read_dir(dir)? {
@@ -301,7 +325,10 @@ fn inspect_shard(id: u32, dir: &Path, verify: bool, in_use: bool) -> io::Result<
         }
     }
     let sum = |f: fn(&SegmentReport) -> u64| segments.iter().map(f).sum::<u64>();
+    let (spare_files, spare_bytes) = spare_files(dir).map_err(|e| context(dir, e))?;
     Ok(ShardReport {
+        spare_files,
+        spare_bytes,
         shard: id,
         dir: dir.to_path_buf(),
         checkpoint,
@@ -505,6 +532,9 @@ impl fmt::Display for QueueReport {
             if s.segments.is_empty() {
                 writeln!(f, "  (no segments)")?;
             }
+            if s.spare_files > 0 {
+                writeln!(f, "  {} spare file(s) kept for reuse, {} bytes", s.spare_files, s.spare_bytes)?;
+            }
             for w in &s.warnings {
                 writeln!(f, "  warning: {w}")?;
             }
@@ -512,7 +542,7 @@ impl fmt::Display for QueueReport {
         writeln!(
             f,
             "\ntotal: {} segment(s), {} file bytes, {} live bytes, {} frames; acked {} events ({} bytes), \
-             unacked {} events ({} bytes); {} damaged",
+             unacked {} events ({} bytes); {} damaged; {} spare file(s), {} bytes",
             t.segments,
             t.file_bytes,
             t.live_bytes,
@@ -521,7 +551,9 @@ impl fmt::Display for QueueReport {
             t.acked_bytes,
             t.unacked_events,
             t.unacked_bytes,
-            t.damaged
+            t.damaged,
+            t.spare_files,
+            t.spare_bytes
         )?;
         if t.damaged > 0 {
             writeln!(f, "damaged ({}):", t.damaged)?;
@@ -679,6 +711,17 @@ mod tests {
             assert!(text.contains("unacked 410 events"), "{text}");
             let json = serde_json::to_value(&r).unwrap();
             assert_eq!(json["totals"]["unacked_events"], 410);
+            // Every `*.free` file on disk, and nothing else, is reported as a spare.
+            let spares: Vec<u64> = walk(dir.path())
+                .iter()
+                .filter(|(p, _)| p.to_str().unwrap().ends_with(".free"))
+                .map(|(_, b)| b.len() as u64)
+                .collect();
+            assert!(!spares.is_empty(), "a wholly acknowledged segment is kept as a spare:\n{r}");
+            assert_eq!(r.totals.spare_files, spares.len(), "{r}");
+            assert_eq!(r.totals.spare_bytes, spares.iter().sum::<u64>(), "{r}");
+            assert_eq!(r.shards.iter().map(|s| s.spare_files).sum::<usize>(), spares.len());
+            assert!(text.contains(&format!("{} spare file(s)", spares.len())), "{text}");
             assert_eq!(json["shards"][0]["checkpoint"]["state"], "ok");
         }
         assert_eq!(walk(dir.path()), before, "inspect wrote nothing");

@@ -222,7 +222,7 @@ pub(crate) struct Recovered {
     pub free: Vec<PathBuf>,
 }
 
-const FREE_SUFFIX: &str = ".free";
+pub(crate) const FREE_SUFFIX: &str = ".free";
 /// Acknowledged segments kept per shard for reuse: their pages are written and likely cached,
 /// so writing into them again skips the kernel's cost of fresh page-cache pages.
 const FREE_POOL: usize = 2;
