@@ -67,28 +67,25 @@ unsafe impl GlobalAlloc for Mimalloc {
     }
 }
 
-/// Two of mimalloc's defaults are changed:
-/// - Freed memory goes back to the kernel after a second rather than 10 ms: batches come and
-///   go faster than that, and each new one faulted fresh zeroed pages in again (a tenth of the
-///   CPU time of a persisted-queue run went to clearing pages).
-/// - Arenas are committed as they are used, not at once: committing eagerly touched about
-///   2 MiB per thread up front (an idle process held 27 MiB resident instead of 9), which put
-///   the file input over its memory budget once it had builder threads.
+/// One of mimalloc's defaults is changed: arenas are committed as they are used, not at once.
+/// Committing eagerly touched about 2 MiB per thread up front (an idle process held 27 MiB
+/// resident instead of 9), which put the file input over its memory budget once it had
+/// builder threads.
 ///
-/// The first is read whenever mimalloc purges; the second when it reserves its first arena,
-/// which happens at the process's first allocation, before `main`. So both are set from the
-/// executable's initialisation list, which the loader runs before any Rust code.
+/// (With mimalloc v3 the purge delay had to be raised too, or a persisted-queue run spent a
+/// tenth of its CPU clearing pages it had just given back; with v2 and this setting that cost
+/// is half a percent at the default delay, which keeps the resident size lower.)
+///
+/// The option is read when mimalloc reserves its first arena, which happens at the process's
+/// first allocation, before `main`. So it is set from the executable's initialisation list,
+/// which the loader runs before any Rust code.
 extern "C" fn tune() {
-    // Positions in mimalloc's `mi_option_e` (the same in v2 and v3); the binding names
-    // neither of these.
+    // Its position in mimalloc's `mi_option_e` (the same in v2 and v3); the binding does not
+    // name it.
     const ARENA_EAGER_COMMIT: mi_option_t = 4;
-    const PURGE_DELAY: mi_option_t = 15;
-    // SAFETY: sets plain integer options; mimalloc needs no initialisation for this (an
+    // SAFETY: sets a plain integer option; mimalloc needs no initialisation for this (an
     // option set before its own start-up keeps the value set).
-    unsafe {
-        mi_option_set(ARENA_EAGER_COMMIT, 0);
-        mi_option_set(PURGE_DELAY, 1000);
-    }
+    unsafe { mi_option_set(ARENA_EAGER_COMMIT, 0) };
 }
 
 #[used]
