@@ -53,8 +53,10 @@ pub(crate) enum Readable {
     /// Written and still in memory. `ends[i]` is the LSN just past event `i`'s frame, so any
     /// prefix of the batch can be acknowledged as exactly its own range.
     Mem { batch: Batch, start: u64, ends: Vec<u64> },
-    /// Written, to be read back from disk: `[start, end)` in LSNs.
-    Disk { start: u64, end: u64 },
+    /// Written, to be read back from disk: `[start, end)` in LSNs. `counted` of its events are
+    /// already in the shard's event count (those written in this run); the rest, found at
+    /// start-up without reading them, are counted as they are read.
+    Disk { start: u64, end: u64, counted: u64 },
 }
 
 pub(crate) struct ShardState {
@@ -279,7 +281,7 @@ impl Shard {
                 SEGMENT_HEADER_LEN as u64
             };
             if seg_id >= start_id && from < len {
-                readable.push_back(Readable::Disk { start: base + from, end: base + len });
+                readable.push_back(Readable::Disk { start: base + from, end: base + len, counted: 0 });
                 readable_bytes += len - from;
             }
             segments.push_back(SegInfo { id: seg_id, base, len });
@@ -350,11 +352,8 @@ impl Shard {
     }
 
     fn requeue(&self, inner: &Inner, start: u64, end: u64, events: u64) {
-        {
-            let mut s = self.state.lock();
-            s.readable.push_front(Readable::Disk { start, end });
-            s.events = s.events.saturating_sub(events);
-        }
+        // Still unacknowledged: the events stay counted.
+        self.state.lock().readable.push_front(Readable::Disk { start, end, counted: events });
         inner.not_empty.notify_waiters();
     }
 
@@ -425,9 +424,9 @@ impl Shard {
             let mut s = self.state.lock();
             let Some(front) = s.readable.pop_front() else { return DiskTake::Again };
             match front {
-                Readable::Disk { start, end } => {
+                Readable::Disk { start, end, counted } => {
                     let seg = s.segments.iter().rev().find(|g| g.base <= start).copied();
-                    (start, end, seg)
+                    (start, end, counted, seg)
                 }
                 mem => {
                     // Another worker took the disk entry meanwhile.
@@ -436,10 +435,10 @@ impl Shard {
                 }
             }
         };
-        let (start, end, seg) = front;
+        let (start, end, counted, seg) = front;
         let Some(seg) = seg else {
             tracing::error!(shard = self.id, start, "queue position has no segment; skipping it");
-            self.complete(inner, start, end, 0);
+            self.complete(inner, start, end, counted);
             return DiskTake::Again;
         };
         // A piece never crosses a segment boundary.
@@ -450,16 +449,26 @@ impl Shard {
                 // Put it back: an I/O error now may pass (it is retried on the next pop).
                 tracing::error!(shard = self.id, segment = seg.id, offset = start - seg.base, error = %e,
                     "cannot read the persisted queue; will retry");
-                self.state.lock().readable.push_front(Readable::Disk { start, end });
+                self.state.lock().readable.push_front(Readable::Disk { start, end, counted });
                 return DiskTake::Failed;
             }
         };
         let piece_end = start + consumed;
-        if piece_end < end {
-            self.state.lock().readable.push_front(Readable::Disk { start: piece_end, end });
-        }
         let n = events.len();
-        self.state.lock().events += n as u64;
+        {
+            // The events read are counted now unless they were already; what stays counted
+            // goes with the rest of the range, and a range read to its end leaves nothing
+            // counted behind (damaged frames held events that will never be acknowledged).
+            let mut s = self.state.lock();
+            let already = counted.min(n as u64);
+            s.events += n as u64 - already;
+            let left = counted - already;
+            if piece_end < end {
+                s.readable.push_front(Readable::Disk { start: piece_end, end, counted: left });
+            } else {
+                s.events = s.events.saturating_sub(left);
+            }
+        }
         if n == 0 {
             // Only damaged frames here (counted and logged): move on to what follows.
             self.complete(inner, start, piece_end, 0);
@@ -791,6 +800,24 @@ impl Writer {
         if ok && policy == SyncPolicy::Commit && !self.direct_io {
             self.start_writeback(seg.len, live as u64);
         }
+        // Events are kept in memory for the workers only within `memory_bytes`, counting from
+        // now, not from the release: while an fdatasync runs, the groups written meanwhile
+        // would otherwise all be held (hundreds of MiB under a fast input). The others are
+        // dropped here and read back from disk.
+        let mut held = 0;
+        if ok {
+            let budget = self.inner.config.memory_bytes as u64;
+            let mut in_memory = self.inner.mem_bytes.load(Ordering::Relaxed);
+            for batch in &mut work {
+                if in_memory + batch.bytes as u64 <= budget {
+                    in_memory += batch.bytes as u64;
+                    held += batch.bytes as u64;
+                } else {
+                    batch.events = Vec::new();
+                }
+            }
+            self.inner.mem_bytes.fetch_add(held, Ordering::Relaxed);
+        }
         if !ok {
             // Closed while the disk was full: these events were never stored.
             let lost = work.iter().map(Batch::len).sum::<usize>();
@@ -816,7 +843,7 @@ impl Writer {
             last.len = base - last.base + written;
         }
         let group =
-            Written { work, ranges: ranges.clone(), event_ends, base, written, estimate: estimate as u64, file };
+            Written { work, ranges: ranges.clone(), event_ends, base, written, estimate: estimate as u64, held, file };
         match policy {
             SyncPolicy::Commit => self.syncer.submit(group),
             SyncPolicy::Interval => {

@@ -41,33 +41,41 @@ pub(crate) struct Written {
     pub written: u64,
     /// What the batches were counted as while pending.
     pub estimate: u64,
+    /// Bytes of the batches whose events are still held in memory, counted in the queue's
+    /// memory budget since the write (the others were dropped then: they are read back).
+    pub held: u64,
     /// The segment file the group went to.
     pub file: Arc<File>,
 }
 
+impl Written {
+    /// Gives the group up without releasing it: its memory reservation ends, and its batches'
+    /// acknowledgements report them abandoned as they drop.
+    pub fn abandon(self, inner: &Inner) {
+        inner.mem_bytes.fetch_sub(self.held, Ordering::Relaxed);
+    }
+}
+
 /// Acknowledges a durable group's inputs, then hands its events to the workers: from memory
-/// while the memory budget allows, else as a range to read back.
+/// for the batches the writer kept (within the memory budget), else as a range to read back.
 pub(crate) fn release(inner: &Inner, shard: &Shard, group: Written) {
-    let Written { mut work, ranges, event_ends, base, written, estimate, file: _ } = group;
-    let mut mem = inner.mem_bytes.load(Ordering::Relaxed) as usize;
+    let Written { mut work, ranges, event_ends, base, written, estimate, held: _, file: _ } = group;
     let mut readables = Vec::with_capacity(work.len());
     let mut events = 0u64;
     for ((batch, &(from, to)), ends) in work.iter_mut().zip(ranges.iter()).zip(event_ends) {
         std::mem::take(&mut batch.acks).complete();
         let (start, end) = (base + from as u64, base + to as u64);
-        events += batch.len() as u64;
+        // The frames written, whether or not their events are still here.
+        let written_events = ends.len() as u64;
+        events += written_events;
         if batch.is_empty() {
             if end > start {
-                readables.push(Readable::Disk { start, end });
+                readables.push(Readable::Disk { start, end, counted: written_events });
             }
-        } else if mem + batch.bytes <= inner.config.memory_bytes {
-            mem += batch.bytes;
-            inner.mem_bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
+        } else {
             let ends = ends.into_iter().map(|e| base + e).collect();
             let b = Batch::untracked(std::mem::take(&mut batch.events), batch.bytes);
             readables.push(Readable::Mem { batch: b, start, ends });
-        } else {
-            readables.push(Readable::Disk { start, end });
         }
     }
     // The estimate stood for these bytes until now; the frames' real size replaces it.
@@ -193,7 +201,7 @@ impl Syncer {
                     tracing::error!(shard = shard.id, dir = %shard.dir.display(), error = %e, events,
                         "fdatasync of the persisted queue failed: these events are not acknowledged (their \
                          inputs see them abandoned); what reached the disk is delivered after a restart");
-                    drop(groups);
+                    groups.into_iter().for_each(|group| group.abandon(inner));
                 }
             }
             self.queue.lock().busy = false;

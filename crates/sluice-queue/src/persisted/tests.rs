@@ -248,9 +248,18 @@ async fn reads_back_from_disk_beyond_the_memory_budget() {
     for i in 0..30 {
         push_durable(&q, numbered(i * 100, 100)).await;
     }
+    // Most of them are on disk only; each is counted once.
+    assert_eq!(q.stats().events, 3000);
+    // Taken and given back (abandoned), read again: still counted once.
+    let taken = q.pop(150, Duration::ZERO).await.unwrap();
+    assert_eq!(q.stats().events, 3000);
+    drop(taken);
+    assert_eq!(q.stats().events, 3000);
     let got = drain(&q, 3000, true).await;
     assert_eq!(got.iter().copied().collect::<BTreeSet<_>>(), (0..3000).collect());
     assert_eq!(got.len(), 3000, "no duplicates");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(q.stats().events, 0, "every event acknowledged");
     q.shutdown().await;
 }
 
