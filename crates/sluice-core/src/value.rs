@@ -8,6 +8,7 @@
 //! RFC 3339 text.
 
 use std::fmt;
+use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use compact_str::CompactString;
@@ -210,38 +211,85 @@ impl fmt::Display for Value {
 }
 
 /// An insertion-ordered object. Keys are unique: `insert` replaces in place.
-#[derive(Clone, Debug, Default, PartialEq)]
+///
+/// A map can be made [shared](Map::shared): then clones share one copy (a reference count,
+/// no allocation) and the first change makes the changed clone its own copy. Inputs use it for
+/// metadata objects that every event of a source carries unchanged (a file's `log.file`, the
+/// `host` object), which would otherwise cost an allocation, and a free on another thread,
+/// per event and object.
+#[derive(Clone, Default)]
 pub struct Map {
-    entries: Vec<(Str, Value)>,
+    entries: Entries,
+}
+
+#[derive(Clone)]
+enum Entries {
+    Owned(Vec<(Str, Value)>),
+    Shared(Arc<Vec<(Str, Value)>>),
+}
+
+impl Default for Entries {
+    fn default() -> Self {
+        Entries::Owned(Vec::new())
+    }
 }
 
 impl Map {
     pub fn new() -> Self {
-        Map { entries: Vec::new() }
+        Map { entries: Entries::Owned(Vec::new()) }
     }
 
     pub fn with_capacity(n: usize) -> Self {
-        Map { entries: Vec::with_capacity(n) }
+        Map { entries: Entries::Owned(Vec::with_capacity(n)) }
+    }
+
+    /// This map as one that clones share until one of them changes (see [`Map`]).
+    pub fn shared(self) -> Self {
+        match self.entries {
+            Entries::Owned(v) => Map { entries: Entries::Shared(Arc::new(v)) },
+            shared => Map { entries: shared },
+        }
+    }
+
+    fn slice(&self) -> &[(Str, Value)] {
+        match &self.entries {
+            Entries::Owned(v) => v,
+            Entries::Shared(v) => v,
+        }
+    }
+
+    /// The entries to change: a shared map becomes this clone's own copy first.
+    fn owned(&mut self) -> &mut Vec<(Str, Value)> {
+        if let Entries::Shared(_) = self.entries
+            && let Entries::Shared(shared) = std::mem::take(&mut self.entries)
+        {
+            self.entries = Entries::Owned(Arc::unwrap_or_clone(shared));
+        }
+        match &mut self.entries {
+            Entries::Owned(v) => v,
+            Entries::Shared(_) => unreachable!("made owned above"),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.slice().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.slice().is_empty()
     }
 
     fn position(&self, key: &str) -> Option<usize> {
-        self.entries.iter().position(|(k, _)| k.as_str() == key)
+        self.slice().iter().position(|(k, _)| k.as_str() == key)
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.entries.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
+        self.slice().iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
     }
 
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
-        self.entries.iter_mut().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
+        let i = self.position(key)?;
+        Some(&mut self.owned()[i].1)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -251,10 +299,12 @@ impl Map {
     /// Inserts or replaces; returns the previous value.
     pub fn insert(&mut self, key: impl Into<Str>, value: Value) -> Option<Value> {
         let key = key.into();
-        match self.position(&key) {
-            Some(i) => Some(std::mem::replace(&mut self.entries[i].1, value)),
+        let at = self.position(&key);
+        let entries = self.owned();
+        match at {
+            Some(i) => Some(std::mem::replace(&mut entries[i].1, value)),
             None => {
-                self.entries.push((key, value));
+                entries.push((key, value));
                 None
             }
         }
@@ -263,51 +313,66 @@ impl Map {
     /// Appends without checking for an existing key. For builders that know the key is new
     /// (a parser that has already rejected duplicates, an input stamping a fresh event).
     pub fn push_unchecked(&mut self, key: impl Into<Str>, value: Value) {
-        self.entries.push((key.into(), value));
+        self.owned().push((key.into(), value));
     }
 
     /// Makes room for `additional` more entries in one allocation.
     pub fn reserve(&mut self, additional: usize) {
-        self.entries.reserve(additional);
+        self.owned().reserve(additional);
     }
 
     /// Returns the value under `key`, inserting the result of `default` first if absent.
     pub fn entry_or_insert_with(&mut self, key: &str, default: impl FnOnce() -> Value) -> &mut Value {
-        let i = match self.position(key) {
+        let at = self.position(key);
+        let entries = self.owned();
+        let i = match at {
             Some(i) => i,
             None => {
-                self.entries.push((Str::new(key), default()));
-                self.entries.len() - 1
+                entries.push((Str::new(key), default()));
+                entries.len() - 1
             }
         };
-        &mut self.entries[i].1
+        &mut entries[i].1
     }
 
     pub fn remove(&mut self, key: &str) -> Option<Value> {
-        self.position(key).map(|i| self.entries.remove(i).1)
+        let i = self.position(key)?;
+        Some(self.owned().remove(i).1)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Str, &Value)> {
-        self.entries.iter().map(|(k, v)| (k, v))
+        self.slice().iter().map(|(k, v)| (k, v))
     }
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&Str, &mut Value)> {
-        self.entries.iter_mut().map(|(k, v)| (&*k, v))
+        self.owned().iter_mut().map(|(k, v)| (&*k, v))
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &Str> {
-        self.entries.iter().map(|(k, _)| k)
+        self.slice().iter().map(|(k, _)| k)
     }
 
     /// Moves every entry of `other` into `self`, replacing on equal keys.
     pub fn extend(&mut self, other: Map) {
-        for (k, v) in other.entries {
+        for (k, v) in other {
             self.insert(k, v);
         }
     }
 
     pub fn retain(&mut self, mut keep: impl FnMut(&str, &mut Value) -> bool) {
-        self.entries.retain_mut(|(k, v)| keep(k, v));
+        self.owned().retain_mut(|(k, v)| keep(k, v));
+    }
+}
+
+impl PartialEq for Map {
+    fn eq(&self, other: &Map) -> bool {
+        self.slice() == other.slice()
+    }
+}
+
+impl fmt::Debug for Map {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Map").field("entries", &self.slice()).finish()
     }
 }
 
@@ -325,7 +390,10 @@ impl IntoIterator for Map {
     type Item = (Str, Value);
     type IntoIter = std::vec::IntoIter<(Str, Value)>;
     fn into_iter(self) -> Self::IntoIter {
-        self.entries.into_iter()
+        match self.entries {
+            Entries::Owned(v) => v.into_iter(),
+            Entries::Shared(v) => Arc::unwrap_or_clone(v).into_iter(),
+        }
     }
 }
 
@@ -352,8 +420,8 @@ impl Serialize for Value {
 
 impl Serialize for Map {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.entries.len()))?;
-        for (k, v) in &self.entries {
+        let mut map = s.serialize_map(Some(self.len()))?;
+        for (k, v) in self.slice() {
             map.serialize_entry(k.as_str(), v)?;
         }
         map.end()
@@ -466,6 +534,34 @@ impl<'de> Deserialize<'de> for Map {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn values_stay_small() {
+        // A shared map must not make every value bigger.
+        assert_eq!(std::mem::size_of::<Map>(), 24);
+        assert_eq!(std::mem::size_of::<Value>(), 32);
+    }
+
+    #[test]
+    fn a_shared_map_is_copied_on_its_first_change_only() {
+        let mut inner = Map::new();
+        inner.insert("path", Value::from("/var/log/app.log"));
+        let shared = inner.shared();
+        let mut a = shared.clone();
+        let b = shared.clone();
+        assert_eq!(a, b);
+        a.insert("path", Value::from("changed"));
+        a.push_unchecked("more", Value::Int(1));
+        assert_eq!(b.get("path"), Some(&Value::from("/var/log/app.log")), "the other clones keep theirs");
+        assert_eq!(a.get("path"), Some(&Value::from("changed")));
+        assert_eq!(a.len(), 2);
+        assert_eq!(serde_json::to_string(&b).unwrap(), r#"{"path":"/var/log/app.log"}"#);
+        assert_eq!(b.clone().into_iter().count(), 1);
+        let mut c = shared.clone();
+        c.retain(|_, _| false);
+        assert!(c.is_empty());
+        assert_eq!(shared.len(), 1);
+    }
+
     use super::*;
 
     #[test]

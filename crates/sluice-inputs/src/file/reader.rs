@@ -575,7 +575,21 @@ impl Shape {
         if let Some(p) = &self.host_field {
             let _ = p.insert(&mut m, Value::String(shared_text(&self.host)));
         }
+        share_constant(&mut m, self.offset_field.as_ref().map(FieldPath::segments));
         Arc::new(m)
+    }
+}
+
+/// Makes every nested object of a template that the offset does not go through a shared map
+/// (`log.file`, `host`): each event then shares it instead of getting a copy of its own.
+fn share_constant(map: &mut Map, offset: Option<&[Str]>) {
+    for (key, value) in map.iter_mut() {
+        if let Value::Object(inner) = value {
+            match offset {
+                Some([first, rest @ ..]) if first == key => share_constant(inner, Some(rest)),
+                _ => *inner = std::mem::take(inner).shared(),
+            }
+        }
     }
 }
 
