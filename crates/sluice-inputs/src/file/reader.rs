@@ -580,6 +580,11 @@ impl Shape {
     }
 }
 
+/// How many strings the file inputs of a process keep for its whole life (see
+/// [`shared_text`]): a few MiB at most. Past that (a process that has seen this many distinct
+/// long file paths), new ones are copied per event instead.
+const KEPT_MAX: usize = 100_000;
+
 /// Makes every nested object of a template that the offset does not go through a shared map
 /// (`log.file`, `host`): each event then shares it instead of getting a copy of its own.
 fn share_constant(map: &mut Map, offset: Option<&[Str]>) {
@@ -596,8 +601,8 @@ fn share_constant(map: &mut Map, offset: Option<&[Str]>) {
 /// A string that every event of a file carries (its path, the host name) and that copies
 /// without allocating. Text longer than fits inline in a [`Str`] is kept once for the life of
 /// the process and referenced: each event's copy would otherwise be one more allocation (and
-/// one more free on another thread), about a tenth of the cost of a plain line. What is kept
-/// is bounded by the distinct paths the process ever reads.
+/// one more free on another thread), about a tenth of the cost of a plain line. At most
+/// [`KEPT_MAX`] strings are kept; past that, longer text is copied per event.
 fn shared_text(text: &str) -> Str {
     static KEPT: std::sync::LazyLock<parking_lot::Mutex<std::collections::HashSet<&'static str>>> =
         std::sync::LazyLock::new(Default::default);
@@ -607,6 +612,7 @@ fn shared_text(text: &str) -> Str {
     let mut kept = KEPT.lock();
     let stored = match kept.get(text) {
         Some(&s) => s,
+        None if kept.len() >= KEPT_MAX => return Str::new(text),
         None => {
             let s: &'static str = Box::leak(text.to_owned().into_boxed_str());
             kept.insert(s);
