@@ -155,6 +155,9 @@ fn default_host_field() -> Option<FieldPath> {
 
 /// Events per batch before it is pushed in the middle of a pass.
 const BATCH_EVENTS: usize = 1024;
+/// The longest a read line waits for its batch to fill while files keep giving a little data
+/// at every pass (many files, each written slowly).
+const BATCH_WAIT: Duration = Duration::from_millis(10);
 /// A file at its end is looked at again at least this often, notification or not.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// A file let go (renamed away, deleted) is closed once it stayed at its end this long.
@@ -388,6 +391,8 @@ impl Harvester {
         let mut last_scan = Instant::now() - self.s.scan_interval;
         let mut scan_soon = true;
         let mut last_poll = Instant::now();
+        // When the oldest line of the batch being filled was read (about: the start of its pass).
+        let mut batch_since: Option<Instant> = None;
         let result = loop {
             if self.ctx.shutdown.is_cancelled() {
                 break Ok(());
@@ -418,9 +423,18 @@ impl Harvester {
                 break Ok(());
             }
             // While files keep giving data, batches fill up to BATCH_EVENTS across passes (one
-            // pass reads at most `read_buffer` per file); a pass that found nothing sends what waits.
-            if (read == 0 || self.batch.len() >= BATCH_EVENTS) && self.flush_batch().is_err() {
-                break Ok(());
+            // pass reads at most `read_buffer` per file); a pass that found nothing, or a batch
+            // waiting BATCH_WAIT, sends what waits.
+            let waiting = *batch_since.get_or_insert(now);
+            if (read == 0 || self.batch.len() >= BATCH_EVENTS || now.duration_since(waiting) >= BATCH_WAIT)
+                && self.batch.len() > 0
+            {
+                if self.flush_batch().is_err() {
+                    break Ok(());
+                }
+                batch_since = None;
+            } else if self.batch.len() == 0 {
+                batch_since = None;
             }
             changes.clear();
             if read == 0 {
