@@ -187,3 +187,105 @@ impl Worker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sluice_core::ack::AckOutcome;
+    use sluice_core::{Acker, Map, Str};
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::codec::Codec;
+    use crate::file::acks::AckTracker;
+    use crate::file::decode::TextEncoding;
+    use crate::file::reader::{Framing, Group};
+
+    fn shape() -> Arc<Shape> {
+        let utf8 = TextEncoding::for_label("utf-8").unwrap();
+        Arc::new(Shape {
+            framing: Framing::new("\n", utf8, 1024),
+            codec: Codec::Lines,
+            encoding: utf8,
+            multiline: None,
+            path_field: None,
+            offset_field: None,
+            host_field: None,
+            host: Str::new("h"),
+            meta_overlaps_text: false,
+        })
+    }
+
+    /// Lines `first..first + n` as one chunk with one acknowledgement.
+    fn chunk(first: usize, n: usize) -> (Chunk, oneshot::Receiver<AckOutcome>) {
+        let mut lines = Lines::default();
+        for i in first..first + n {
+            lines.text.extend_from_slice(format!("line {i}").as_bytes());
+            lines.spans.push((lines.text.len(), i as u64, false));
+        }
+        let group =
+            Group { tracker: AckTracker::new(|_| {}), template: Arc::new(Map::new()), timestamp: 0, count: n, end: 0 };
+        let (acker, done) = Acker::with_notify(n);
+        (Chunk { lines, groups: vec![group], acks: AckSet::single(acker, n), bytes: n }, done)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn chunks_reach_the_queue_in_the_order_they_were_handed_over() {
+        let (ctx, mut rx) = crate::tcp::tests::context();
+        let handle = tokio::runtime::Handle::current();
+        let (chunks, per_chunk) = (300, 7);
+        let waits = tokio::task::spawn_blocking(move || {
+            let mut builders = Builders::start(3, shape(), &ctx, &handle).unwrap();
+            let mut waits = Vec::new();
+            for c in 0..chunks {
+                let (chunk, done) = chunk(c * per_chunk, per_chunk);
+                builders.submit(chunk).unwrap();
+                waits.push(done);
+            }
+            // Dropping the builders lets every chunk handed over be pushed.
+            drop(builders);
+            waits
+        })
+        .await
+        .unwrap();
+        let mut next = 0;
+        while next < chunks * per_chunk {
+            let batch = rx.recv().await.expect("every chunk pushed");
+            for e in &batch.events {
+                assert_eq!(e.message(), Some(format!("line {next}").as_str()), "out of order");
+                next += 1;
+            }
+            batch.complete();
+        }
+        for done in waits {
+            assert_eq!(done.await.unwrap(), AckOutcome::Handled);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_chunk_that_cannot_be_pushed_is_abandoned_and_later_ones_are_refused() {
+        let (ctx, rx) = crate::tcp::tests::context();
+        drop(rx); // the queue is gone: every push fails
+        let handle = tokio::runtime::Handle::current();
+        let (done, refused) = tokio::task::spawn_blocking(move || {
+            let mut builders = Builders::start(2, shape(), &ctx, &handle).unwrap();
+            let (first, done) = chunk(0, 3);
+            builders.submit(first).unwrap();
+            // Once a builder's push failed, the input stops handing chunks over.
+            let mut refused = false;
+            for i in 1..200 {
+                if builders.submit(chunk(i * 3, 3).0).is_err() {
+                    refused = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (done, refused)
+        })
+        .await
+        .unwrap();
+        assert_eq!(done.await.unwrap(), AckOutcome::Abandoned, "its input learns the lines were not taken");
+        assert!(refused, "later chunks are refused once a push failed");
+    }
+}
