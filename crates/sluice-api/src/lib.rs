@@ -320,19 +320,19 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
             (
                 "sluice_dlq_entries_written_total",
                 "Entries written to the dead letter queue since it was opened.",
-                |d, _| d.written,
+                |d, _| d.store.written,
             ),
             (
                 "sluice_dlq_dropped_newer_total",
                 "New entries the full dead letter queue refused (drop_newer, or larger than max_bytes).",
-                |d, _| d.dropped_newer,
+                |d, _| d.store.dropped_newer,
             ),
             ("sluice_dlq_dropped_older_total", "Stored entries deleted to make room (drop_older).", |d, _| {
-                d.dropped_older
+                d.store.dropped_older
             }),
-            ("sluice_dlq_expired_total", "Stored entries deleted by retain_age.", |d, _| d.expired),
+            ("sluice_dlq_expired_total", "Stored entries deleted by retain_age.", |d, _| d.store.expired),
             ("sluice_dlq_corrupt_frames_total", "Damaged dead letter entries found at start-up.", |d, _| {
-                d.corrupt_frames
+                d.store.corrupt_frames
             }),
             (
                 "sluice_dlq_loop_rejected_total",
@@ -350,9 +350,9 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         }
         type PickG = fn(&DeadLetterStats) -> u64;
         let dlq_gauges: [(&str, &str, PickG); 4] = [
-            ("sluice_dlq_entries", "Entries stored in the dead letter queue.", |d| d.entries),
-            ("sluice_dlq_bytes", "Bytes of the dead letter queue's segment files.", |d| d.bytes),
-            ("sluice_dlq_segments", "Segment files of the dead letter queue.", |d| d.segments),
+            ("sluice_dlq_entries", "Entries stored in the dead letter queue.", |d| d.store.entries),
+            ("sluice_dlq_bytes", "Bytes of the dead letter queue's segment files.", |d| d.store.bytes),
+            ("sluice_dlq_segments", "Segment files of the dead letter queue.", |d| d.store.segments),
             ("sluice_dlq_max_bytes", "The dead letter queue's max_bytes.", |d| d.max_bytes),
         ];
         for (name, help, pick) in dlq_gauges {

@@ -142,31 +142,45 @@ pub struct PipelineMetrics {
     pub dead_letter_queue: OnceLock<Arc<dyn DeadLetterStatsSource>>,
 }
 
-/// A point-in-time view of a pipeline's dead letter queue, for metrics.
+/// A point-in-time view of a pipeline's dead letter queue, for metrics: where it is, its
+/// limit, and the store's own counters (flattened into the same JSON object).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct DeadLetterStats {
     pub path: String,
     pub max_bytes: u64,
+    #[serde(flatten)]
+    pub store: DlqStats,
+}
+
+/// A dead letter queue's counters and its index's totals (kept by the `sluice-dlq` crate,
+/// defined here so that metrics can carry them without depending on it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DlqStats {
     /// Segment files, the open one included.
     pub segments: u64,
     /// Bytes of all segment files.
     pub bytes: u64,
-    /// Entries stored now.
+    /// Entries stored.
     pub entries: u64,
     /// Entries written since the queue was opened.
     pub written: u64,
-    /// New entries refused because it was full (`drop_newer`).
+    /// New entries rejected because the DLQ was full (`drop_newer`) or because an entry alone
+    /// is larger than `max_bytes`.
     pub dropped_newer: u64,
     /// Stored entries deleted to make room (`drop_older`).
     pub dropped_older: u64,
     /// Stored entries deleted by `retain_age`.
     pub expired: u64,
-    /// Entries whose event could not be encoded.
+    /// Entries whose event could not be encoded (e.g. nested too deep); not stored.
     pub unencodable: u64,
-    /// Damaged frames found at start-up.
+    /// Damaged frames found while recovering at start-up.
     pub corrupt_frames: u64,
-    /// Segments deleted by readers once consumed (`clean_consumed`).
+    /// Segments deleted by readers as consumed.
     pub consumed_segments: u64,
+    /// Time of the oldest stored entry (nanoseconds since the Unix epoch).
+    pub oldest_entry_time: Option<i64>,
+    /// Time of the newest stored entry.
+    pub newest_entry_time: Option<i64>,
 }
 
 /// Whatever can report a [`DeadLetterStats`] (the dead letter queue lives in its own crate).

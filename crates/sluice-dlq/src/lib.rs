@@ -228,35 +228,9 @@ pub struct WriteOutcome {
     pub dropped: usize,
 }
 
-/// Counters and the index's totals.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DlqStats {
-    /// Segment files, the open one included.
-    pub segments: u64,
-    /// Bytes of all segment files.
-    pub bytes: u64,
-    /// Entries stored.
-    pub entries: u64,
-    /// Entries written since the queue was opened.
-    pub written: u64,
-    /// New entries rejected because the DLQ was full ([`StoragePolicy::DropNewer`]) or because
-    /// an entry alone is larger than `max_bytes`.
-    pub dropped_newer: u64,
-    /// Stored entries deleted to make room ([`StoragePolicy::DropOlder`]).
-    pub dropped_older: u64,
-    /// Stored entries deleted by `retain_age`.
-    pub expired: u64,
-    /// Entries whose event could not be encoded (e.g. nested too deep); not stored.
-    pub unencodable: u64,
-    /// Damaged frames found while recovering at start-up.
-    pub corrupt_frames: u64,
-    /// Segments deleted by readers as consumed.
-    pub consumed_segments: u64,
-    /// Time of the oldest stored entry (nanoseconds since the Unix epoch).
-    pub oldest_entry_time: Option<i64>,
-    /// Time of the newest stored entry.
-    pub newest_entry_time: Option<i64>,
-}
+/// Counters and the index's totals (shared with the metrics, which is why it is defined in
+/// `sluice-core`).
+pub use sluice_core::metrics::DlqStats;
 
 /// The size policy's decision for an entry (see [`DeadLetterQueue::room_for`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -98,20 +98,10 @@ pub struct StatsSource(pub OpenDeadLetterQueue);
 
 impl DeadLetterStatsSource for StatsSource {
     fn dead_letter_stats(&self) -> DeadLetterStats {
-        let s = self.0.queue.stats();
         DeadLetterStats {
             path: self.0.dir.display().to_string(),
             max_bytes: self.0.config.max_bytes.0,
-            segments: s.segments,
-            bytes: s.bytes,
-            entries: s.entries,
-            written: s.written,
-            dropped_newer: s.dropped_newer,
-            dropped_older: s.dropped_older,
-            expired: s.expired,
-            unencodable: s.unencodable,
-            corrupt_frames: s.corrupt_frames,
-            consumed_segments: s.consumed_segments,
+            store: self.0.queue.stats(),
         }
     }
 }
