@@ -377,6 +377,7 @@ async fn events_are_not_acknowledged_when_fdatasync_fails() {
     let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
     assert_eq!(outcome, AckOutcome::Abandoned, "not acknowledged after a failed fdatasync");
     assert_eq!(q.stats().fsync_failures, 1, "the failure is counted");
+    assert_eq!(q.inner.mem_bytes.load(Ordering::Relaxed), 0, "the given-up group's memory budget is returned");
     // The next group's fdatasync succeeds: it is acknowledged and delivered.
     push_durable(&q, numbered(10, 10)).await;
     assert_eq!(drain(&q, 10, true).await, (10..20).collect::<Vec<_>>());
