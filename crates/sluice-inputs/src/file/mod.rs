@@ -425,16 +425,16 @@ impl Harvester {
             // While files keep giving data, batches fill up to BATCH_EVENTS across passes (one
             // pass reads at most `read_buffer` per file); a pass that found nothing, or a batch
             // waiting BATCH_WAIT, sends what waits.
-            let waiting = *batch_since.get_or_insert(now);
-            if (read == 0 || self.batch.len() >= BATCH_EVENTS || now.duration_since(waiting) >= BATCH_WAIT)
-                && self.batch.len() > 0
-            {
-                if self.flush_batch().is_err() {
-                    break Ok(());
+            if self.batch.len() == 0 {
+                batch_since = None;
+            } else {
+                let since = *batch_since.get_or_insert(now);
+                if read == 0 || self.batch.len() >= BATCH_EVENTS || now.duration_since(since) >= BATCH_WAIT {
+                    if self.flush_batch().is_err() {
+                        break Ok(());
+                    }
+                    batch_since = None;
                 }
-                batch_since = None;
-            } else if self.batch.len() == 0 {
-                batch_since = None;
             }
             changes.clear();
             if read == 0 {

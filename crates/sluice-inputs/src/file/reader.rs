@@ -567,23 +567,18 @@ impl Shape {
     pub(crate) fn template(&self, path: &std::path::Path) -> Arc<Map> {
         let mut m = Map::new();
         if let Some(p) = &self.path_field {
-            let _ = p.insert(&mut m, Value::String(shared_text(path.to_string_lossy().as_ref())));
+            let _ = p.insert(&mut m, Value::String(Str::from(path.to_string_lossy().as_ref())));
         }
         if let Some(p) = &self.offset_field {
             let _ = p.insert(&mut m, Value::Int(0));
         }
         if let Some(p) = &self.host_field {
-            let _ = p.insert(&mut m, Value::String(shared_text(&self.host)));
+            let _ = p.insert(&mut m, Value::String(self.host.clone()));
         }
         share_constant(&mut m, self.offset_field.as_ref().map(FieldPath::segments));
         Arc::new(m)
     }
 }
-
-/// How many strings the file inputs of a process keep for its whole life (see
-/// [`shared_text`]): a few MiB at most. Past that (a process that has seen this many distinct
-/// long file paths), new ones are copied per event instead.
-const KEPT_MAX: usize = 100_000;
 
 /// Makes every nested object of a template that the offset does not go through a shared map
 /// (`log.file`, `host`): each event then shares it instead of getting a copy of its own.
@@ -596,30 +591,6 @@ fn share_constant(map: &mut Map, offset: Option<&[Str]>) {
             }
         }
     }
-}
-
-/// A string that every event of a file carries (its path, the host name) and that copies
-/// without allocating. Text longer than fits inline in a [`Str`] is kept once for the life of
-/// the process and referenced: each event's copy would otherwise be one more allocation (and
-/// one more free on another thread), about a tenth of the cost of a plain line. At most
-/// [`KEPT_MAX`] strings are kept; past that, longer text is copied per event.
-fn shared_text(text: &str) -> Str {
-    static KEPT: std::sync::LazyLock<parking_lot::Mutex<std::collections::HashSet<&'static str>>> =
-        std::sync::LazyLock::new(Default::default);
-    if text.len() <= std::mem::size_of::<Str>() {
-        return Str::new(text);
-    }
-    let mut kept = KEPT.lock();
-    let stored = match kept.get(text) {
-        Some(&s) => s,
-        None if kept.len() >= KEPT_MAX => return Str::new(text),
-        None => {
-            let s: &'static str = Box::leak(text.to_owned().into_boxed_str());
-            kept.insert(s);
-            s
-        }
-    };
-    Str::const_new(stored)
 }
 
 #[cfg(test)]
