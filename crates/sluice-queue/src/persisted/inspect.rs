@@ -250,32 +250,32 @@ fn lock_held(lock: &Path) -> io::Result<bool> {
 }
 
 /// Segment files of a shard directory, oldest first.
-/// The reusable spare files of a shard directory: how many, and their bytes. A spare deleted
-/// meanwhile (the running queue reused or dropped it) is not counted.
-fn spare_files(dir: &Path) -> io::Result<(usize, u64)> {
-    let (mut files, mut bytes) = (0, 0);
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_name().to_str().is_some_and(|n| n.ends_with(FREE_SUFFIX))
-            && let Ok(meta) = entry.metadata()
-        {
-            files += 1;
-            bytes += meta.len();
-        }
-    }
-    Ok((files, bytes))
+/// What one listing of a shard directory holds: its segment ids, oldest first, and how many
+/// reusable spare files (`*.free`) there are and their bytes. A spare deleted meanwhile (the
+/// running queue reused or dropped it) is not counted.
+struct Listing {
+    segments: Vec<u64>,
+    spare_files: usize,
+    spare_bytes: u64,
 }
 
-fn segment_ids(dir: &Path) -> io::Result<Vec<u64>> {
-    let mut out = Vec::new();
+fn list_shard(dir: &Path) -> io::Result<Listing> {
+    let mut listing = Listing { segments: Vec::new(), spare_files: 0, spare_bytes: 0 };
     for entry in fs::read_dir(dir)? {
-        let name = entry?.file_name();
-        if let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".seg")).and_then(|s| s.parse::<u64>().ok()) {
-            out.push(id);
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(id) = name.strip_suffix(".seg").and_then(|s| s.parse::<u64>().ok()) {
+            listing.segments.push(id);
+        } else if name.ends_with(FREE_SUFFIX)
+            && let Ok(meta) = entry.metadata()
+        {
+            listing.spare_files += 1;
+            listing.spare_bytes += meta.len();
         }
     }
-    out.sort_unstable();
-    Ok(out)
+    listing.segments.sort_unstable();
+    Ok(listing)
 }
 
 fn inspect_shard(id: u32, dir: &Path, verify: bool, in_use: bool) -> io::Result<ShardReport> {
@@ -284,7 +284,7 @@ fn inspect_shard(id: u32, dir: &Path, verify: bool, in_use: bool) -> io::Result<
         Ok(None) => (CheckpointState::None, None),
         Err(reason) => (CheckpointState::Damaged { reason }, None),
     };
-    let ids = segment_ids(dir).map_err(|e| context(dir, e))?;
+    let Listing { segments: ids, spare_files, spare_bytes } = list_shard(dir).map_err(|e| context(dir, e))?;
     let mut warnings = Vec::new();
     let mut segments = Vec::with_capacity(ids.len());
     for (i, &seg) in ids.iter().enumerate() {
@@ -325,7 +325,6 @@ fn inspect_shard(id: u32, dir: &Path, verify: bool, in_use: bool) -> io::Result<
         }
     }
     let sum = |f: fn(&SegmentReport) -> u64| segments.iter().map(f).sum::<u64>();
-    let (spare_files, spare_bytes) = spare_files(dir).map_err(|e| context(dir, e))?;
     Ok(ShardReport {
         spare_files,
         spare_bytes,
