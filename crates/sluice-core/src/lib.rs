@@ -2,6 +2,8 @@
 //!
 //! - [`Value`] and [`Map`]: a JSON-like value with an insertion-ordered object, cheap to build
 //!   from a parse and cheap to look up in (events have a dozen fields, so a vector beats a tree).
+//! - [`Str`]: the string of values and keys, inline when short, or a slice of a [`SharedText`]
+//!   that many events share (the lines of one read).
 //! - [`Event`]: one record, a root [`Map`]; `@timestamp` and `@metadata` live in it like in
 //!   Logstash, `@metadata` is never written out by outputs.
 //! - [`Batch`]: events travel in batches; a batch carries the [`AckSet`] of the input batches its
@@ -26,6 +28,7 @@ pub mod event;
 pub mod metrics;
 pub mod path;
 pub mod queue;
+pub mod text;
 pub mod value;
 
 pub use ack::{AckSet, Acker};
@@ -33,4 +36,5 @@ pub use batch::Batch;
 pub use event::Event;
 pub use path::{FieldPath, PathError};
 pub use queue::{HistogramSnapshot, Queue, QueueClosed, QueueStats, ShardStats};
-pub use value::{Map, Str, Value};
+pub use text::{SharedText, Str, TextPool};
+pub use value::{Map, Value};

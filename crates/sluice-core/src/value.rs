@@ -2,21 +2,19 @@
 //!
 //! Objects are insertion-ordered vectors of `(key, value)`: events carry about a dozen fields,
 //! for which a linear scan over inline keys is faster than hashing or a tree, and output keeps
-//! the order the fields arrived in. Strings are [`CompactString`]s, so keys and short values up
-//! to 24 bytes never touch the allocator. Timestamps are a variant of their own (nanoseconds
-//! since the Unix epoch) so that stamping an event costs no formatting; they serialize as
-//! RFC 3339 text.
+//! the order the fields arrived in. Strings are [`Str`]s, so keys and short values up to 24
+//! bytes never touch the allocator, and long ones can share the buffer they were read into.
+//! Timestamps are a variant of their own (nanoseconds since the Unix epoch) so that stamping
+//! an event costs no formatting; they serialize as RFC 3339 text.
 
 use std::fmt;
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use compact_str::CompactString;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
-/// The string type of values and keys.
-pub type Str = CompactString;
+pub use crate::text::Str;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum Value {

@@ -305,7 +305,7 @@ impl<'a, 'k> Reader<'a, 'k> {
                 return Ok(cached.clone());
             }
             let k = Str::from(utf8(bytes)?);
-            if !k.is_heap_allocated() {
+            if k.is_inline() {
                 *cached = k.clone();
             }
             return Ok(k);

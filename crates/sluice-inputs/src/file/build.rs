@@ -22,7 +22,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
-use sluice_core::{AckSet, Batch};
+use sluice_core::{AckSet, Batch, SharedText, TextPool};
 
 use super::reader::{self, Group, Lines, Shape};
 use crate::InputContext;
@@ -42,7 +42,17 @@ pub(crate) struct Builders {
     threads: Vec<JoinHandle<()>>,
     next: u64,
     stopped: Arc<AtomicBool>,
+    /// Bytes of text in the last chunk: a new chunk's buffer starts that big, so that it is
+    /// not grown (and copied) line by line.
+    text_hint: usize,
+    /// Chunk text buffers, back once the events that share them are finished.
+    texts: Arc<TextPool>,
 }
+
+/// Chunk text buffers kept for reuse: enough for the chunks in the builders and a full
+/// memory queue; a buffer grown past `TEXT_KEEP_LARGEST` by long lines is freed instead.
+const TEXT_KEEP: usize = 32;
+const TEXT_KEEP_LARGEST: usize = 4 << 20;
 
 /// Whose turn it is to push.
 struct Turns {
@@ -98,6 +108,7 @@ impl Builders {
         let (give_back, spare) = sync_channel::<Lines>(threads * 2 + 2);
         let turns = Arc::new(Turns { next: Mutex::new(0), changed: Condvar::new() });
         let stopped = Arc::new(AtomicBool::new(false));
+        let texts = TextPool::new(TEXT_KEEP, TEXT_KEEP_LARGEST);
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
             let worker = Worker {
@@ -108,6 +119,7 @@ impl Builders {
                 turns: turns.clone(),
                 give_back: give_back.clone(),
                 stopped: stopped.clone(),
+                texts: texts.clone(),
             };
             let spawned = std::thread::Builder::new().name(format!("file-build-{i}")).spawn(move || worker.run());
             match spawned {
@@ -120,7 +132,7 @@ impl Builders {
                 }
             }
         }
-        Ok(Builders { jobs: Some(jobs), spare, threads: handles, next: 0, stopped })
+        Ok(Builders { jobs: Some(jobs), spare, threads: handles, next: 0, stopped, text_hint: 0, texts })
     }
 
     /// Hands a chunk over, waiting while every builder is busy. Fails once a push failed
@@ -130,14 +142,18 @@ impl Builders {
             return Err(());
         }
         let jobs = self.jobs.as_ref().ok_or(())?;
+        self.text_hint = chunk.lines.text.len();
         jobs.send((self.next, chunk)).map_err(|_| ())?;
         self.next += 1;
         Ok(())
     }
 
-    /// An emptied line buffer to fill next, reused when a builder gave one back.
+    /// An emptied line buffer to fill next. The line ends are reused when a builder gave
+    /// them back; the text comes from the pool, as events may still share the last one's.
     pub(crate) fn spare_lines(&self) -> Lines {
-        self.spare.try_recv().unwrap_or_default()
+        let mut lines = self.spare.try_recv().unwrap_or_default();
+        lines.text = self.texts.take(self.text_hint + self.text_hint / 8);
+        lines
     }
 }
 
@@ -158,6 +174,7 @@ struct Worker {
     turns: Arc<Turns>,
     give_back: SyncSender<Lines>,
     stopped: Arc<AtomicBool>,
+    texts: Arc<TextPool>,
 }
 
 impl Worker {
@@ -168,7 +185,9 @@ impl Worker {
             let turn = Turn { turns: &self.turns, seq };
             let Chunk { mut lines, groups, acks, bytes } = chunk;
             let mut failed = 0;
-            let events = reader::build_events(&self.shape, &lines, &groups, &mut failed);
+            let text = SharedText::pooled(std::mem::take(&mut lines.text), &self.texts);
+            let events = reader::build_events(&self.shape, &text, &lines.spans, &groups, &mut failed);
+            drop(text);
             drop(groups);
             lines.clear();
             let _ = self.give_back.try_send(lines);

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use memchr::memmem;
-use sluice_core::{Event, FieldPath, Map, Str, Value};
+use sluice_core::{Event, FieldPath, Map, SharedText, Str, Value};
 
 use super::acks::AckTracker;
 use super::decode::TextEncoding;
@@ -389,20 +389,36 @@ struct FileContext<'a> {
 }
 
 /// Makes the events of lines collected with [`BatchBuilder::deferred`], group by group.
-pub(crate) fn build_events(shape: &Shape, lines: &Lines, groups: &[Group], failed: &mut u64) -> Vec<Event> {
-    let mut events = Vec::with_capacity(lines.spans.len());
-    let mut spans = lines.spans.iter();
+/// `text` holds the lines back to back and `spans` where each ends. A plain text line's
+/// `message` points into `text` rather than being copied (see [`SharedText`]).
+pub(crate) fn build_events(
+    shape: &Shape,
+    text: &SharedText,
+    spans: &[(usize, u64, bool)],
+    groups: &[Group],
+    failed: &mut u64,
+) -> Vec<Event> {
+    let mut events = Vec::with_capacity(spans.len());
+    let mut spans = spans.iter();
     let mut from = 0;
+    let share = shape.codec == Codec::Lines && shape.encoding.is_utf8();
     for g in groups {
         for &(to, start, truncated) in spans.by_ref().take(g.count) {
-            let bytes = &lines.text[from..to];
-            from = to;
-            let event = if shape.encoding.is_utf8() {
+            let bytes = &text.as_bytes()[from..to];
+            let event = if share {
+                let message = text.slice(from..to).unwrap_or_else(|_| crate::codec::text(bytes));
+                let mut event = Event::from_message_at(message, g.timestamp);
+                if truncated {
+                    event.add_tag(TAG_TRUNCATED);
+                }
+                with_metadata(shape, event, &g.template, start)
+            } else if shape.encoding.is_utf8() {
                 make_event(shape, bytes, truncated, &g.template, start, g.timestamp, failed)
             } else {
-                let text = shape.encoding.decode(bytes);
-                make_event(shape, text.as_bytes(), truncated, &g.template, start, g.timestamp, failed)
+                let decoded = shape.encoding.decode(bytes);
+                make_event(shape, decoded.as_bytes(), truncated, &g.template, start, g.timestamp, failed)
             };
+            from = to;
             events.push(event);
         }
     }
@@ -534,6 +550,11 @@ fn make_event(
     if truncated && !event.has_tag(TAG_TRUNCATED) {
         event.add_tag(TAG_TRUNCATED);
     }
+    with_metadata(shape, event, template, offset)
+}
+
+/// Adds a file's metadata fields (`template`, with the line's `offset`) to its event.
+fn with_metadata(shape: &Shape, mut event: Event, template: &Map, offset: u64) -> Event {
     if template.is_empty() {
         return event;
     }

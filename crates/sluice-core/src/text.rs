@@ -1,0 +1,485 @@
+//! The string type of values and keys, and the shared buffers strings can point into.
+//!
+//! A [`Str`] is one of:
+//! - inline text up to 24 bytes, which never touches the allocator (keys, levels, hosts);
+//! - its own heap copy;
+//! - a slice of a [`SharedText`]: a buffer of many lines read at once (the file input's
+//!   chunk of lines), which every event made from it points into, so that an event's
+//!   `message` costs neither an allocation and a copy where it is made nor a free on the thread
+//!   that finishes it.
+//!
+//! Guarantees: a `Str` is always valid UTF-8 (a slice is checked when it is made); it is 24
+//! bytes whatever it holds, so `Value` stays 32; equality, ordering and hashing are those of
+//! the text, never of how it is stored; a change to a slice first makes it its own copy.
+//!
+//! A slice keeps its whole buffer alive. Code that keeps strings for long (an aggregation's
+//! state) calls [`Str::detach`] so that one small string does not hold a large buffer.
+//!
+//! ```
+//! use sluice_core::{SharedText, Str};
+//!
+//! let buf = SharedText::new(b"first line, long enough to be worth sharing\nsecond".to_vec());
+//! let first = buf.slice(0..43).unwrap();
+//! assert_eq!(first, "first line, long enough to be worth sharing");
+//! assert!(first.is_shared());
+//! let mut own = first.clone();
+//! own.push_str("!");
+//! assert!(!own.is_shared());
+//! assert_eq!(Str::from("second"), buf.slice(44..50).unwrap());
+//! ```
+
+use std::borrow::{Borrow, Cow};
+use std::cmp::Ordering;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
+use compact_str::CompactString;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A string: inline, on the heap, or a slice of a [`SharedText`] (see the module comment).
+#[derive(Clone)]
+pub struct Str(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Own(CompactString),
+    Slice(Slice),
+}
+
+/// `buf[start..start + len]`, known to be UTF-8. 16 bytes, so that it fits beside the byte
+/// that tells `CompactString`'s forms apart and `Str` stays 24.
+#[derive(Clone)]
+struct Slice {
+    buf: Arc<Buffer>,
+    start: u32,
+    len: u32,
+}
+
+/// A shared buffer's bytes, and the pool they go back to when the last string lets go.
+struct Buffer {
+    bytes: Vec<u8>,
+    home: Option<Arc<TextPool>>,
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.home {
+            pool.put(std::mem::take(&mut self.bytes));
+        }
+    }
+}
+
+/// Buffers for [`SharedText`]s to be filled again once every string in them is gone.
+///
+/// Why: a reader fills a buffer on one thread and the events pointing into it are finished on
+/// others. Freed there, each buffer's memory went back through the allocator's cross-thread
+/// path and new ones were taken from fresh pages (about 20 MiB more resident in the file
+/// benchmark); handed back here, the reader fills the same warm pages again.
+pub struct TextPool {
+    spare: parking_lot::Mutex<Vec<Vec<u8>>>,
+    keep: usize,
+    largest: usize,
+}
+
+impl TextPool {
+    /// A pool keeping up to `keep` buffers of at most `largest` bytes of capacity (a buffer
+    /// grown for an exceptional line is freed rather than kept).
+    pub fn new(keep: usize, largest: usize) -> Arc<TextPool> {
+        Arc::new(TextPool { spare: parking_lot::Mutex::new(Vec::with_capacity(keep)), keep, largest })
+    }
+
+    /// An empty buffer with room for at least `capacity` bytes: a returned one if there is.
+    pub fn take(&self, capacity: usize) -> Vec<u8> {
+        let mut bytes = self.spare.lock().pop().unwrap_or_default();
+        bytes.reserve(capacity);
+        bytes
+    }
+
+    fn put(&self, mut bytes: Vec<u8>) {
+        if bytes.capacity() == 0 || bytes.capacity() > self.largest {
+            return;
+        }
+        bytes.clear();
+        let mut spare = self.spare.lock();
+        if spare.len() < self.keep {
+            spare.push(bytes);
+        }
+    }
+
+    /// Buffers waiting to be taken.
+    pub fn spare(&self) -> usize {
+        self.spare.lock().len()
+    }
+}
+
+/// Longest text kept inline by `CompactString`; shorter slices are copied, not shared.
+const INLINE: usize = 24;
+
+/// A buffer of text that strings can share (see [`SharedText::slice`]).
+#[derive(Clone)]
+pub struct SharedText(Arc<Buffer>);
+
+impl SharedText {
+    pub fn new(bytes: Vec<u8>) -> SharedText {
+        SharedText(Arc::new(Buffer { bytes, home: None }))
+    }
+
+    /// A buffer that goes back to `pool` when it and every string pointing into it are gone.
+    pub fn pooled(bytes: Vec<u8>, pool: &Arc<TextPool>) -> SharedText {
+        SharedText(Arc::new(Buffer { bytes, home: Some(pool.clone()) }))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0.bytes
+    }
+
+    /// The text in `range` as a string. Text that fits inline is copied (so it does not keep
+    /// the buffer alive); longer text points into the buffer. Fails when the bytes are not
+    /// UTF-8. Panics when `range` is out of bounds, like slicing.
+    pub fn slice(&self, range: Range<usize>) -> Result<Str, simdutf8::basic::Utf8Error> {
+        let bytes = &self.0.bytes[range.clone()];
+        let text = simdutf8::basic::from_utf8(bytes)?;
+        if text.len() <= INLINE || range.end > u32::MAX as usize {
+            return Ok(Str::new(text));
+        }
+        Ok(Str(Repr::Slice(Slice { buf: self.0.clone(), start: range.start as u32, len: text.len() as u32 })))
+    }
+}
+
+impl Str {
+    pub fn new(text: &str) -> Str {
+        Str(Repr::Own(CompactString::new(text)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            Repr::Own(s) => s.as_str(),
+            Repr::Slice(s) => {
+                let bytes = &s.buf.bytes[s.start as usize..(s.start + s.len) as usize];
+                // SAFETY: checked to be UTF-8 when the slice was made, and the buffer is
+                // never changed while shared.
+                unsafe { std::str::from_utf8_unchecked(bytes) }
+            }
+        }
+    }
+
+    /// Whether the text is held inline: cloning it then copies 24 bytes and nothing else.
+    pub fn is_inline(&self) -> bool {
+        matches!(&self.0, Repr::Own(s) if !s.is_heap_allocated())
+    }
+
+    /// Whether this string points into a shared buffer.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.0, Repr::Slice(_))
+    }
+
+    /// This string with its own copy of its text, so that it keeps no shared buffer alive.
+    pub fn detach(self) -> Str {
+        match self.0 {
+            Repr::Slice(_) => Str::new(self.as_str()),
+            own => Str(own),
+        }
+    }
+
+    /// The text to change: a slice becomes its own copy first.
+    fn make_mut(&mut self) -> &mut CompactString {
+        if let Repr::Slice(_) = self.0 {
+            self.0 = Repr::Own(CompactString::new(self.as_str()));
+        }
+        match &mut self.0 {
+            Repr::Own(s) => s,
+            Repr::Slice(_) => unreachable!("made its own copy above"),
+        }
+    }
+
+    /// The text, to change in place (a slice becomes its own copy first).
+    pub fn as_mut_str(&mut self) -> &mut str {
+        self.make_mut().as_mut_str()
+    }
+
+    pub fn push_str(&mut self, text: &str) {
+        self.make_mut().push_str(text);
+    }
+
+    pub fn push(&mut self, c: char) {
+        self.make_mut().push(c);
+    }
+
+    pub fn clear(&mut self) {
+        *self = Str::default();
+    }
+
+    pub fn into_string(self) -> String {
+        match self.0 {
+            Repr::Own(s) => s.into_string(),
+            Repr::Slice(_) => self.as_str().to_owned(),
+        }
+    }
+}
+
+impl Default for Str {
+    fn default() -> Str {
+        Str(Repr::Own(CompactString::default()))
+    }
+}
+
+impl Deref for Str {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for Str {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<[u8]> for Str {
+    fn as_ref(&self) -> &[u8] {
+        self.as_str().as_bytes()
+    }
+}
+
+impl Borrow<str> for Str {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Debug for Str {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for Str {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Write for Str {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.push_str(s);
+        Ok(())
+    }
+}
+
+impl PartialEq for Str {
+    fn eq(&self, other: &Str) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+impl Eq for Str {}
+
+impl PartialEq<str> for Str {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+impl PartialEq<&str> for Str {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+impl PartialEq<String> for Str {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+impl PartialEq<Str> for str {
+    fn eq(&self, other: &Str) -> bool {
+        self == other.as_str()
+    }
+}
+impl PartialEq<Str> for &str {
+    fn eq(&self, other: &Str) -> bool {
+        *self == other.as_str()
+    }
+}
+impl PartialEq<Str> for String {
+    fn eq(&self, other: &Str) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl PartialOrd for Str {
+    fn partial_cmp(&self, other: &Str) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Str {
+    fn cmp(&self, other: &Str) -> Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl Hash for Str {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state)
+    }
+}
+
+impl From<&str> for Str {
+    fn from(s: &str) -> Str {
+        Str::new(s)
+    }
+}
+impl From<&String> for Str {
+    fn from(s: &String) -> Str {
+        Str::new(s)
+    }
+}
+impl From<String> for Str {
+    fn from(s: String) -> Str {
+        Str(Repr::Own(CompactString::from(s)))
+    }
+}
+impl From<Box<str>> for Str {
+    fn from(s: Box<str>) -> Str {
+        Str(Repr::Own(CompactString::from(s)))
+    }
+}
+impl From<Cow<'_, str>> for Str {
+    fn from(s: Cow<'_, str>) -> Str {
+        Str(Repr::Own(CompactString::from(s)))
+    }
+}
+impl From<&Str> for Str {
+    fn from(s: &Str) -> Str {
+        s.clone()
+    }
+}
+impl From<Str> for String {
+    fn from(s: Str) -> String {
+        s.into_string()
+    }
+}
+
+impl FromIterator<char> for Str {
+    fn from_iter<I: IntoIterator<Item = char>>(iter: I) -> Str {
+        Str(Repr::Own(CompactString::from_iter(iter)))
+    }
+}
+impl<'a> FromIterator<&'a str> for Str {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Str {
+        Str(Repr::Own(CompactString::from_iter(iter)))
+    }
+}
+
+impl std::str::FromStr for Str {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Str, Self::Err> {
+        Ok(Str::new(s))
+    }
+}
+
+impl Serialize for Str {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Str {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Str, D::Error> {
+        CompactString::deserialize(d).map(|s| Str(Repr::Own(s)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LONG: &str = "a line of text that is longer than what fits inline";
+
+    #[test]
+    fn a_str_is_24_bytes_whatever_it_holds() {
+        assert_eq!(std::mem::size_of::<Str>(), 24);
+        assert_eq!(std::mem::size_of::<Option<Str>>(), 24);
+    }
+
+    #[test]
+    fn long_text_is_shared_and_short_text_copied() {
+        let text = format!("{LONG}\nshort\n");
+        let buf = SharedText::new(text.clone().into_bytes());
+        let long = buf.slice(0..LONG.len()).unwrap();
+        let short = buf.slice(LONG.len() + 1..LONG.len() + 6).unwrap();
+        assert!(long.is_shared());
+        assert!(!short.is_shared());
+        assert_eq!(long, LONG);
+        assert_eq!(short, "short");
+        // The buffer is held by the shared string only.
+        drop(buf);
+        assert_eq!(long.as_str(), LONG);
+        assert_eq!(
+            Arc::strong_count(match &long.0 {
+                Repr::Slice(s) => &s.buf,
+                Repr::Own(_) => unreachable!(),
+            }),
+            1
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_is_refused() {
+        let buf = SharedText::new(vec![b'a'; 40].into_iter().chain([0xff]).collect());
+        assert!(buf.slice(0..41).is_err());
+        assert!(buf.slice(0..40).is_ok());
+    }
+
+    #[test]
+    fn a_change_or_a_detach_copies_and_releases_the_buffer() {
+        let buf = SharedText::new(LONG.as_bytes().to_vec());
+        let shared = buf.slice(0..LONG.len()).unwrap();
+        let mut changed = shared.clone();
+        changed.push_str("!");
+        assert!(!changed.is_shared());
+        assert_eq!(changed, format!("{LONG}!"));
+        assert_eq!(shared, LONG);
+        let detached = shared.detach();
+        assert!(!detached.is_shared());
+        assert_eq!(Arc::strong_count(&buf.0), 1);
+        assert_eq!(detached, LONG);
+    }
+
+    #[test]
+    fn a_pooled_buffer_returns_when_its_last_string_is_gone() {
+        let pool = TextPool::new(2, 1 << 20);
+        let mut bytes = pool.take(100);
+        bytes.extend_from_slice(LONG.as_bytes());
+        let buf = SharedText::pooled(bytes, &pool);
+        let s = buf.slice(0..LONG.len()).unwrap();
+        drop(buf);
+        assert_eq!(pool.spare(), 0, "a string still points into it");
+        drop(s);
+        assert_eq!(pool.spare(), 1);
+        let again = pool.take(10);
+        assert!(again.is_empty() && again.capacity() >= 100, "the same buffer, emptied");
+        // A buffer grown past `largest` is not kept, and the pool keeps at most `keep`.
+        drop(SharedText::pooled(vec![0; 2 << 20], &pool));
+        for _ in 0..3 {
+            drop(SharedText::pooled(Vec::with_capacity(64), &pool));
+        }
+        assert_eq!(pool.spare(), 2);
+    }
+
+    #[test]
+    fn equality_order_and_hash_follow_the_text() {
+        use std::collections::hash_map::DefaultHasher;
+        let buf = SharedText::new(LONG.as_bytes().to_vec());
+        let (shared, own) = (buf.slice(0..LONG.len()).unwrap(), Str::from(LONG.to_string()));
+        assert_eq!(shared, own);
+        assert_eq!(shared.cmp(&own), Ordering::Equal);
+        let hash = |s: &Str| {
+            let mut h = DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        };
+        assert_eq!(hash(&shared), hash(&own));
+        assert_eq!(serde_json::to_string(&shared).unwrap(), serde_json::to_string(LONG).unwrap());
+    }
+}
