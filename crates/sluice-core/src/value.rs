@@ -249,6 +249,27 @@ impl Map {
         }
     }
 
+    /// A copy in which this map and every shared map inside it are shared anew, on reference
+    /// counts of their own. Why: the clones of one shared map made and dropped on several
+    /// threads at once fight over its count's cache line (it was half the cost of dropping
+    /// a file event); a builder that reshares the metadata for each chunk of events keeps
+    /// that count on the threads handling the chunk.
+    pub fn reshared(&self) -> Map {
+        fn copy(entries: &[(Str, Value)]) -> Vec<(Str, Value)> {
+            entries
+                .iter()
+                .map(|(k, v)| match v {
+                    Value::Object(m) => (k.clone(), Value::Object(m.reshared())),
+                    v => (k.clone(), v.clone()),
+                })
+                .collect()
+        }
+        match &self.entries {
+            Entries::Owned(v) => Map { entries: Entries::Owned(copy(v)) },
+            Entries::Shared(v) => Map { entries: Entries::Shared(Arc::new(copy(v))) },
+        }
+    }
+
     fn slice(&self) -> &[(Str, Value)] {
         match &self.entries {
             Entries::Owned(v) => v,
@@ -561,6 +582,28 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_reshared_copy_counts_its_shared_maps_apart() {
+        fn arc(m: &Map) -> &Arc<Vec<(Str, Value)>> {
+            match &m.entries {
+                Entries::Shared(a) => a,
+                Entries::Owned(_) => panic!("not shared"),
+            }
+        }
+        let mut file = Map::new();
+        file.insert("path", Value::from("/var/log/app.log"));
+        let mut log = Map::new();
+        log.insert("file", Value::Object(file.shared()));
+        log.insert("offset", Value::Int(0));
+        let copy = log.reshared();
+        assert_eq!(copy, log);
+        let inner = |m: &Map| arc(m.get("file").and_then(Value::as_object).unwrap()).clone();
+        assert!(!Arc::ptr_eq(&inner(&copy), &inner(&log)), "a count of its own");
+        assert!(matches!(copy.entries, Entries::Owned(_)), "an owned map stays owned");
+        let whole = log.clone().shared();
+        assert!(!Arc::ptr_eq(arc(&whole.reshared()), arc(&whole)));
+    }
 
     #[test]
     fn parse_keeps_order_and_types() {

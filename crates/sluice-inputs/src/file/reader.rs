@@ -402,7 +402,13 @@ pub(crate) fn build_events(
     let mut spans = spans.iter();
     let mut from = 0;
     let share = shape.codec == Codec::Lines && shape.encoding.is_utf8();
+    // The metadata with shared objects of this chunk's own (see `Map::reshared`).
+    let mut local: Option<(&Arc<Map>, Map)> = None;
     for g in groups {
+        let template = match &local {
+            Some((of, copy)) if Arc::ptr_eq(of, &g.template) => copy,
+            _ => &local.insert((&g.template, g.template.reshared())).1,
+        };
         for &(to, start, truncated) in spans.by_ref().take(g.count) {
             let bytes = &text.as_bytes()[from..to];
             let event = if share {
@@ -411,12 +417,12 @@ pub(crate) fn build_events(
                 if truncated {
                     event.add_tag(TAG_TRUNCATED);
                 }
-                with_metadata(shape, event, &g.template, start)
+                with_metadata(shape, event, template, start)
             } else if shape.encoding.is_utf8() {
-                make_event(shape, bytes, truncated, &g.template, start, g.timestamp, failed)
+                make_event(shape, bytes, truncated, template, start, g.timestamp, failed)
             } else {
                 let decoded = shape.encoding.decode(bytes);
-                make_event(shape, decoded.as_bytes(), truncated, &g.template, start, g.timestamp, failed)
+                make_event(shape, decoded.as_bytes(), truncated, template, start, g.timestamp, failed)
             };
             from = to;
             events.push(event);
@@ -560,14 +566,16 @@ fn with_metadata(shape: &Shape, mut event: Event, template: &Map, offset: u64) -
     }
     if shape.codec == Codec::Lines && !shape.meta_overlaps_text {
         // A text event holds only `message` and `@timestamp`: the metadata's top-level keys
-        // are new, so they are cloned straight in (no walk, no growth of the nested objects,
-        // no temporary copy of the template).
+        // are new, so they are cloned straight in, the offset put in place on the way (no
+        // walk, no growth of the nested objects, no temporary copy of the template).
+        let offset_path = shape.offset_field.as_ref().map_or(&[][..], FieldPath::segments);
         event.fields.reserve(template.len());
         for (k, v) in template.iter() {
-            event.fields.push_unchecked(k.clone(), v.clone());
-        }
-        if let Some(slot) = shape.offset_field.as_ref().and_then(|p| p.get_mut(&mut event.fields)) {
-            *slot = Value::Int(offset as i64);
+            let v = match offset_path {
+                [first, rest @ ..] if first == k => clone_with_offset(v, rest, offset as i64),
+                _ => v.clone(),
+            };
+            event.fields.push_unchecked(k.clone(), v);
         }
     } else {
         let mut meta = template.clone();
@@ -581,6 +589,23 @@ fn with_metadata(shape: &Shape, mut event: Event, template: &Map, offset: u64) -
         }
     }
     event
+}
+
+/// `value` cloned with `offset` at `path` inside it (where the template holds its
+/// placeholder), in one pass.
+fn clone_with_offset(value: &Value, path: &[Str], offset: i64) -> Value {
+    match (path, value) {
+        ([], _) => Value::Int(offset),
+        ([first, rest @ ..], Value::Object(m)) => {
+            let mut copy = Map::with_capacity(m.len());
+            for (k, v) in m.iter() {
+                let v = if k == first { clone_with_offset(v, rest, offset) } else { v.clone() };
+                copy.push_unchecked(k.clone(), v);
+            }
+            Value::Object(copy)
+        }
+        _ => value.clone(),
+    }
 }
 
 impl Shape {
@@ -629,6 +654,56 @@ mod tests {
         }
         p.finish(&f, at, &mut |l| out.push((l.bytes.to_vec(), l.start, l.end, l.truncated)));
         out
+    }
+
+    fn shape(path: &str, offset: &str, host: &str) -> Shape {
+        let utf8 = TextEncoding::for_label("utf-8").unwrap();
+        let field = |p: &str| Some(FieldPath::parse(p).unwrap());
+        Shape {
+            framing: Framing::new("\n", utf8, 1024),
+            codec: Codec::Lines,
+            encoding: utf8,
+            multiline: None,
+            path_field: field(path),
+            offset_field: field(offset),
+            host_field: field(host),
+            host: Str::new("box"),
+            meta_overlaps_text: false,
+        }
+    }
+
+    #[test]
+    fn built_events_carry_their_own_offsets_under_any_field_names() {
+        for (path, offset, host) in
+            [("/log/file/path", "/log/offset", "/host/name"), ("/src/path", "/src/pos", "/h"), ("/p", "/o", "/x/y/z")]
+        {
+            let shape = shape(path, offset, host);
+            let template = shape.template(std::path::Path::new("/var/log/app.log"));
+            let long = "a line long enough to be shared with its chunk, not copied";
+            let mut text = Vec::new();
+            let mut spans = Vec::new();
+            for (i, line) in ["short", long, "", long].iter().enumerate() {
+                text.extend_from_slice(line.as_bytes());
+                spans.push((text.len(), 100 * i as u64, false));
+            }
+            let tracker = AckTracker::new(|_| {});
+            let group =
+                |count| Group { tracker: tracker.clone(), template: template.clone(), timestamp: 7, count, end: 0 };
+            let text = SharedText::new(text);
+            let events = build_events(&shape, &text, &spans, &[group(1), group(3)], &mut 0);
+            assert_eq!(events.len(), 4);
+            for (i, e) in events.iter().enumerate() {
+                let get = |p: &str| e.get(&FieldPath::parse(p).unwrap()).cloned();
+                assert_eq!(get(offset), Some(Value::Int(100 * i as i64)), "{offset}");
+                assert_eq!(get(path), Some(Value::from("/var/log/app.log")), "{path}");
+                assert_eq!(get(host), Some(Value::from("box")), "{host}");
+                assert_eq!(e.timestamp_nanos(), Some(7));
+            }
+            assert_eq!(events[1].message(), Some(long));
+            assert_eq!(events[2].message(), Some(""));
+            // The template keeps its placeholder.
+            assert_eq!(shape.offset_field.as_ref().unwrap().get(&template), Some(&Value::Int(0)));
+        }
     }
 
     #[test]
