@@ -60,6 +60,9 @@ struct Slice {
 /// A shared buffer's bytes, and the pool they go back to when the last string lets go.
 struct Buffer {
     bytes: Vec<u8>,
+    /// The whole buffer is UTF-8 (checked once when shared): a slice of it then needs only
+    /// its two ends checked to be at character boundaries.
+    utf8: bool,
     home: Option<Arc<TextPool>>,
 }
 
@@ -123,12 +126,14 @@ pub struct SharedText(Arc<Buffer>);
 
 impl SharedText {
     pub fn new(bytes: Vec<u8>) -> SharedText {
-        SharedText(Arc::new(Buffer { bytes, home: None }))
+        let utf8 = simdutf8::basic::from_utf8(&bytes).is_ok();
+        SharedText(Arc::new(Buffer { bytes, utf8, home: None }))
     }
 
     /// A buffer that goes back to `pool` when it and every string pointing into it are gone.
     pub fn pooled(bytes: Vec<u8>, pool: &Arc<TextPool>) -> SharedText {
-        SharedText(Arc::new(Buffer { bytes, home: Some(pool.clone()) }))
+        let utf8 = simdutf8::basic::from_utf8(&bytes).is_ok();
+        SharedText(Arc::new(Buffer { bytes, utf8, home: Some(pool.clone()) }))
     }
 
     pub fn as_bytes(&self) -> &[u8] {
@@ -139,12 +144,26 @@ impl SharedText {
     /// the buffer alive); longer text points into the buffer. Fails when the bytes are not
     /// UTF-8. Panics when `range` is out of bounds, like slicing.
     pub fn slice(&self, range: Range<usize>) -> Result<Str, simdutf8::basic::Utf8Error> {
-        let bytes = &self.0.bytes[range.clone()];
-        let text = simdutf8::basic::from_utf8(bytes)?;
+        let buf = &self.0;
+        let text = if buf.utf8 && is_char_boundary(&buf.bytes, range.start) && is_char_boundary(&buf.bytes, range.end) {
+            // SAFETY: the whole buffer is UTF-8 and both ends are at character boundaries.
+            unsafe { std::str::from_utf8_unchecked(&buf.bytes[range.clone()]) }
+        } else {
+            simdutf8::basic::from_utf8(&buf.bytes[range.clone()])?
+        };
         if text.len() <= INLINE || range.end > u32::MAX as usize {
             return Ok(Str::new(text));
         }
         Ok(Str(Repr::Slice(Slice { buf: self.0.clone(), start: range.start as u32, len: text.len() as u32 })))
+    }
+}
+
+/// Whether `at` starts a character in UTF-8 `bytes` (or is their end), as `str` defines it.
+fn is_char_boundary(bytes: &[u8], at: usize) -> bool {
+    match bytes.get(at) {
+        None => at == bytes.len(),
+        // Not a continuation byte (0b10xx_xxxx).
+        Some(&b) => (b as i8) >= -0x40,
     }
 }
 
@@ -429,6 +448,15 @@ mod tests {
         let buf = SharedText::new(vec![b'a'; 40].into_iter().chain([0xff]).collect());
         assert!(buf.slice(0..41).is_err());
         assert!(buf.slice(0..40).is_ok());
+        // A valid buffer cut inside a character: neither half is text.
+        let text = format!("{LONG}\u{e9}{LONG}");
+        let cut = LONG.len() + 1;
+        let buf = SharedText::new(text.clone().into_bytes());
+        assert!(buf.slice(0..cut).is_err());
+        assert!(buf.slice(cut..text.len()).is_err());
+        assert_eq!(buf.slice(0..cut + 1).unwrap(), format!("{LONG}\u{e9}"));
+        assert_eq!(buf.slice(cut + 1..text.len()).unwrap(), LONG);
+        assert_eq!(buf.slice(text.len()..text.len()).unwrap(), "");
     }
 
     #[test]
