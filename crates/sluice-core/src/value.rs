@@ -270,6 +270,7 @@ impl Map {
         }
     }
 
+    #[inline]
     fn slice(&self) -> &[(Str, Value)] {
         match &self.entries {
             Entries::Owned(v) => v,
@@ -278,15 +279,22 @@ impl Map {
     }
 
     /// The entries to change: a shared map becomes this clone's own copy first.
+    #[inline]
     fn owned(&mut self) -> &mut Vec<(Str, Value)> {
-        if let Entries::Shared(_) = self.entries
-            && let Entries::Shared(shared) = std::mem::take(&mut self.entries)
-        {
-            self.entries = Entries::Owned(Arc::unwrap_or_clone(shared));
+        if let Entries::Shared(_) = self.entries {
+            self.unshare();
         }
         match &mut self.entries {
             Entries::Owned(v) => v,
             Entries::Shared(_) => unreachable!("made owned above"),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unshare(&mut self) {
+        if let Entries::Shared(shared) = std::mem::take(&mut self.entries) {
+            self.entries = Entries::Owned(Arc::unwrap_or_clone(shared));
         }
     }
 
@@ -331,6 +339,7 @@ impl Map {
 
     /// Appends without checking for an existing key. For builders that know the key is new
     /// (a parser that has already rejected duplicates, an input stamping a fresh event).
+    #[inline]
     pub fn push_unchecked(&mut self, key: impl Into<Str>, value: Value) {
         self.owned().push((key.into(), value));
     }
