@@ -172,6 +172,7 @@ impl Str {
         Str(Repr::Own(CompactString::new(text)))
     }
 
+    #[inline]
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Own(s) => s.as_str(),
@@ -289,6 +290,7 @@ impl fmt::Write for Str {
 }
 
 impl PartialEq for Str {
+    #[inline]
     fn eq(&self, other: &Str) -> bool {
         self.as_str() == other.as_str()
     }
