@@ -219,6 +219,10 @@ fn write_and_read(c: &mut Criterion) {
 /// creation not timed; `sync: commit`.
 fn sync_1k(c: &mut Criterion) {
     let rt = runtime();
+    if std::env::var("SLUICE_BENCH_PHASES").is_ok_and(|v| v == "1") {
+        sync_1k_phases(&rt);
+        return;
+    }
     let mut rng = 0x1234_5678_9ABC_DEF1u64;
     let (template, _) = events(1000, &mut rng);
     let mut g = c.benchmark_group("persisted");
@@ -242,6 +246,43 @@ fn sync_1k(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+/// Where a `sync_1k` op spends its time (SLUICE_BENCH_PHASES=1): for 40 ops, sorted by total,
+/// every fourth is printed with when the last push returned, when the last acknowledgement
+/// came (the fdatasync that covers it), when the drain ended, and how many fdatasyncs ran.
+fn sync_1k_phases(rt: &tokio::runtime::Runtime) {
+    let mut rng = 0x1234_5678_9ABC_DEF1u64;
+    let (template, _) = events(1000, &mut rng);
+    let mut rows = Vec::new();
+    for _ in 0..40 {
+        let dir = tempfile::tempdir().unwrap();
+        let q = rt.block_on(open(dir.path(), &config(1, 16 << 20)));
+        let fsyncs = || q.metrics().fsyncs.load(std::sync::atomic::Ordering::Relaxed);
+        let before = fsyncs();
+        let started = Instant::now();
+        let (pushed, acked) = rt.block_on(async {
+            let mut waits = Vec::with_capacity(template.len());
+            for e in &template {
+                let (acker, done) = Acker::with_notify(1);
+                let bytes = e.message().map_or(0, str::len);
+                q.push(Batch::new(vec![e.clone()], AckSet::single(acker, 1), bytes)).await.unwrap();
+                waits.push(done);
+            }
+            let pushed = started.elapsed();
+            for w in waits {
+                w.await.unwrap();
+            }
+            (pushed, started.elapsed())
+        });
+        rt.block_on(drain(&q, 1000, 10));
+        rows.push((pushed, acked, started.elapsed(), fsyncs() - before));
+        rt.block_on(q.shutdown());
+    }
+    rows.sort_by_key(|r| r.2);
+    for (pushed, acked, drained, fsyncs) in rows.iter().step_by(4) {
+        eprintln!("pushed {pushed:?}  acked {acked:?}  drained {drained:?}  fdatasyncs {fsyncs}");
+    }
 }
 
 /// Start-up with 1 GiB unacknowledged: time from opening the queue to the first event popped.

@@ -39,6 +39,27 @@ use super::{Inner, SyncPolicy};
 const GROUP_WINDOW: Duration = Duration::from_micros(100);
 pub(crate) const GROUP_WINDOW_BYTES: usize = 64 << 10;
 
+/// The most bytes of batches (as pushed) one group takes; the rest make the next group, at
+/// once. Why: a burst taken whole is encoded and written before its first fdatasync can
+/// start, and that fdatasync then flushes all of it. Taken in pieces, the syncer flushes the
+/// first pieces while the writer encodes the next, so after the burst's last write only its
+/// last piece is left to flush. fdatasyncs do not multiply: the syncer covers every piece
+/// written by the time it starts with one.
+const GROUP_MAX_BYTES: usize = 256 << 10;
+
+/// The first pending batches up to `max` bytes (at least one batch), in order.
+fn take_group(pending: &mut Vec<Batch>, max: usize) -> Vec<Batch> {
+    let mut bytes = 0;
+    let n = pending
+        .iter()
+        .position(|b| {
+            bytes += b.bytes;
+            bytes > max
+        })
+        .map_or(pending.len(), |i| i.max(1));
+    if n == pending.len() { std::mem::take(pending) } else { pending.drain(..n).collect() }
+}
+
 /// Events read back from disk per piece at most, whatever the worker asked for.
 const READ_WINDOW: usize = 4 << 20;
 
@@ -661,6 +682,8 @@ impl Writer {
         let mut unsynced = false;
         let mut last_checkpoint = Instant::now();
         let mut checkpointed = self.checkpointed;
+        // Batches were left pending by the last group's size cap: they have waited already.
+        let mut backlog = false;
         loop {
             let (work, closed) = {
                 let mut s = self.shard.state.lock();
@@ -674,7 +697,7 @@ impl Writer {
                 }
                 // Group commit: a small group that just arrived waits a moment for the rest of
                 // its burst, so one fsync covers it all rather than one for the first event.
-                if !s.pending.is_empty() && s.pending_bytes < GROUP_WINDOW_BYTES && !s.stopping {
+                if !backlog && !s.pending.is_empty() && s.pending_bytes < GROUP_WINDOW_BYTES && !s.stopping {
                     let until = Instant::now() + GROUP_WINDOW;
                     while s.pending_bytes < GROUP_WINDOW_BYTES && !s.stopping {
                         if self.shard.wake.wait_until(&mut s, until).timed_out() {
@@ -682,8 +705,10 @@ impl Writer {
                         }
                     }
                 }
-                s.pending_bytes = 0;
-                (std::mem::take(&mut s.pending), s.stopping)
+                let work = take_group(&mut s.pending, GROUP_MAX_BYTES);
+                s.pending_bytes -= work.iter().map(|b| b.bytes).sum::<usize>();
+                backlog = !s.pending.is_empty();
+                (work, s.stopping)
             };
             if !work.is_empty() {
                 self.inner.not_full.notify_waiters();
@@ -785,6 +810,7 @@ impl Writer {
                 tracing::error!(shard = self.shard.id, error = %e, "cannot open a new queue segment");
                 // Give the batches back to be written again.
                 let mut s = self.shard.state.lock();
+                s.pending_bytes += work.iter().map(|b| b.bytes).sum::<usize>();
                 work.append(&mut s.pending);
                 s.pending = work;
                 std::thread::sleep(Duration::from_millis(500));
@@ -1101,5 +1127,30 @@ impl Writer {
             self.shard.state.lock().segments.retain(|g| !doomed.contains(&g.id));
         }
         written
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batches(sizes: &[usize]) -> Vec<Batch> {
+        sizes.iter().map(|&bytes| Batch::untracked(Vec::new(), bytes)).collect()
+    }
+
+    #[test]
+    fn a_group_takes_batches_in_order_up_to_its_cap_and_always_one() {
+        let sizes = |v: &[Batch]| v.iter().map(|b| b.bytes).collect::<Vec<_>>();
+        let mut pending = batches(&[100, 100, 100, 100]);
+        assert_eq!(sizes(&take_group(&mut pending, 250)), [100, 100]);
+        assert_eq!(sizes(&pending), [100, 100]);
+        assert_eq!(sizes(&take_group(&mut pending, 250)), [100, 100]);
+        assert!(pending.is_empty());
+        // A batch bigger than the cap goes alone, so the writer never stalls on it.
+        let mut pending = batches(&[1000, 10]);
+        assert_eq!(sizes(&take_group(&mut pending, 250)), [1000]);
+        assert_eq!(sizes(&take_group(&mut pending, 250)), [10]);
+        let mut pending = batches(&[10, 20]);
+        assert_eq!(sizes(&take_group(&mut pending, 30)), [10, 20], "exactly the cap fits");
     }
 }
