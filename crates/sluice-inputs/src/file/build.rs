@@ -49,10 +49,11 @@ pub(crate) struct Builders {
     texts: Arc<TextPool>,
 }
 
-/// Chunk text buffers kept for reuse: enough for the chunks in the builders and a full
-/// memory queue; a buffer grown past `TEXT_KEEP_LARGEST` by long lines is freed instead.
-const TEXT_KEEP: usize = 32;
-const TEXT_KEEP_LARGEST: usize = 4 << 20;
+/// Chunk text buffers kept for reuse: enough for the chunks in the builders, a full memory
+/// queue (8,192 events are 8 chunks) and the workers. A buffer grown past
+/// `TEXT_KEEP_LARGEST` by long lines is freed instead, so the pool holds at most 32 MiB.
+const TEXT_KEEP: usize = 16;
+const TEXT_KEEP_LARGEST: usize = 2 << 20;
 
 /// Whose turn it is to push.
 struct Turns {
