@@ -284,6 +284,48 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn messages_share_their_chunk_buffer_which_returns_to_the_pool_when_they_are_gone() {
+        let (ctx, mut rx) = crate::tcp::tests::context();
+        let handle = tokio::runtime::Handle::current();
+        let long = "a line long enough that copying it would cost an allocation";
+        let builders = tokio::task::spawn_blocking(move || {
+            let mut builders = Builders::start(1, shape(), &ctx, &handle).unwrap();
+            let mut lines = builders.spare_lines();
+            for i in 0..3 {
+                lines.text.extend_from_slice(format!("{long} {i}").as_bytes());
+                lines.spans.push((lines.text.len(), i, false));
+            }
+            let group = Group {
+                tracker: AckTracker::new(|_| {}),
+                template: Arc::new(Map::new()),
+                timestamp: 0,
+                count: 3,
+                end: 0,
+            };
+            let (acker, _done) = Acker::with_notify(3);
+            let chunk = Chunk { lines, groups: vec![group], acks: AckSet::single(acker, 3), bytes: 3 };
+            builders.submit(chunk).unwrap();
+            builders
+        })
+        .await
+        .unwrap();
+        let batch = rx.recv().await.expect("the chunk is pushed");
+        for (i, e) in batch.events.iter().enumerate() {
+            let message = e.fields.get("message").and_then(|m| match m {
+                sluice_core::Value::String(s) => Some(s),
+                _ => None,
+            });
+            let message = message.expect("a message");
+            assert_eq!(message.as_str(), format!("{long} {i}"));
+            assert!(message.is_shared(), "not copied");
+        }
+        assert_eq!(builders.texts.spare(), 0, "the events still point into it");
+        drop(batch);
+        assert_eq!(builders.texts.spare(), 1, "back for the next chunk");
+        tokio::task::spawn_blocking(move || drop(builders)).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_chunk_that_cannot_be_pushed_is_abandoned_and_later_ones_are_refused() {
         let (ctx, rx) = crate::tcp::tests::context();
         drop(rx); // the queue is gone: every push fails
