@@ -3,7 +3,7 @@
 
 Each scenario starts sluice with a generated config, pushes a known number of events through
 it, and reports events/s, MiB/s, CPU seconds per million events and peak RSS, taken from the
-process's own rusage (wait4). Usage: bench/e2e.py [--events N] [--only NAME ...]
+process's own rusage (wait4). Usage: bench/e2e.py [--events N] [--only NAME ...] [--repeat N]
 Run through bench/run.sh, which builds the release binaries first.
 """
 import argparse
@@ -12,6 +12,7 @@ import shutil
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -255,32 +256,56 @@ SCENARIOS = {
 }
 
 
+def ratio(rows, num, den, key):
+    """`num`'s `key` over `den`'s, for each repetition that ran both, in order."""
+    out = []
+    for rep in sorted({r["rep"] for r in rows}):
+        by = {r["scenario"]: r for r in rows if r["rep"] == rep}
+        if num in by and den in by:
+            out.append(by[num][key] / by[den][key])
+    return out
+
+
+def show_ratio(label, values):
+    if not values:
+        return
+    if len(values) == 1:
+        print(f"{label}: {values[0]:.3f}")
+    else:
+        listed = ", ".join(f"{v:.3f}" for v in values)
+        print(f"{label}: median {statistics.median(values):.3f} of {len(values)} ({listed})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=4_294_967)  # 1 GiB of 250-byte lines
     ap.add_argument("--only", nargs="*", choices=sorted(SCENARIOS))
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the scenarios this many times, every other time in reverse order, and report "
+                         "each ratio's median: on a shared machine one pair is within the noise")
     ap.add_argument("--json", action="store_true", help="print rows as JSON too")
     args = ap.parse_args()
     rows = []
+    keys = list(args.only or SCENARIOS)
     with tempfile.TemporaryDirectory() as tmp:
-        for key in args.only or SCENARIOS:
-            rows.append(SCENARIOS[key](tmp, args.events))
+        for rep in range(max(1, args.repeat)):
+            for key in (keys if rep % 2 == 0 else keys[::-1]):
+                row = SCENARIOS[key](tmp, args.events)
+                row["rep"] = rep
+                rows.append(row)
     load = os.getloadavg()[0]
     print(f"{'scenario':34} {'events':>10} {'seconds':>8} {'events/s':>11} {'MiB/s':>7} {'CPU s/M':>8} {'RSS MiB':>8}")
     for r in rows:
         print(f"{r['scenario']:34} {r['events']:>10} {r['seconds']:>8.2f} {r['events_per_s']:>11,.0f} "
               f"{r['mib_per_s']:>7.0f} {r['cpu_s_per_m']:>8.2f} {r['peak_rss_mib']:>8.1f}")
-    by = {r["scenario"]: r for r in rows}
-    mem, pq = by.get("generator -> json -> blackhole"), by.get("generator -> persisted -> json -> bh")
-    if mem and pq:
-        print(f"persisted / memory throughput, generator -> json -> blackhole: {pq['events_per_s'] / mem['events_per_s']:.2f}")
-    direct = by.get("generator -> persisted (direct_io) -> json -> bh")
-    if mem and direct:
-        print(f"persisted (direct_io) / memory throughput: {direct['events_per_s'] / mem['events_per_s']:.2f}")
-    on, off = by.get("10000 files round-robin, registry on"), by.get("10000 files round-robin, registry off")
-    if on and off:
-        print(f"10,000 files, registry on / off: throughput {on['events_per_s'] / off['events_per_s']:.3f}, "
-              f"CPU per event {on['cpu_s_per_m'] / off['cpu_s_per_m']:.3f}")
+    mem = "generator -> json -> blackhole"
+    show_ratio("persisted / memory throughput, generator -> json -> blackhole",
+               ratio(rows, "generator -> persisted -> json -> bh", mem, "events_per_s"))
+    show_ratio("persisted (direct_io) / memory throughput",
+               ratio(rows, "generator -> persisted (direct_io) -> json -> bh", mem, "events_per_s"))
+    on, off = "10000 files round-robin, registry on", "10000 files round-robin, registry off"
+    show_ratio("10,000 files, registry on / off: throughput", ratio(rows, on, off, "events_per_s"))
+    show_ratio("10,000 files, registry on / off: CPU per event", ratio(rows, on, off, "cpu_s_per_m"))
     print(f"(load average at the end: {load:.2f}; {os.cpu_count()} CPUs)")
     if args.json:
         print(json.dumps(rows))
