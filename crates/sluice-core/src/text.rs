@@ -140,6 +140,15 @@ impl SharedText {
         &self.0.bytes
     }
 
+    /// Where `part` lies in this buffer, if it is a slice of it (as a framer that cuts lines
+    /// out of the buffer hands them out); `None` for bytes from anywhere else.
+    pub fn range_of(&self, part: &[u8]) -> Option<Range<usize>> {
+        let base = self.0.bytes.as_ptr() as usize;
+        let start = (part.as_ptr() as usize).checked_sub(base)?;
+        let end = start + part.len();
+        (end <= self.0.bytes.len()).then_some(start..end)
+    }
+
     /// The text in `range` as a string. Text that fits inline is copied (so it does not keep
     /// the buffer alive); longer text points into the buffer. Fails when the bytes are not
     /// UTF-8. Panics when `range` is out of bounds, like slicing.
@@ -443,6 +452,16 @@ mod tests {
             }),
             1
         );
+    }
+
+    #[test]
+    fn a_slice_of_the_buffer_is_found_and_other_bytes_are_not() {
+        let buf = SharedText::new(LONG.as_bytes().to_vec());
+        let bytes = buf.as_bytes();
+        assert_eq!(buf.range_of(&bytes[5..20]), Some(5..20));
+        assert_eq!(buf.range_of(&bytes[LONG.len()..]), Some(LONG.len()..LONG.len()));
+        let elsewhere = LONG.as_bytes().to_vec();
+        assert_eq!(buf.range_of(&elsewhere[5..20]), None);
     }
 
     #[test]

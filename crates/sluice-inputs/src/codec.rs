@@ -1,7 +1,7 @@
 //! How a line becomes an event: as text in `message`, or as a JSON object.
 
 use serde::Deserialize;
-use sluice_core::{Event, Map, Str, Value};
+use sluice_core::{Event, Map, SharedText, Str, Value};
 
 pub const TAG_JSON_FAILURE: &str = "_jsonparsefailure";
 pub const TAG_TRUNCATED: &str = "_line_truncated";
@@ -44,6 +44,23 @@ impl Codec {
             event.add_tag(TAG_TRUNCATED);
         }
         (event, decoded)
+    }
+
+    /// As [`Codec::decode`] for a `line` cut out of `text`: a text line's `message` then points
+    /// into `text` instead of being copied (see [`SharedText`]). A line from elsewhere (one
+    /// assembled across two reads), invalid UTF-8 and JSON lines are decoded as usual.
+    pub fn decode_in(self, text: &SharedText, line: &[u8], truncated: bool, timestamp: i64) -> (Event, Decoded) {
+        if self == Codec::Lines
+            && let Some(range) = text.range_of(line)
+            && let Ok(message) = text.slice(range)
+        {
+            let mut event = Event::from_message_at(message, timestamp);
+            if truncated {
+                event.add_tag(TAG_TRUNCATED);
+            }
+            return (event, Decoded::Ok);
+        }
+        self.decode(line, truncated, timestamp)
     }
 }
 

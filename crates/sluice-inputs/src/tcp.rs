@@ -1,10 +1,12 @@
 //! `tcp` input: newline-delimited text or JSON from any number of TCP clients.
 //!
-//! Every connection runs in a task of its own. A task reads into one reused buffer of
-//! `read_buffer` bytes, frames the bytes with a [`LineFramer`] and decodes each line with the
-//! configured [`Codec`]; everything decoded from one read goes to the queue as one batch, with
-//! one clock reading. The fast path therefore makes one allocation per line (the event itself)
-//! and no system call per line, and a full queue stops the reads, so backpressure reaches the
+//! Every connection runs in a task of its own. A task reads up to `read_buffer` bytes at a time
+//! into a buffer from the input's pool, frames the bytes with a [`LineFramer`] and decodes each
+//! line with the configured [`Codec`]; everything decoded from one read goes to the queue as one
+//! batch, with one clock reading. A text line's `message` points into the read's buffer (see
+//! [`SharedText`]), which goes back to the pool once every event made from it is finished. The
+//! fast path therefore makes one allocation per line (the event itself), copies no line, and
+//! makes no system call per line; a full queue stops the reads, so backpressure reaches the
 //! client through TCP flow control.
 //!
 //! Guarantees and limits:
@@ -26,11 +28,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::BufMut;
 use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ByteSize, ConfigError};
 use sluice_core::value::now_nanos;
-use sluice_core::{Batch, Event, FieldPath, Str, Value};
+use sluice_core::{Batch, Event, FieldPath, SharedText, Str, TextPool, Value};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -109,14 +112,22 @@ struct Shared {
     config: TcpConfig,
     ctx: InputContext,
     open: AtomicUsize,
+    /// Read buffers, back once the events sharing them are finished.
+    texts: Arc<TextPool>,
 }
+
+/// Read buffers the input keeps for reuse, whatever the number of connections: about a full
+/// memory queue's worth at the default `read_buffer`. A buffer is kept only up to twice
+/// `read_buffer`.
+const TEXTS_KEPT: usize = 64;
 
 /// Accepts connections on `listener` until shutdown, then waits for the connection tasks.
 async fn serve(config: TcpConfig, listener: TcpListener, ctx: InputContext) -> Result<(), InputError> {
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.address.clone());
     tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, "tcp input listening");
     let max_connections = config.max_connections;
-    let shared = Arc::new(Shared { config, ctx: ctx.clone(), open: AtomicUsize::new(0) });
+    let texts = TextPool::new(TEXTS_KEPT, config.read_buffer.as_usize() * 2);
+    let shared = Arc::new(Shared { config, ctx: ctx.clone(), open: AtomicUsize::new(0), texts });
     let mut tasks = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -160,7 +171,7 @@ async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
     let codec = config.codec;
     let peer_value = config.peer_field.as_ref().map(|p| (p, Str::from(peer.to_string())));
     let mut framer = LineFramer::new(config.max_line_bytes.as_usize());
-    let mut buf = vec![0u8; config.read_buffer.as_usize()];
+    let read_buffer = config.read_buffer.as_usize();
     let mut truncated = 0u64;
     // Sizes the next batch's vector like the last one, so it is allocated once per read.
     let mut expect = 64usize;
@@ -168,11 +179,14 @@ async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
     tokio::pin!(shutdown);
     tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "tcp connection opened");
     loop {
+        // Room for exactly `read_buffer` bytes, so that a read never grows the buffer.
+        let mut buf = shared.texts.take(read_buffer);
+        let mut room = (&mut buf).limit(read_buffer);
         let (n, end) = tokio::select! {
             biased;
             // Shutdown first: a client that never pauses must not keep the input running.
             _ = &mut shutdown => (0, true),
-            r = stream.read(&mut buf) => match r {
+            r = stream.read_buf(&mut room) => match r {
                 Ok(0) => (0, true),
                 Ok(n) => (n, false),
                 Err(e) => {
@@ -181,6 +195,7 @@ async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
                 }
             },
         };
+        let text = SharedText::pooled(buf, &shared.texts);
         let ts = now_nanos();
         let mut events: Vec<Event> = Vec::with_capacity(expect);
         let mut bytes = 0;
@@ -189,7 +204,7 @@ async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
         let mut take = |line: Line<'_>| {
             bytes += line.bytes.len() + 1;
             truncated += u64::from(line.truncated);
-            let (mut event, decoded) = codec.decode(line.bytes, line.truncated, ts);
+            let (mut event, decoded) = codec.decode_in(&text, line.bytes, line.truncated, ts);
             failed += u64::from(decoded == Decoded::Failed);
             if let Some((path, value)) = &peer_value {
                 let _ = event.insert(path, Value::String(value.clone()));
@@ -199,7 +214,7 @@ async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
         if end {
             framer.finish(&mut take);
         } else {
-            framer.feed(&buf[..n], &mut take);
+            framer.feed(&text.as_bytes()[..n], &mut take);
         }
         if before == 0 && truncated > 0 {
             tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_line_bytes = config.max_line_bytes.0,
@@ -396,6 +411,29 @@ pub(crate) mod tests {
         assert!(events[1].fields.get("peer").is_none());
         assert_eq!(events[2].message(), Some("last-witho"));
         assert!(events[2].has_tag(TAG_TRUNCATED));
+        ctx.shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_line_read_whole_shares_the_read_buffer_and_one_split_across_reads_is_joined() {
+        let (addr, ctx, mut rx, task) = start("{type: tcp, address: 'x:0'}").await;
+        let long = "a line long enough that copying it would cost an allocation";
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("{long}\n{long} split").as_bytes()).await.unwrap();
+        s.flush().await.unwrap();
+        let first = collect(&mut rx, 1).await;
+        // The rest of the second line comes in a later read.
+        s.write_all(b" across two reads\n").await.unwrap();
+        s.shutdown().await.unwrap();
+        let second = collect(&mut rx, 1).await;
+        let message = |e: &Event| match e.fields.get("message") {
+            Some(Value::String(m)) => m.clone(),
+            other => panic!("no message: {other:?}"),
+        };
+        assert_eq!(message(&first[0]), long);
+        assert!(message(&first[0]).is_shared(), "not copied out of the read buffer");
+        assert_eq!(message(&second[0]), format!("{long} split across two reads"));
         ctx.shutdown.cancel();
         task.await.unwrap();
     }
