@@ -12,8 +12,10 @@
 //! bytes whatever it holds, so `Value` stays 32; equality, ordering and hashing are those of
 //! the text, never of how it is stored; a change to a slice first makes it its own copy.
 //!
-//! A slice keeps its whole buffer alive. Code that keeps strings for long (an aggregation's
-//! state) calls [`Str::detach`] so that one small string does not hold a large buffer.
+//! A slice keeps its whole buffer alive, so a buffer less than half full of text is moved to
+//! one of its own size before it is shared (a slice then holds at most about twice its share
+//! of bytes); code that keeps strings for long (an aggregation's state) calls
+//! [`Str::detach`] so that one small string does not hold a large buffer.
 //!
 //! ```
 //! use sluice_core::{SharedText, Str};
@@ -93,9 +95,14 @@ impl TextPool {
         Arc::new(TextPool { spare: parking_lot::Mutex::new(Vec::with_capacity(keep)), keep, largest })
     }
 
-    /// An empty buffer with room for at least `capacity` bytes: a returned one if there is.
+    /// An empty buffer with room for at least `capacity` bytes: a returned one if there is
+    /// one not more than twice that big (a larger one would be less than half full, and is
+    /// freed instead).
     pub fn take(&self, capacity: usize) -> Vec<u8> {
-        let mut bytes = self.spare.lock().pop().unwrap_or_default();
+        let mut bytes = match self.spare.lock().pop() {
+            Some(b) if b.capacity() <= capacity.saturating_mul(2) => b,
+            _ => Vec::new(),
+        };
         bytes.reserve(capacity);
         bytes
     }
@@ -126,14 +133,31 @@ pub struct SharedText(Arc<Buffer>);
 
 impl SharedText {
     pub fn new(bytes: Vec<u8>) -> SharedText {
-        let utf8 = simdutf8::basic::from_utf8(&bytes).is_ok();
-        SharedText(Arc::new(Buffer { bytes, utf8, home: None }))
+        SharedText::with_home(bytes, None)
     }
 
     /// A buffer that goes back to `pool` when it and every string pointing into it are gone.
     pub fn pooled(bytes: Vec<u8>, pool: &Arc<TextPool>) -> SharedText {
+        SharedText::with_home(bytes, Some(pool.clone()))
+    }
+
+    /// A buffer less than half full is first moved to an allocation of its own size (and a
+    /// pooled one goes back to its pool at once): a few lines in a large read buffer (a
+    /// client sending one line at a time) must not hold the whole buffer each while a queue
+    /// is full of them. So a slice holds at most about twice its share of bytes.
+    fn with_home(mut bytes: Vec<u8>, mut home: Option<Arc<TextPool>>) -> SharedText {
+        if bytes.len() < bytes.capacity() / 2 {
+            match home.take() {
+                Some(pool) => {
+                    let exact = bytes.to_vec();
+                    pool.put(bytes);
+                    bytes = exact;
+                }
+                None => bytes.shrink_to_fit(),
+            }
+        }
         let utf8 = simdutf8::basic::from_utf8(&bytes).is_ok();
-        SharedText(Arc::new(Buffer { bytes, utf8, home: Some(pool.clone()) }))
+        SharedText(Arc::new(Buffer { bytes, utf8, home }))
     }
 
     pub fn as_bytes(&self) -> &[u8] {
@@ -496,6 +520,24 @@ mod tests {
     }
 
     #[test]
+    fn a_mostly_empty_buffer_is_shared_from_an_allocation_of_its_own_size() {
+        let pool = TextPool::new(2, 1 << 20);
+        let mut bytes = pool.take(4 * LONG.len());
+        bytes.extend_from_slice(LONG.as_bytes());
+        let sparse = SharedText::pooled(bytes, &pool);
+        assert_eq!(pool.spare(), 1, "the large buffer went back at once");
+        assert_eq!(sparse.0.bytes.capacity(), LONG.len());
+        let s = sparse.slice(0..LONG.len()).unwrap();
+        assert!(s.is_shared());
+        assert_eq!(s, LONG);
+        drop((sparse, s));
+        assert_eq!(pool.spare(), 1, "the small copy is not pooled");
+        let mut bytes = Vec::with_capacity(4 * LONG.len());
+        bytes.extend_from_slice(LONG.as_bytes());
+        assert!(SharedText::new(bytes).0.bytes.capacity() < 2 * LONG.len(), "shrunk");
+    }
+
+    #[test]
     fn a_pooled_buffer_returns_when_its_last_string_is_gone() {
         let pool = TextPool::new(2, 1 << 20);
         let mut bytes = pool.take(100);
@@ -506,8 +548,12 @@ mod tests {
         assert_eq!(pool.spare(), 0, "a string still points into it");
         drop(s);
         assert_eq!(pool.spare(), 1);
-        let again = pool.take(10);
+        let again = pool.take(60);
         assert!(again.is_empty() && again.capacity() >= 100, "the same buffer, emptied");
+        drop(SharedText::pooled(again, &pool));
+        assert_eq!(pool.spare(), 1);
+        assert!(pool.take(10).capacity() < 100, "one far bigger than asked for is not handed out");
+        assert_eq!(pool.spare(), 0);
         // A buffer grown past `largest` is not kept, and the pool keeps at most `keep`.
         drop(SharedText::pooled(vec![0; 2 << 20], &pool));
         for _ in 0..3 {

@@ -416,24 +416,32 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
-    async fn a_line_read_whole_shares_the_read_buffer_and_one_split_across_reads_is_joined() {
-        let (addr, ctx, mut rx, task) = start("{type: tcp, address: 'x:0'}").await;
+    async fn lines_share_their_read_and_a_line_joined_across_reads_is_whole() {
+        let (addr, ctx, mut rx, task) = start("{type: tcp, address: 'x:0', read_buffer: 1KiB}").await;
         let long = "a line long enough that copying it would cost an allocation";
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(format!("{long}\n{long} split").as_bytes()).await.unwrap();
-        s.flush().await.unwrap();
-        let first = collect(&mut rx, 1).await;
-        // The rest of the second line comes in a later read.
-        s.write_all(b" across two reads\n").await.unwrap();
-        s.shutdown().await.unwrap();
-        let second = collect(&mut rx, 1).await;
         let message = |e: &Event| match e.fields.get("message") {
             Some(Value::String(m)) => m.clone(),
             other => panic!("no message: {other:?}"),
         };
-        assert_eq!(message(&first[0]), long);
-        assert!(message(&first[0]).is_shared(), "not copied out of the read buffer");
-        assert_eq!(message(&second[0]), format!("{long} split across two reads"));
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        // One line in a 1 KiB buffer (shared from a copy of the read's size; see SharedText).
+        s.write_all(format!("{long}\n").as_bytes()).await.unwrap();
+        let sparse = collect(&mut rx, 1).await;
+        assert_eq!(message(&sparse[0]), long);
+        assert!(message(&sparse[0]).is_shared());
+        // Twelve lines in one read. The last line is finished by a later read, which joins it.
+        s.write_all(format!("{long}\n").repeat(12).as_bytes()).await.unwrap();
+        s.write_all(format!("{long} split").as_bytes()).await.unwrap();
+        let full = collect(&mut rx, 12).await;
+        assert_eq!(full.len(), 12);
+        for e in &full {
+            assert_eq!(message(e), long);
+            assert!(message(e).is_shared(), "not copied out of the read buffer");
+        }
+        s.write_all(b" across two reads\n").await.unwrap();
+        s.shutdown().await.unwrap();
+        let joined = collect(&mut rx, 1).await;
+        assert_eq!(message(&joined[0]), format!("{long} split across two reads"));
         ctx.shutdown.cancel();
         task.await.unwrap();
     }

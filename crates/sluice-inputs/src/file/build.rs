@@ -42,8 +42,8 @@ pub(crate) struct Builders {
     threads: Vec<JoinHandle<()>>,
     next: u64,
     stopped: Arc<AtomicBool>,
-    /// Bytes of text in the last chunk: a new chunk's buffer starts that big, so that it is
-    /// not grown (and copied) line by line.
+    /// Bytes of text in recent chunks: a new chunk's buffer starts a little bigger, so that it
+    /// is not grown (and copied) line by line.
     text_hint: usize,
     /// Chunk text buffers, back once the events that share them are finished.
     texts: Arc<TextPool>,
@@ -143,7 +143,10 @@ impl Builders {
             return Err(());
         }
         let jobs = self.jobs.as_ref().ok_or(())?;
-        self.text_hint = chunk.lines.text.len();
+        // The largest recent chunk, slowly forgotten: chunks vary with how many lines the
+        // last read turn added, and a buffer sized for the smaller ones would grow (doubling,
+        // and copying) for the larger ones.
+        self.text_hint = chunk.lines.text.len().max(self.text_hint - self.text_hint / 8);
         jobs.send((self.next, chunk)).map_err(|_| ())?;
         self.next += 1;
         Ok(())
