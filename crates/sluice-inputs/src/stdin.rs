@@ -1,11 +1,16 @@
 //! `stdin`: lines from standard input, until it ends.
+//!
+//! Reads of up to 64 KiB go into buffers from a pool; with `codec: lines` a line's `message`
+//! points into its read's buffer (see [`SharedText`]), which is reused once every event made
+//! from it is finished. Everything from one read is one batch.
 
 use async_trait::async_trait;
+use bytes::BufMut;
 use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ByteSize, ConfigError};
-use sluice_core::Batch;
 use sluice_core::value::now_nanos;
+use sluice_core::{Batch, SharedText, TextPool};
 use tokio::io::AsyncReadExt;
 
 use crate::codec::{Codec, Decoded};
@@ -25,6 +30,9 @@ fn default_max_line() -> ByteSize {
     ByteSize(1 << 20)
 }
 
+/// Bytes asked of standard input at once.
+const READ_BYTES: usize = 64 << 10;
+
 struct Stdin {
     config: StdinConfig,
 }
@@ -39,13 +47,16 @@ impl Input for Stdin {
         let codec = self.config.codec;
         let mut framer = LineFramer::new(self.config.max_line_bytes.as_usize());
         let mut stdin = tokio::io::stdin();
-        let mut buf = vec![0u8; 64 * 1024];
+        let texts = TextPool::new(32, 2 * READ_BYTES);
         let mut truncated = 0u64;
         loop {
+            let mut buf = texts.take(READ_BYTES);
+            let mut room = (&mut buf).limit(READ_BYTES);
             let n = tokio::select! {
-                r = stdin.read(&mut buf) => r.map_err(|e| InputError::io("reading stdin", e))?,
+                r = stdin.read_buf(&mut room) => r.map_err(|e| InputError::io("reading stdin", e))?,
                 _ = ctx.shutdown.cancelled() => 0,
             };
+            let text = SharedText::pooled(buf, &texts);
             let ts = now_nanos();
             let mut events = Vec::new();
             let mut bytes = 0;
@@ -53,14 +64,14 @@ impl Input for Stdin {
             let mut take = |line: crate::framing::Line<'_>| {
                 bytes += line.bytes.len() + 1;
                 truncated += u64::from(line.truncated);
-                let (e, d) = codec.decode(line.bytes, line.truncated, ts);
+                let (e, d) = codec.decode_in(&text, line.bytes, line.truncated, ts);
                 failed += u64::from(d == Decoded::Failed);
                 events.push(e);
             };
             if n == 0 {
                 framer.finish(&mut take);
             } else {
-                framer.feed(&buf[..n], &mut take);
+                framer.feed(&text.as_bytes()[..n], &mut take);
             }
             ctx.metrics.failed.add(failed);
             if !events.is_empty() && ctx.send(Batch::untracked(events, bytes)).await.is_err() {
