@@ -152,11 +152,14 @@ impl Builders {
         Ok(())
     }
 
-    /// An emptied line buffer to fill next. The line ends are reused when a builder gave
-    /// them back; the text comes from the pool, as events may still share the last one's.
-    pub(crate) fn spare_lines(&self) -> Lines {
+    /// An emptied line buffer to fill next, for reads of up to `read` bytes. The line ends are
+    /// reused when a builder gave them back; the text comes from the pool, as events may still
+    /// share the last one's. It has room for a recent chunk plus one more read (reads go
+    /// straight into it), so that it rarely grows, which would double it and leave it less
+    /// than half full.
+    pub(crate) fn spare_lines(&self, read: usize) -> Lines {
         let mut lines = self.spare.try_recv().unwrap_or_default();
-        lines.text = self.texts.take(self.text_hint + self.text_hint / 8);
+        lines.text = self.texts.take(self.text_hint + read);
         lines
     }
 }
@@ -244,8 +247,7 @@ mod tests {
     fn chunk(first: usize, n: usize) -> (Chunk, oneshot::Receiver<AckOutcome>) {
         let mut lines = Lines::default();
         for i in first..first + n {
-            lines.text.extend_from_slice(format!("line {i}").as_bytes());
-            lines.spans.push((lines.text.len(), i as u64, false));
+            lines.push_copy(format!("line {i}").as_bytes(), i as u64);
         }
         let group =
             Group { tracker: AckTracker::new(|_| {}), template: Arc::new(Map::new()), timestamp: 0, count: n, end: 0 };
@@ -293,10 +295,9 @@ mod tests {
         let long = "a line long enough that copying it would cost an allocation";
         let builders = tokio::task::spawn_blocking(move || {
             let mut builders = Builders::start(1, shape(), &ctx, &handle).unwrap();
-            let mut lines = builders.spare_lines();
+            let mut lines = builders.spare_lines(0);
             for i in 0..3 {
-                lines.text.extend_from_slice(format!("{long} {i}").as_bytes());
-                lines.spans.push((lines.text.len(), i, false));
+                lines.push_copy(format!("{long} {i}").as_bytes(), i);
             }
             let group = Group {
                 tracker: AckTracker::new(|_| {}),

@@ -813,7 +813,7 @@ impl Harvester {
         if let Some(builders) = self.builders.as_mut() {
             let chunk = Chunk { lines: b.lines, groups: b.groups, acks, bytes: b.bytes };
             builders.submit(chunk).map_err(|()| Stop::Shutdown)?;
-            self.batch.lines = builders.spare_lines();
+            self.batch.lines = builders.spare_lines(self.buf.len());
             return Ok(());
         }
         let batch = Batch::new(b.events, acks, b.bytes);

@@ -74,6 +74,20 @@ pub(crate) struct Partial {
 }
 
 impl Partial {
+    /// Bytes of the unfinished line, if all of them are kept (none skipped for being over
+    /// `max_line_bytes`), so that it can be framed again from its start.
+    fn carry_len(&self) -> Option<usize> {
+        (self.len == self.kept.len() as u64).then_some(self.kept.len())
+    }
+
+    /// The unfinished line, to be framed again from its start followed by the next read (see
+    /// [`Partial::carry_len`]): its file offset (none if there is no such line) and its bytes.
+    /// [`Partial::clear`] once they are placed.
+    fn carried(&self) -> (Option<u64>, &[u8]) {
+        debug_assert!(self.carry_len().is_some());
+        ((self.len > 0).then_some(self.start), &self.kept)
+    }
+
     pub(crate) fn clear(&mut self) {
         self.kept = Vec::new();
         self.tail.clear();
@@ -303,19 +317,38 @@ impl Tracked {
     }
 }
 
-/// Lines cut on the reader thread and turned into events by a builder thread: their bytes back
-/// to back, and where each one ends.
+/// Lines cut on the reader thread and turned into events by a builder thread: the bytes they
+/// were cut from (mostly the file's own bytes, read straight into `text`), and where each is.
 #[derive(Default)]
 pub(crate) struct Lines {
     pub text: Vec<u8>,
-    /// `(end of the line in text, file offset where the line starts, cut at max_line_bytes)`.
-    pub spans: Vec<(usize, u64, bool)>,
+    pub spans: Vec<Span>,
+}
+
+/// One line of [`Lines`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    /// The line is `text[start..end]`.
+    pub start: usize,
+    pub end: usize,
+    /// File offset where the line starts.
+    pub offset: u64,
+    /// Cut at `max_line_bytes`.
+    pub truncated: bool,
 }
 
 impl Lines {
     pub(crate) fn clear(&mut self) {
         self.text.clear();
         self.spans.clear();
+    }
+
+    /// Appends a copy of a line that starts at `offset` in its file.
+    #[cfg(test)]
+    pub(crate) fn push_copy(&mut self, bytes: &[u8], offset: u64) {
+        let start = self.text.len();
+        self.text.extend_from_slice(bytes);
+        self.spans.push(Span { start, end: self.text.len(), offset, truncated: false });
     }
 }
 
@@ -353,9 +386,17 @@ impl BatchBuilder {
         self.count(file, end, bytes);
     }
 
+    /// Keeps a line for the builders by copying it into `lines.text`.
     fn push_line(&mut self, file: &FileContext<'_>, line: &RawLine<'_>) {
+        let start = self.lines.text.len();
         self.lines.text.extend_from_slice(line.bytes);
-        self.lines.spans.push((self.lines.text.len(), line.start, line.truncated));
+        let end = self.lines.text.len();
+        self.push_span(file, line, start, end);
+    }
+
+    /// Keeps a line for the builders that is already `lines.text[start..end]`.
+    fn push_span(&mut self, file: &FileContext<'_>, line: &RawLine<'_>, start: usize, end: usize) {
+        self.lines.spans.push(Span { start, end, offset: line.start, truncated: line.truncated });
         self.count(file, line.end, (line.end - line.start) as usize);
     }
 
@@ -389,18 +430,17 @@ struct FileContext<'a> {
 }
 
 /// Makes the events of lines collected with [`BatchBuilder::deferred`], group by group.
-/// `text` holds the lines back to back and `spans` where each ends. A plain text line's
-/// `message` points into `text` rather than being copied (see [`SharedText`]).
+/// `spans` say where in `text` each line is. A plain text line's `message` points into `text`
+/// rather than being copied (see [`SharedText`]).
 pub(crate) fn build_events(
     shape: &Shape,
     text: &SharedText,
-    spans: &[(usize, u64, bool)],
+    spans: &[Span],
     groups: &[Group],
     failed: &mut u64,
 ) -> Vec<Event> {
     let mut events = Vec::with_capacity(spans.len());
     let mut spans = spans.iter();
-    let mut from = 0;
     let share = shape.codec == Codec::Lines && shape.encoding.is_utf8();
     // The metadata with shared objects of this chunk's own (see `Map::reshared`).
     let mut local: Option<(&Arc<Map>, Map)> = None;
@@ -409,7 +449,7 @@ pub(crate) fn build_events(
             Some((of, copy)) if Arc::ptr_eq(of, &g.template) => copy,
             _ => &local.insert((&g.template, g.template.reshared())).1,
         };
-        for &(to, start, truncated) in spans.by_ref().take(g.count) {
+        for &Span { start: from, end: to, offset: start, truncated } in spans.by_ref().take(g.count) {
             let bytes = &text.as_bytes()[from..to];
             let event = if share {
                 let message = text.slice(from..to).unwrap_or_else(|_| crate::codec::text(bytes));
@@ -424,7 +464,6 @@ pub(crate) fn build_events(
                 let decoded = shape.encoding.decode(bytes);
                 make_event(shape, decoded.as_bytes(), truncated, template, start, g.timestamp, failed)
             };
-            from = to;
             events.push(event);
         }
     }
@@ -440,6 +479,9 @@ pub(crate) enum Turn {
     End,
 }
 
+/// Longest unfinished line moved in front of the next read, for [`read_in_place`].
+const CARRY_MAX: usize = 64 << 10;
+
 /// Reads up to `buf.len()` bytes of `t` and turns the complete lines into events.
 pub(crate) fn read_turn(
     t: &mut Tracked,
@@ -449,6 +491,14 @@ pub(crate) fn read_turn(
     now: Instant,
     timestamp: i64,
 ) -> std::io::Result<Turn> {
+    if out.deferred
+        && shape.multiline.is_none()
+        && t.tracker.is_some()
+        && matches!(t.source, Some(Source::Plain(_)))
+        && t.partial.carry_len().is_some_and(|n| n <= CARRY_MAX)
+    {
+        return read_in_place(t, shape, buf.len(), out, now, timestamp);
+    }
     let Some(source) = t.source.as_mut() else { return Ok(Turn::End) };
     let at = t.pos;
     let n = source.read(buf, at)?;
@@ -476,6 +526,99 @@ pub(crate) fn read_turn(
         take_line(shape, pending, &file, line, now, out);
     });
     Ok(Turn::Data(n))
+}
+
+/// [`read_turn`] for lines that go to the builder threads: the file's bytes are read straight
+/// into the chunk's text, after the file's unfinished line (moved there from the framer), so
+/// every complete line is already where the builders read it and none is copied. Only a line
+/// still unfinished at the end of the read is copied back into the framer.
+fn read_in_place(
+    t: &mut Tracked,
+    shape: &Shape,
+    want: usize,
+    out: &mut BatchBuilder,
+    now: Instant,
+    timestamp: i64,
+) -> std::io::Result<Turn> {
+    let Some(Source::Plain(file)) = t.source.as_ref() else { return Ok(Turn::End) };
+    let Some(tracker) = t.tracker.as_ref() else { return Ok(Turn::End) };
+    let at = t.pos;
+    let mut text = std::mem::take(&mut out.lines.text);
+    let base = text.len();
+    let (carried_at, carried) = t.partial.carried();
+    text.reserve(carried.len() + want);
+    text.extend_from_slice(carried);
+    let n = match pread_into(file, &mut text, want, at) {
+        Ok(n) if n > 0 => n,
+        other => {
+            // Nothing read: the unfinished line stays with the framer.
+            text.truncate(base);
+            out.lines.text = text;
+            return other.map(|_| Turn::End);
+        }
+    };
+    t.partial.clear();
+    let read_from = text.len() - n;
+    t.fingerprint.extend(at, &text[read_from..]);
+    // The data starts with the unfinished line, if any, which begins at `carried_at`.
+    let (mut from, mut data_at) = (base, carried_at.unwrap_or(at));
+    if at == 0 {
+        let bom = shape.encoding.bom_len(&text[read_from..]);
+        from += bom;
+        data_at += bom as u64;
+    }
+    t.pos += n as u64;
+    t.last_data = now;
+    let file_ctx = FileContext { tracker, template: &t.template, timestamp };
+    let truncated = &mut t.truncated_lines;
+    // Lines the framer hands out from its own buffer (it does not, with nothing carried over;
+    // kept for safety) are copied after the data.
+    let mut copied: Vec<u8> = Vec::new();
+    let mut copied_spans: Vec<usize> = Vec::new();
+    let origin = text.as_ptr() as usize;
+    let data_len = text.len();
+    t.partial.feed(&shape.framing, &text[from..], data_at, &mut |line| {
+        *truncated += u64::from(line.truncated);
+        let start = (line.bytes.as_ptr() as usize).wrapping_sub(origin);
+        if start <= data_len && data_len - start >= line.bytes.len() {
+            out.push_span(&file_ctx, &line, start, start + line.bytes.len());
+        } else {
+            copied_spans.push(out.lines.spans.len());
+            let at = copied.len();
+            copied.extend_from_slice(line.bytes);
+            out.push_span(&file_ctx, &line, at, copied.len());
+        }
+    });
+    for i in copied_spans {
+        out.lines.spans[i].start += data_len;
+        out.lines.spans[i].end += data_len;
+    }
+    text.extend_from_slice(&copied);
+    out.lines.text = text;
+    Ok(Turn::Data(n))
+}
+
+/// `pread` of up to `want` bytes at `pos` into the spare capacity of `text`, which must have
+/// room for them. Retries when interrupted.
+fn pread_into(file: &File, text: &mut Vec<u8>, want: usize, pos: u64) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    debug_assert!(text.capacity() - text.len() >= want);
+    loop {
+        let spare = text.spare_capacity_mut();
+        let len = want.min(spare.len());
+        // SAFETY: the kernel writes at most `len` bytes into the spare capacity, which is
+        // valid for writes; only the bytes it reports written are then counted as initialised.
+        let r = unsafe { libc::pread(file.as_raw_fd(), spare.as_mut_ptr().cast(), len, pos as libc::off_t) };
+        if r >= 0 {
+            // SAFETY: `r` bytes past the length were just written by the kernel.
+            unsafe { text.set_len(text.len() + r as usize) };
+            return Ok(r as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 /// Lets a file go: its unterminated last line and pending multiline event are handed out.
@@ -680,12 +823,11 @@ mod tests {
             let shape = shape(path, offset, host);
             let template = shape.template(std::path::Path::new("/var/log/app.log"));
             let long = "a line long enough to be shared with its chunk, not copied";
-            let mut text = Vec::new();
-            let mut spans = Vec::new();
+            let mut lines = Lines::default();
             for (i, line) in ["short", long, "", long].iter().enumerate() {
-                text.extend_from_slice(line.as_bytes());
-                spans.push((text.len(), 100 * i as u64, false));
+                lines.push_copy(line.as_bytes(), 100 * i as u64);
             }
+            let (text, spans) = (lines.text, lines.spans);
             let tracker = AckTracker::new(|_| {});
             let group =
                 |count| Group { tracker: tracker.clone(), template: template.clone(), timestamp: 7, count, end: 0 };
@@ -703,6 +845,65 @@ mod tests {
             assert_eq!(events[2].message(), Some(""));
             // The template keeps its placeholder.
             assert_eq!(shape.offset_field.as_ref().unwrap().get(&template), Some(&Value::Int(0)));
+        }
+    }
+
+    /// Reads a whole file as the builder-thread path does (lines kept in place in the chunk's
+    /// text), `read` bytes per turn; returns each line with its offset and whether it was cut.
+    fn read_deferred(
+        content: &[u8],
+        framing: Framing,
+        encoding: TextEncoding,
+        read: usize,
+    ) -> Vec<(Vec<u8>, u64, bool)> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.log");
+        std::fs::write(&path, content).unwrap();
+        let mut shape = shape("/p", "/o", "/h");
+        (shape.framing, shape.encoding) = (framing, encoding);
+        let now = Instant::now();
+        let mut t = Tracked::new(FileId { dev: 0, ino: 0 }, "k".into(), path.clone(), Arc::new(Map::new()), now);
+        t.source = Some(Source::Plain(File::open(&path).unwrap()));
+        t.tracker = Some(AckTracker::new(|_| {}));
+        let mut out = BatchBuilder { deferred: true, ..BatchBuilder::default() };
+        let mut buf = vec![0u8; read];
+        while read_turn(&mut t, &shape, &mut buf, &mut out, now, 0).unwrap() != Turn::End {}
+        out.lines.spans.iter().map(|s| (out.lines.text[s.start..s.end].to_vec(), s.offset, s.truncated)).collect()
+    }
+
+    #[test]
+    fn lines_read_in_place_match_the_framer_at_every_read_size() {
+        let utf8 = TextEncoding::for_label("utf-8").unwrap();
+        let text = b"\xef\xbb\xbffirst\r\nsecond line\n\nthird, a little longer than the others\nx\n".to_vec();
+        // (From 3 bytes: the byte order mark is looked for in the first read only, which is at
+        // least 4 KiB in use.)
+        for read in [3, 4, 5, 7, 16, 64, 4096] {
+            let got = read_deferred(&text, Framing::new("\n", utf8, 100), utf8, read);
+            assert_eq!(
+                got,
+                [
+                    (b"first".to_vec(), 3, false),
+                    (b"second line".to_vec(), 10, false),
+                    (b"".to_vec(), 22, false),
+                    (b"third, a little longer than the others".to_vec(), 23, false),
+                    (b"x".to_vec(), 62, false)
+                ],
+                "read size {read}"
+            );
+        }
+        // A two-byte delimiter split between reads, and lines cut at max_line_bytes.
+        for read in [1, 2, 3, 4, 9, 4096] {
+            let got = read_deferred(b"ab||cdefghij||k||", Framing::new("||", utf8, 5), utf8, read);
+            let want = [(b"ab".to_vec(), 0, false), (b"cdefg".to_vec(), 4, true), (b"k".to_vec(), 14, false)];
+            assert_eq!(got, want, "read size {read}");
+        }
+        // UTF-16: a newline byte at an odd position is not a line end.
+        let utf16 = TextEncoding::for_label("utf-16le").unwrap();
+        let text: Vec<u8> = "\u{0A41}\u{0100}\nx\n".encode_utf16().flat_map(u16::to_le_bytes).collect();
+        for read in [1, 3, 4, 64] {
+            let got = read_deferred(&text, Framing::new("\n", utf16, 100), utf16, read);
+            assert_eq!(got.iter().map(|l| l.1).collect::<Vec<_>>(), [0, 6], "read size {read}");
+            assert_eq!(utf16.decode(&got[0].0).as_str(), "\u{0A41}\u{0100}");
         }
     }
 
