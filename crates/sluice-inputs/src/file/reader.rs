@@ -25,7 +25,7 @@ use super::acks::AckTracker;
 use super::decode::TextEncoding;
 use super::identity::{FileId, Fingerprint};
 use super::multiline::{self, Multiline};
-use crate::codec::{Codec, Decoded, TAG_TRUNCATED};
+use crate::codec::{Codec, Decoded};
 
 /// How lines are cut: delimiter, code unit, length cap.
 #[derive(Debug, Clone)]
@@ -441,7 +441,6 @@ pub(crate) fn build_events(
 ) -> Vec<Event> {
     let mut events = Vec::with_capacity(spans.len());
     let mut spans = spans.iter();
-    let share = shape.codec == Codec::Lines && shape.encoding.is_utf8();
     // The metadata with shared objects of this chunk's own (see `Map::reshared`).
     let mut local: Option<(&Arc<Map>, Map)> = None;
     for g in groups {
@@ -450,21 +449,8 @@ pub(crate) fn build_events(
             _ => &local.insert((&g.template, g.template.reshared())).1,
         };
         for &Span { start: from, end: to, offset: start, truncated } in spans.by_ref().take(g.count) {
-            let bytes = &text.as_bytes()[from..to];
-            let event = if share {
-                let message = text.slice(from..to).unwrap_or_else(|_| crate::codec::text(bytes));
-                let mut event = Event::from_message_at(message, g.timestamp);
-                if truncated {
-                    event.add_tag(TAG_TRUNCATED);
-                }
-                with_metadata(shape, event, template, start)
-            } else if shape.encoding.is_utf8() {
-                make_event(shape, bytes, truncated, template, start, g.timestamp, failed)
-            } else {
-                let decoded = shape.encoding.decode(bytes);
-                make_event(shape, decoded.as_bytes(), truncated, template, start, g.timestamp, failed)
-            };
-            events.push(event);
+            let decoded = decode_line(shape, Some(text), &text.as_bytes()[from..to], truncated, g.timestamp);
+            events.push(make_event(shape, decoded, template, start, failed));
         }
     }
     events
@@ -662,42 +648,51 @@ fn take_line(
         None if out.deferred => out.push_line(file, &line),
         None => {
             let bytes = (line.end - line.start) as usize;
-            let (template, ts, failed) = (file.template, file.timestamp, &mut out.failed);
-            let event = if shape.encoding.is_utf8() {
-                make_event(shape, line.bytes, line.truncated, template, line.start, ts, failed)
-            } else {
-                let text = shape.encoding.decode(line.bytes);
-                make_event(shape, text.as_bytes(), line.truncated, template, line.start, ts, failed)
-            };
+            let decoded = decode_line(shape, None, line.bytes, line.truncated, file.timestamp);
+            let event = make_event(shape, decoded, file.template, line.start, &mut out.failed);
             out.push(file, event, line.end, bytes);
         }
     }
 }
 
 fn push_joined(shape: &Shape, file: &FileContext<'_>, j: multiline::Joined, out: &mut BatchBuilder) {
-    let mut event =
-        make_event(shape, j.text.as_bytes(), j.truncated, file.template, j.start, file.timestamp, &mut out.failed);
+    // Joined lines are already decoded from the file's encoding.
+    let decoded = shape.codec.decode(j.text.as_bytes(), j.truncated, file.timestamp);
+    let mut event = make_event(shape, decoded, file.template, j.start, &mut out.failed);
     if j.max_lines {
         event.add_tag(multiline::TAG_MAX_LINES);
     }
     out.push(file, event, j.end, (j.end - j.start) as usize);
 }
 
+/// A line's event before its metadata: decoded from the file's encoding first unless that is
+/// UTF-8, and with a text line cut out of `shared` pointing into it (see `Codec::decode_in`).
+fn decode_line(
+    shape: &Shape,
+    shared: Option<&SharedText>,
+    bytes: &[u8],
+    truncated: bool,
+    timestamp: i64,
+) -> (Event, Decoded) {
+    if !shape.encoding.is_utf8() {
+        return shape.codec.decode(shape.encoding.decode(bytes).as_bytes(), truncated, timestamp);
+    }
+    match shared {
+        Some(text) => shape.codec.decode_in(text, bytes, truncated, timestamp),
+        None => shape.codec.decode(bytes, truncated, timestamp),
+    }
+}
+
+/// A decoded line's event, finished: a failed decode counted, the file's metadata added.
 fn make_event(
     shape: &Shape,
-    text: &[u8],
-    truncated: bool,
+    (event, decoded): (Event, Decoded),
     template: &Map,
     offset: u64,
-    timestamp: i64,
     failed: &mut u64,
 ) -> Event {
-    let (mut event, decoded) = shape.codec.decode(text, truncated, timestamp);
     if decoded == Decoded::Failed {
         *failed += 1;
-    }
-    if truncated && !event.has_tag(TAG_TRUNCATED) {
-        event.add_tag(TAG_TRUNCATED);
     }
     with_metadata(shape, event, template, offset)
 }
