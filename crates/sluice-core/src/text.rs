@@ -13,9 +13,9 @@
 //! the text, never of how it is stored; a change to a slice first makes it its own copy.
 //!
 //! A slice keeps its whole buffer alive, so a buffer less than half full of text is moved to
-//! one of its own size before it is shared (a slice then holds at most about twice its share
-//! of bytes); code that keeps strings for long (an aggregation's state) calls
-//! [`Str::detach`] so that one small string does not hold a large buffer.
+//! one of its own size before it is shared: a slice then holds at most about twice its share
+//! of bytes. Code that will keep strings for long (an aggregation's state) should store
+//! `Str::new(s.as_str())`, so that one small string does not hold a large buffer.
 //!
 //! ```
 //! use sluice_core::{SharedText, Str};
@@ -30,7 +30,7 @@
 //! assert_eq!(Str::from("second"), buf.slice(44..50).unwrap());
 //! ```
 
-use std::borrow::{Borrow, Cow};
+use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -228,14 +228,6 @@ impl Str {
         matches!(self.0, Repr::Slice(_))
     }
 
-    /// This string with its own copy of its text, so that it keeps no shared buffer alive.
-    pub fn detach(self) -> Str {
-        match self.0 {
-            Repr::Slice(_) => Str::new(self.as_str()),
-            own => Str(own),
-        }
-    }
-
     /// The text to change: a slice becomes its own copy first.
     fn make_mut(&mut self) -> &mut CompactString {
         if let Repr::Slice(_) = self.0 {
@@ -254,21 +246,6 @@ impl Str {
 
     pub fn push_str(&mut self, text: &str) {
         self.make_mut().push_str(text);
-    }
-
-    pub fn push(&mut self, c: char) {
-        self.make_mut().push(c);
-    }
-
-    pub fn clear(&mut self) {
-        *self = Str::default();
-    }
-
-    pub fn into_string(self) -> String {
-        match self.0 {
-            Repr::Own(s) => s.into_string(),
-            Repr::Slice(_) => self.as_str().to_owned(),
-        }
     }
 }
 
@@ -291,12 +268,6 @@ impl AsRef<str> for Str {
     }
 }
 
-impl AsRef<[u8]> for Str {
-    fn as_ref(&self) -> &[u8] {
-        self.as_str().as_bytes()
-    }
-}
-
 impl Borrow<str> for Str {
     fn borrow(&self) -> &str {
         self.as_str()
@@ -312,13 +283,6 @@ impl fmt::Debug for Str {
 impl fmt::Display for Str {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Write for Str {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.push_str(s);
-        Ok(())
     }
 }
 
@@ -383,52 +347,9 @@ impl From<&str> for Str {
         Str::new(s)
     }
 }
-impl From<&String> for Str {
-    fn from(s: &String) -> Str {
-        Str::new(s)
-    }
-}
 impl From<String> for Str {
     fn from(s: String) -> Str {
         Str(Repr::Own(CompactString::from(s)))
-    }
-}
-impl From<Box<str>> for Str {
-    fn from(s: Box<str>) -> Str {
-        Str(Repr::Own(CompactString::from(s)))
-    }
-}
-impl From<Cow<'_, str>> for Str {
-    fn from(s: Cow<'_, str>) -> Str {
-        Str(Repr::Own(CompactString::from(s)))
-    }
-}
-impl From<&Str> for Str {
-    fn from(s: &Str) -> Str {
-        s.clone()
-    }
-}
-impl From<Str> for String {
-    fn from(s: Str) -> String {
-        s.into_string()
-    }
-}
-
-impl FromIterator<char> for Str {
-    fn from_iter<I: IntoIterator<Item = char>>(iter: I) -> Str {
-        Str(Repr::Own(CompactString::from_iter(iter)))
-    }
-}
-impl<'a> FromIterator<&'a str> for Str {
-    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Str {
-        Str(Repr::Own(CompactString::from_iter(iter)))
-    }
-}
-
-impl std::str::FromStr for Str {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> Result<Str, Self::Err> {
-        Ok(Str::new(s))
     }
 }
 
@@ -505,7 +426,7 @@ mod tests {
     }
 
     #[test]
-    fn a_change_or_a_detach_copies_and_releases_the_buffer() {
+    fn a_change_copies_and_releases_the_buffer() {
         let buf = SharedText::new(LONG.as_bytes().to_vec());
         let shared = buf.slice(0..LONG.len()).unwrap();
         let mut changed = shared.clone();
@@ -513,10 +434,11 @@ mod tests {
         assert!(!changed.is_shared());
         assert_eq!(changed, format!("{LONG}!"));
         assert_eq!(shared, LONG);
-        let detached = shared.detach();
-        assert!(!detached.is_shared());
-        assert_eq!(Arc::strong_count(&buf.0), 1);
-        assert_eq!(detached, LONG);
+        let mut upper = shared;
+        upper.as_mut_str().make_ascii_uppercase();
+        assert!(!upper.is_shared());
+        assert_eq!(Arc::strong_count(&buf.0), 1, "no string holds the buffer any more");
+        assert_eq!(upper, LONG.to_ascii_uppercase());
     }
 
     #[test]
