@@ -308,6 +308,17 @@ impl Tracked {
         }
     }
 
+    /// Takes note of `read`, just read at `at`: the fingerprint grows, the position moves on.
+    /// Returns the length of a byte order mark that starts the file (to skip), else 0.
+    fn advance(&mut self, shape: &Shape, at: u64, read: &[u8], now: Instant) -> usize {
+        if !self.gzip {
+            self.fingerprint.extend(at, read);
+        }
+        self.pos += read.len() as u64;
+        self.last_data = now;
+        if at == 0 { shape.encoding.bom_len(read) } else { 0 }
+    }
+
     /// Starts again at offset 0 (truncation, or new content under the same inode).
     pub(crate) fn restart(&mut self) {
         self.pos = 0;
@@ -491,18 +502,8 @@ pub(crate) fn read_turn(
     if n == 0 {
         return Ok(Turn::End);
     }
-    let mut data = &buf[..n];
-    if !t.gzip {
-        t.fingerprint.extend(at, data);
-    }
-    let mut start_at = at;
-    if at == 0 {
-        let bom = shape.encoding.bom_len(data);
-        data = &data[bom..];
-        start_at += bom as u64;
-    }
-    t.pos += n as u64;
-    t.last_data = now;
+    let bom = t.advance(shape, at, &buf[..n], now);
+    let (data, start_at) = (&buf[bom..n], at + bom as u64);
     let Some(tracker) = t.tracker.as_ref() else { return Ok(Turn::Data(n)) };
     let file = FileContext { tracker, template: &t.template, timestamp };
     let (partial, pending) = (&mut t.partial, &mut t.pending);
@@ -527,7 +528,9 @@ fn read_in_place(
     timestamp: i64,
 ) -> std::io::Result<Turn> {
     let Some(Source::Plain(file)) = t.source.as_ref() else { return Ok(Turn::End) };
-    let Some(tracker) = t.tracker.as_ref() else { return Ok(Turn::End) };
+    if t.tracker.is_none() {
+        return Ok(Turn::End);
+    }
     let at = t.pos;
     let mut text = std::mem::take(&mut out.lines.text);
     let base = text.len();
@@ -544,17 +547,11 @@ fn read_in_place(
         }
     };
     t.partial.clear();
-    let read_from = text.len() - n;
-    t.fingerprint.extend(at, &text[read_from..]);
-    // The data starts with the unfinished line, if any, which begins at `carried_at`.
-    let (mut from, mut data_at) = (base, carried_at.unwrap_or(at));
-    if at == 0 {
-        let bom = shape.encoding.bom_len(&text[read_from..]);
-        from += bom;
-        data_at += bom as u64;
-    }
-    t.pos += n as u64;
-    t.last_data = now;
+    // The data starts with the unfinished line, if any, which begins at `carried_at`. (A byte
+    // order mark is only at offset 0, where nothing is carried.)
+    let bom = t.advance(shape, at, &text[text.len() - n..], now);
+    let (from, data_at) = (base + bom, carried_at.unwrap_or(at) + bom as u64);
+    let Some(tracker) = t.tracker.as_ref() else { return Ok(Turn::Data(n)) };
     let file_ctx = FileContext { tracker, template: &t.template, timestamp };
     let truncated = &mut t.truncated_lines;
     // Lines the framer hands out from its own buffer (it does not, with nothing carried over;
