@@ -900,6 +900,33 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_read_in_place_leaves_the_chunk_and_the_unfinished_line_as_they_were() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.log");
+        std::fs::write(&path, "one\ntwo is unfin").unwrap();
+        let shape = shape("/p", "/o", "/h");
+        let now = Instant::now();
+        let mut t = Tracked::new(FileId { dev: 0, ino: 0 }, "k".into(), path.clone(), Arc::new(Map::new()), now);
+        t.source = Some(Source::Plain(File::open(&path).unwrap()));
+        t.tracker = Some(AckTracker::new(|_| {}));
+        let mut out = BatchBuilder { deferred: true, ..BatchBuilder::default() };
+        let mut buf = vec![0u8; 4096];
+        assert_eq!(read_turn(&mut t, &shape, &mut buf, &mut out, now, 0).unwrap(), Turn::Data(16));
+        let (text, spans) = (out.lines.text.clone(), out.lines.spans.clone());
+        // The file's handle now refuses reads (opened for writing only): the read fails.
+        std::io::Write::write_all(&mut std::fs::OpenOptions::new().append(true).open(&path).unwrap(), b"ished\n")
+            .unwrap();
+        t.source = Some(Source::Plain(std::fs::OpenOptions::new().write(true).open(&path).unwrap()));
+        assert!(read_turn(&mut t, &shape, &mut buf, &mut out, now, 0).is_err());
+        assert_eq!((&out.lines.text, &out.lines.spans, t.pos), (&text, &spans, 16), "nothing changed");
+        // Readable again: the unfinished line is completed whole, at its own offset.
+        t.source = Some(Source::Plain(File::open(&path).unwrap()));
+        assert_eq!(read_turn(&mut t, &shape, &mut buf, &mut out, now, 0).unwrap(), Turn::Data(6));
+        let last = out.lines.spans.last().unwrap();
+        assert_eq!((&out.lines.text[last.start..last.end], last.offset), (&b"two is unfinished"[..], 4));
+    }
+
+    #[test]
     fn offsets_are_exact_across_chunks() {
         let out = split("\n", "utf-8", 100, &[b"ab", b"c\r\nde", b"f\n\ng"]);
         assert_eq!(
