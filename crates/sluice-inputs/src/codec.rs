@@ -27,9 +27,25 @@ pub enum Decoded {
 
 impl Codec {
     pub fn decode(self, line: &[u8], truncated: bool, timestamp: i64) -> (Event, Decoded) {
+        self.decode_with(line, None, truncated, timestamp)
+    }
+
+    /// As [`Codec::decode`] for a `line` cut out of `text`: a text line's `message` then points
+    /// into `text` instead of being copied (see [`SharedText`]). A line from elsewhere (one
+    /// assembled across two reads), invalid UTF-8 and JSON lines are decoded as usual.
+    pub fn decode_in(self, text: &SharedText, line: &[u8], truncated: bool, timestamp: i64) -> (Event, Decoded) {
+        let shared = match self {
+            Codec::Lines => text.range_of(line).and_then(|range| text.slice(range).ok()),
+            Codec::JsonLines => None,
+        };
+        self.decode_with(line, shared, truncated, timestamp)
+    }
+
+    /// Decodes `line`; a text line's message is `message` when given (the line as a string).
+    fn decode_with(self, line: &[u8], message: Option<Str>, truncated: bool, timestamp: i64) -> (Event, Decoded) {
         let mut decoded = Decoded::Ok;
         let mut event = match self {
-            Codec::Lines => Event::from_message_at(text(line), timestamp),
+            Codec::Lines => Event::from_message_at(message.unwrap_or_else(|| text(line)), timestamp),
             Codec::JsonLines => match serde_json::from_slice::<Map>(line) {
                 Ok(map) if !truncated => Event::from_object_at(map, timestamp),
                 _ => {
@@ -44,23 +60,6 @@ impl Codec {
             event.add_tag(TAG_TRUNCATED);
         }
         (event, decoded)
-    }
-
-    /// As [`Codec::decode`] for a `line` cut out of `text`: a text line's `message` then points
-    /// into `text` instead of being copied (see [`SharedText`]). A line from elsewhere (one
-    /// assembled across two reads), invalid UTF-8 and JSON lines are decoded as usual.
-    pub fn decode_in(self, text: &SharedText, line: &[u8], truncated: bool, timestamp: i64) -> (Event, Decoded) {
-        if self == Codec::Lines
-            && let Some(range) = text.range_of(line)
-            && let Ok(message) = text.slice(range)
-        {
-            let mut event = Event::from_message_at(message, timestamp);
-            if truncated {
-                event.add_tag(TAG_TRUNCATED);
-            }
-            return (event, Decoded::Ok);
-        }
-        self.decode(line, truncated, timestamp)
     }
 }
 
