@@ -33,6 +33,7 @@ impl Codec {
     /// As [`Codec::decode`] for a `line` cut out of `text`: a text line's `message` then points
     /// into `text` instead of being copied (see [`SharedText`]). A line from elsewhere (one
     /// assembled across two reads), invalid UTF-8 and JSON lines are decoded as usual.
+    #[inline]
     pub fn decode_in(self, text: &SharedText, line: &[u8], truncated: bool, timestamp: i64) -> (Event, Decoded) {
         let shared = match self {
             Codec::Lines => text.range_of(line).and_then(|range| text.slice(range).ok()),
@@ -42,6 +43,7 @@ impl Codec {
     }
 
     /// Decodes `line`; a text line's message is `message` when given (the line as a string).
+    #[inline]
     fn decode_with(self, line: &[u8], message: Option<Str>, truncated: bool, timestamp: i64) -> (Event, Decoded) {
         let mut decoded = Decoded::Ok;
         let mut event = match self {

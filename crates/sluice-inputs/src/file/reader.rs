@@ -664,6 +664,7 @@ fn push_joined(shape: &Shape, file: &FileContext<'_>, j: multiline::Joined, out:
 
 /// A line's event before its metadata: decoded from the file's encoding first unless that is
 /// UTF-8, and with a text line cut out of `shared` pointing into it (see `Codec::decode_in`).
+#[inline]
 fn decode_line(
     shape: &Shape,
     shared: Option<&SharedText>,
