@@ -32,7 +32,7 @@ use sluice_segment::{
 
 use super::checkpoint::{self, Checkpoint};
 use super::direct::{AlignedBuf, BLOCK, DirectFile};
-use super::syncer::{Syncer, Written, release};
+use super::syncer::{BatchFrames, Syncer, Written, release};
 use super::{Inner, SyncPolicy};
 
 /// How long a small group waits for more before it is written, and what counts as small.
@@ -71,9 +71,11 @@ pub(crate) struct SegInfo {
 }
 
 pub(crate) enum Readable {
-    /// Written and still in memory. `ends[i]` is the LSN just past event `i`'s frame, so any
-    /// prefix of the batch can be acknowledged as exactly its own range.
-    Mem { batch: Batch, start: u64, ends: Vec<u64> },
+    /// Written and still in memory: the events of one or more batches written one after the
+    /// other, which stand for `bytes`. `ends[i]` is the LSN just past event `i`'s frame, so
+    /// any prefix can be acknowledged as exactly its own range. Both are taken from the front
+    /// a few at a time, hence the deques.
+    Mem { events: VecDeque<Event>, bytes: usize, start: u64, ends: VecDeque<u64> },
     /// Written, to be read back from disk: `[start, end)` in LSNs. `counted` of its events are
     /// already in the shard's event count (those written in this run); the rest, found at
     /// start-up without reading them, are counted as they are read.
@@ -383,43 +385,41 @@ impl Shard {
     /// range. `Err(())` when the front is on disk (see [`Shard::take_from_disk`]).
     pub fn take_from_memory(self: &Arc<Self>, inner: &Arc<Inner>, want: usize) -> Result<Option<Batch>, ()> {
         let mut s = self.state.lock();
-        let mut piece: Option<(Batch, u64, u64)> = None;
-        while piece.as_ref().map_or(0, |p| p.0.len()) < want {
-            let room = want - piece.as_ref().map_or(0, |p| p.0.len());
+        // The piece so far: its events, bytes and LSN range.
+        let mut taken: Vec<Event> = Vec::new();
+        let (mut taken_bytes, mut from, mut to) = (0usize, 0u64, 0u64);
+        while taken.len() < want {
+            let room = want - taken.len();
             match s.readable.front_mut() {
-                Some(Readable::Mem { batch, start, ends }) if piece.as_ref().is_none_or(|p| p.2 == *start) => {
-                    let n = batch.len().min(room);
-                    let (events, from, to) = if n < batch.len() {
-                        let part = batch.split_front(n);
-                        let rest_ends = ends.split_off(n);
-                        let (from, to) = (*start, ends[n - 1]);
-                        *start = to;
-                        *ends = rest_ends;
-                        (part, from, to)
-                    } else {
-                        let Some(Readable::Mem { batch, start, ends }) = s.readable.pop_front() else { unreachable!() };
-                        let to = ends[ends.len() - 1];
-                        (batch, start, to)
-                    };
-                    inner.mem_bytes.fetch_sub(events.bytes as u64, Ordering::Relaxed);
-                    match &mut piece {
-                        Some((b, _, end)) => {
-                            b.append(events);
-                            *end = to;
-                        }
-                        None => piece = Some((events, from, to)),
+                Some(Readable::Mem { events, bytes, start, ends }) if taken.is_empty() || to == *start => {
+                    if taken.is_empty() {
+                        from = *start;
+                        taken.reserve(room.min(events.len()));
+                    }
+                    let n = events.len().min(room);
+                    let share = if n == events.len() { *bytes } else { *bytes * n / events.len() };
+                    taken.extend(events.drain(..n));
+                    to = ends[n - 1];
+                    ends.drain(..n);
+                    *start = to;
+                    *bytes -= share;
+                    taken_bytes += share;
+                    if events.is_empty() {
+                        s.readable.pop_front();
                     }
                 }
-                Some(Readable::Disk { .. }) if piece.is_none() => return Err(()),
+                Some(Readable::Disk { .. }) if taken.is_empty() => return Err(()),
                 _ => break,
             }
         }
         drop(s);
-        Ok(piece.map(|(batch, start, end)| {
-            let n = batch.len();
-            let acker = self.range_acker(inner, start, end, n);
-            Batch::new(batch.events, AckSet::single(acker, n), batch.bytes)
-        }))
+        if taken.is_empty() {
+            return Ok(None);
+        }
+        inner.mem_bytes.fetch_sub(taken_bytes as u64, Ordering::Relaxed);
+        let n = taken.len();
+        let acker = self.range_acker(inner, from, to, n);
+        Ok(Some(Batch::new(taken, AckSet::single(acker, n), taken_bytes)))
     }
 
     /// Takes up to `want` events from the front of this shard, reading from disk if the front
@@ -677,7 +677,7 @@ impl Writer {
         let policy = self.inner.config.sync;
         let sync_interval = self.inner.config.sync_interval;
         let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
-        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        let mut ranges: Vec<BatchFrames> = Vec::new();
         let mut last_sync = Instant::now();
         let mut unsynced = false;
         let mut last_checkpoint = Instant::now();
@@ -762,19 +762,18 @@ impl Writer {
         &mut self,
         mut work: Vec<Batch>,
         buf: &mut Vec<u8>,
-        ranges: &mut Vec<(usize, usize)>,
+        ranges: &mut Vec<BatchFrames>,
         policy: SyncPolicy,
         unsynced: &mut bool,
     ) {
         buf.clear();
         ranges.clear();
-        let mut event_ends: Vec<Vec<u64>> = Vec::with_capacity(work.len());
+        let mut event_ends: Vec<u64> = Vec::with_capacity(work.iter().map(Batch::len).sum());
         let first_seq = self.next_seq;
         let mut estimate = 0;
         for batch in &mut work {
             let start = buf.len();
             estimate += batch.bytes;
-            let mut ends = Vec::with_capacity(batch.len());
             let mut refused = Vec::new();
             for (i, event) in batch.events.iter().enumerate() {
                 let encoded = try_append_frame(buf, self.next_seq, |body| {
@@ -783,7 +782,7 @@ impl Writer {
                 match encoded {
                     Ok(_) => {
                         self.next_seq += 1;
-                        ends.push(buf.len() as u64);
+                        event_ends.push(buf.len() as u64);
                     }
                     Err(e) => {
                         // Nothing of the frame is left in `buf`; the event is counted and logged.
@@ -801,8 +800,7 @@ impl Writer {
                     !refused.contains(&(i - 1))
                 });
             }
-            ranges.push((start, buf.len()));
-            event_ends.push(ends);
+            ranges.push(BatchFrames { from: start, to: buf.len(), ends_to: event_ends.len() });
         }
         let seg = match self.segment_for(buf.len() as u64, first_seq) {
             Ok(s) => s,
@@ -823,9 +821,6 @@ impl Writer {
         buf.extend_from_slice(&[0u8; 4]);
         let ok = self.write_all(buf, live, seg.len);
         buf.truncate(live);
-        if ok && policy == SyncPolicy::Commit && !self.direct_io {
-            self.start_writeback(seg.len, live as u64);
-        }
         // Events are kept in memory for the workers only within `memory_bytes`, counting from
         // now, not from the release: while an fdatasync runs, the groups written meanwhile
         // would otherwise all be held (hundreds of MiB under a fast input). The others are
@@ -871,7 +866,15 @@ impl Writer {
         let group =
             Written { work, ranges: ranges.clone(), event_ends, base, written, estimate: estimate as u64, held, file };
         match policy {
-            SyncPolicy::Commit => self.syncer.submit(group),
+            SyncPolicy::Commit => {
+                // A pass under way cannot cover this group: starting its writeback now leaves the
+                // next fdatasync less to flush. An idle syncer starts that fdatasync at once,
+                // which makes the hint redundant, and it would only delay the next group.
+                let waits = self.syncer.submit(group);
+                if waits && !self.direct_io {
+                    self.start_writeback(seg.len, live as u64);
+                }
+            }
             SyncPolicy::Interval => {
                 *unsynced = true;
                 release(&self.inner, &self.shard, group);

@@ -28,13 +28,23 @@ use sluice_core::Batch;
 use super::Inner;
 use super::shard::{Readable, Shard};
 
+/// Where one batch's frames are in its group.
+#[derive(Clone, Copy)]
+pub(crate) struct BatchFrames {
+    /// `[from, to)`: the frames' bytes within the group.
+    pub from: usize,
+    pub to: usize,
+    /// The batch's events end at this index of the group's `event_ends`.
+    pub ends_to: usize,
+}
+
 /// One group, written but not yet released.
 pub(crate) struct Written {
     pub work: Vec<Batch>,
-    /// Per batch, its `[from, to)` within the group's bytes.
-    pub ranges: Vec<(usize, usize)>,
-    /// Per batch, the group offset just past each event's frame.
-    pub event_ends: Vec<Vec<u64>>,
+    /// Per batch, where its frames are.
+    pub ranges: Vec<BatchFrames>,
+    /// Per event stored, in order, the group offset just past its frame.
+    pub event_ends: Vec<u64>,
     /// The group's first LSN.
     pub base: u64,
     /// The group's bytes on disk.
@@ -60,11 +70,14 @@ impl Written {
 /// for the batches the writer kept (within the memory budget), else as a range to read back.
 pub(crate) fn release(inner: &Inner, shard: &Shard, group: Written) {
     let Written { mut work, ranges, event_ends, base, written, estimate, held: _, file: _ } = group;
-    let mut readables = Vec::with_capacity(work.len());
+    let mut readables: Vec<Readable> = Vec::new();
     let mut events = 0u64;
-    for ((batch, &(from, to)), ends) in work.iter_mut().zip(ranges.iter()).zip(event_ends) {
+    let mut ends_from = 0;
+    for (batch, frames) in work.iter_mut().zip(ranges.iter()) {
         std::mem::take(&mut batch.acks).complete();
-        let (start, end) = (base + from as u64, base + to as u64);
+        let (start, end) = (base + frames.from as u64, base + frames.to as u64);
+        let ends = &event_ends[ends_from..frames.ends_to];
+        ends_from = frames.ends_to;
         // The frames written, whether or not their events are still here.
         let written_events = ends.len() as u64;
         events += written_events;
@@ -72,10 +85,23 @@ pub(crate) fn release(inner: &Inner, shard: &Shard, group: Written) {
             if end > start {
                 readables.push(Readable::Disk { start, end, counted: written_events });
             }
+            continue;
+        }
+        // Batches kept in memory one after another make one entry: the workers then take
+        // their events without walking a list entry per input batch.
+        if let Some(Readable::Mem { events: held, bytes, ends: held_ends, .. }) = readables.last_mut()
+            && held_ends.back() == Some(&start)
+        {
+            held.extend(batch.events.drain(..));
+            *bytes += batch.bytes;
+            held_ends.extend(ends.iter().map(|e| base + e));
         } else {
-            let ends = ends.into_iter().map(|e| base + e).collect();
-            let b = Batch::untracked(std::mem::take(&mut batch.events), batch.bytes);
-            readables.push(Readable::Mem { batch: b, start, ends });
+            readables.push(Readable::Mem {
+                events: std::mem::take(&mut batch.events).into(),
+                bytes: batch.bytes,
+                start,
+                ends: ends.iter().map(|e| base + e).collect(),
+            });
         }
     }
     // The estimate stood for these bytes until now; the frames' real size replaces it.
@@ -143,9 +169,16 @@ pub(crate) struct Syncer {
 }
 
 impl Syncer {
-    pub fn submit(&self, group: Written) {
-        self.queue.lock().groups.push(group);
+    /// Hands a written group over; true if a pass is under way, so that the group waits for
+    /// the next one.
+    pub fn submit(&self, group: Written) -> bool {
+        let busy = {
+            let mut q = self.queue.lock();
+            q.groups.push(group);
+            q.busy
+        };
         self.wake.notify_one();
+        busy
     }
 
     /// Waits until every group submitted so far is released.

@@ -133,6 +133,47 @@ async fn unacked_events_come_back_after_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_event_batches_are_held_as_one_entry_and_taken_a_few_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    // 400 one-event batches pushed back to back, then all awaited. A push costs far less than
+    // a write, so the writer takes them in groups of many, and each group's in-memory batches
+    // make one entry.
+    let mut waits = Vec::new();
+    for i in 0..400 {
+        let (acker, done) = Acker::with_notify(1);
+        q.push(Batch::new(numbered(i, 1), AckSet::single(acker, 1), 80)).await.unwrap();
+        waits.push(done);
+    }
+    for w in waits {
+        assert_eq!(w.await.unwrap(), AckOutcome::Handled);
+    }
+    let entries = q.shards()[0].state.lock().readable.len();
+    assert!(entries < 200, "{entries} entries for 400 batches: in-memory batches are not merged");
+
+    // Taken 7 at a time, in order, and completed out of order: every second piece first.
+    let mut pieces = Vec::new();
+    let mut got = Vec::new();
+    while got.len() < 400 {
+        let b = q.pop(7, Duration::ZERO).await.unwrap();
+        assert!(b.len() <= 7);
+        got.extend(numbers(&b));
+        pieces.push(b);
+    }
+    assert_eq!(got, (0..400).collect::<Vec<_>>());
+    let (odd, even): (Vec<_>, Vec<_>) = pieces.into_iter().enumerate().partition(|(i, _)| i % 2 == 1);
+    odd.into_iter().chain(even).for_each(|(_, b)| b.complete());
+    tokio::time::sleep(Duration::from_millis(100)).await; // a checkpoint interval
+    q.shutdown().await;
+
+    // Every piece acknowledged as exactly its own range: nothing comes back.
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    push_durable(&q, numbered(400, 1)).await;
+    assert_eq!(drain(&q, 1, true).await, vec![400], "only the new event");
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segments_rotate_and_acknowledged_ones_are_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let q = open(settings(dir.path(), 1, 64 << 10)).await;
