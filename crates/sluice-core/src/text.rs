@@ -141,11 +141,21 @@ impl SharedText {
         SharedText::with_home(bytes, Some(pool.clone()))
     }
 
+    /// A pooled buffer that is not all text (records with binary headers, like a queue
+    /// segment read back): it is not checked as a whole, so each slice checks its own bytes.
+    pub fn pooled_records(bytes: Vec<u8>, pool: &Arc<TextPool>) -> SharedText {
+        SharedText::build(bytes, Some(pool.clone()), false)
+    }
+
+    fn with_home(bytes: Vec<u8>, home: Option<Arc<TextPool>>) -> SharedText {
+        SharedText::build(bytes, home, true)
+    }
+
     /// A buffer less than half full is first moved to an allocation of its own size (and a
     /// pooled one goes back to its pool at once): a few lines in a large read buffer (a
     /// client sending one line at a time) must not hold the whole buffer each while a queue
     /// is full of them. So a slice holds at most about twice its share of bytes.
-    fn with_home(mut bytes: Vec<u8>, mut home: Option<Arc<TextPool>>) -> SharedText {
+    fn build(mut bytes: Vec<u8>, mut home: Option<Arc<TextPool>>, check_text: bool) -> SharedText {
         if bytes.len() < bytes.capacity() / 2 {
             match home.take() {
                 Some(pool) => {
@@ -156,7 +166,7 @@ impl SharedText {
                 None => bytes.shrink_to_fit(),
             }
         }
-        let utf8 = simdutf8::basic::from_utf8(&bytes).is_ok();
+        let utf8 = check_text && simdutf8::basic::from_utf8(&bytes).is_ok();
         SharedText(Arc::new(Buffer { bytes, utf8, home }))
     }
 
@@ -482,6 +492,23 @@ mod tests {
             drop(SharedText::pooled(Vec::with_capacity(64), &pool));
         }
         assert_eq!(pool.spare(), 2);
+    }
+
+    #[test]
+    fn a_records_buffer_checks_each_slice_and_goes_back_to_its_pool() {
+        let pool = TextPool::new(2, 1 << 20);
+        let mut bytes = pool.take(2 * LONG.len());
+        bytes.extend_from_slice(&[0xFF, 0x00]); // a binary header: not text as a whole
+        bytes.extend_from_slice(LONG.as_bytes());
+        bytes.extend_from_slice(&[0xC3, b'a', b'b']); // a broken character after the text
+        let buf = SharedText::pooled_records(bytes, &pool);
+        assert!(!buf.0.utf8, "not checked as a whole");
+        let s = buf.slice(2..2 + LONG.len()).unwrap();
+        assert!(s.is_shared());
+        assert_eq!(s, LONG);
+        assert!(buf.slice(2..buf.as_bytes().len()).is_err(), "the broken character is refused");
+        drop((buf, s));
+        assert_eq!(pool.spare(), 1);
     }
 
     #[test]

@@ -25,7 +25,7 @@
 
 use std::str;
 
-use sluice_core::{Event, Map, Str, Value};
+use sluice_core::{Event, Map, SharedText, Str, Value};
 
 /// Deepest container nesting below an event's root object (the root itself is level 0).
 pub const MAX_DEPTH: usize = 128;
@@ -210,11 +210,13 @@ struct Reader<'a, 'k> {
     err: Option<CodecError>,
     /// Root keys of the previous event, by position (empty when not caching).
     keys: &'k mut [Str],
+    /// The buffer `buf` lies in, when strings may point into it rather than be copied.
+    shared: Option<&'a SharedText>,
 }
 
 impl<'a, 'k> Reader<'a, 'k> {
     fn new(buf: &'a [u8], keys: &'k mut [Str]) -> Self {
-        Reader { buf, pos: 0, err: None, keys }
+        Reader { buf, pos: 0, err: None, keys, shared: None }
     }
 
     #[inline(always)]
@@ -289,6 +291,19 @@ impl<'a, 'k> Reader<'a, 'k> {
         let n = self.count(1)?;
         let bytes = self.take(n)?;
         utf8(bytes)
+    }
+
+    /// A string value: a slice of the shared buffer when there is one and the text is too long
+    /// to be inline, else its own copy.
+    #[inline(always)]
+    fn string(&mut self) -> Result<Str, CodecError> {
+        let Some(text) = self.shared else { return self.str().map(Str::from) };
+        let n = self.count(1)?;
+        let bytes = self.take(n)?;
+        match text.range_of(bytes) {
+            Some(range) => text.slice(range).map_err(|_| CodecError::InvalidUtf8),
+            None => utf8(bytes).map(Str::from),
+        }
     }
 
     /// The key of entry `i` of a map at `depth`. Events of one source repeat their root keys in
@@ -372,7 +387,7 @@ impl<'a, 'k> Reader<'a, 'k> {
             TAG_FLOAT => self
                 .take(8)
                 .map(|b| sink(Value::Float(f64::from_bits(u64::from_le_bytes(b.try_into().expect("8 bytes")))))),
-            TAG_STRING => self.str().map(|s| sink(Value::String(Str::from(s)))),
+            TAG_STRING => self.string().map(|s| sink(Value::String(s))),
             TAG_TIMESTAMP => self.varint().map(|n| sink(Value::Timestamp(unzigzag(n)))),
             tag => {
                 let v = self.container(tag, depth);
@@ -416,7 +431,19 @@ impl<'a, 'k> Reader<'a, 'k> {
 /// Runs `f` over `input` and advances `input` past what it consumed (on success only).
 #[inline(always)]
 fn read<T>(input: &mut &[u8], keys: &mut [Str], f: impl FnOnce(&mut Reader<'_, '_>) -> T) -> Result<T, CodecError> {
+    read_in(input, keys, None, f)
+}
+
+/// [`read`], with strings pointing into `shared` (which `input` lies in) where they can.
+#[inline(always)]
+fn read_in<'a, T>(
+    input: &mut &'a [u8],
+    keys: &mut [Str],
+    shared: Option<&'a SharedText>,
+    f: impl FnOnce(&mut Reader<'a, '_>) -> T,
+) -> Result<T, CodecError> {
     let mut r = Reader::new(input, keys);
+    r.shared = shared;
     let v = f(&mut r);
     let v = r.finish(v)?;
     *input = &input[r.pos..];
@@ -457,6 +484,14 @@ impl EventDecoder {
     /// [`decode_event_body`] with this decoder's key memory.
     pub fn decode_event_body(&mut self, mut body: &[u8]) -> Result<Event, CodecError> {
         let e = self.decode_event(&mut body)?;
+        if body.is_empty() { Ok(e) } else { Err(CodecError::TrailingBytes(body.len())) }
+    }
+
+    /// [`EventDecoder::decode_event_body`] for a body that lies in `text`: string values
+    /// longer than the inline limit point into `text` instead of being copied (see
+    /// [`SharedText`]). A body from anywhere else is decoded with copies.
+    pub fn decode_event_body_in<'a>(&mut self, mut body: &'a [u8], text: &'a SharedText) -> Result<Event, CodecError> {
+        let e = read_in(&mut body, &mut self.keys, Some(text), |r| r.map(0)).map(Event::new)?;
         if body.is_empty() { Ok(e) } else { Err(CodecError::TrailingBytes(body.len())) }
     }
 
@@ -810,6 +845,40 @@ mod tests {
         }
     }
 
+    #[test]
+    fn long_strings_decoded_in_a_shared_buffer_point_into_it() {
+        let long = "GET /index.html HTTP/1.1 200 2326 Mozilla/5.0 (X11; Linux x86_64)";
+        let mut e = Event::from_message_at(long, 7);
+        e.fields.insert("level", Value::from("info"));
+        let mut bytes = vec![0xFF, 0xFE]; // not text: the buffer is checked per string
+        encode_event(&e, &mut bytes).unwrap();
+        let text = SharedText::new(bytes);
+        let back = EventDecoder::new().decode_event_body_in(&text.as_bytes()[2..], &text).unwrap();
+        assert!(same_map(&e.fields, &back.fields));
+        let Some(Value::String(message)) = back.fields.get("message") else { panic!("no message") };
+        assert!(message.is_shared(), "a long string is a slice of the buffer");
+        let Some(Value::String(level)) = back.fields.get("level") else { panic!("no level") };
+        assert!(!level.is_shared(), "a short string is inline");
+
+        // The same body elsewhere decodes by copying.
+        let copy = text.as_bytes()[2..].to_vec();
+        let back = EventDecoder::new().decode_event_body_in(&copy, &text).unwrap();
+        let Some(Value::String(message)) = back.fields.get("message") else { panic!("no message") };
+        assert!(!message.is_shared());
+    }
+
+    #[test]
+    fn invalid_utf8_in_a_shared_buffer_is_refused() {
+        let long = "a message long enough not to be inline, with a byte to spoil";
+        let mut bytes = Vec::new();
+        encode_event(&Event::from_message_at(long, 1), &mut bytes).unwrap();
+        let at = bytes.windows(5).position(|w| w == b"spoil").unwrap();
+        bytes[at] = 0xC3; // a lead byte followed by ASCII
+        let text = SharedText::new(bytes);
+        let err = EventDecoder::new().decode_event_body_in(text.as_bytes(), &text).unwrap_err();
+        assert!(matches!(err, CodecError::InvalidUtf8), "{err:?}");
+    }
+
     proptest! {
         #[test]
         fn any_event_round_trips(e in arb_event()) {
@@ -849,6 +918,24 @@ mod tests {
             prop_assert_eq!(back.len(), events.len());
             for (a, b) in events.iter().zip(&back) {
                 prop_assert!(same_map(&a.fields, &b.fields));
+            }
+        }
+
+        #[test]
+        fn events_decoded_in_a_shared_buffer_equal_their_copies(events in prop::collection::vec(arb_event(), 1..5)) {
+            // Bodies back to back behind a binary header, as frames sit in a segment read back.
+            let mut bytes = vec![0xFF, 0x00, 0x80];
+            let mut bodies = Vec::new();
+            for e in &events {
+                let start = bytes.len();
+                encode_event(e, &mut bytes).unwrap();
+                bodies.push(start..bytes.len());
+            }
+            let text = SharedText::new(bytes);
+            let mut dec = EventDecoder::new();
+            for (e, range) in events.iter().zip(bodies) {
+                let back = dec.decode_event_body_in(&text.as_bytes()[range], &text).unwrap();
+                prop_assert!(same_map(&e.fields, &back.fields), "{:?} != {:?}", e, back);
             }
         }
 

@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use sluice_core::ack::AckOutcome;
-use sluice_core::{AckSet, Acker, Batch, Event};
+use sluice_core::{AckSet, Acker, Batch, Event, SharedText, TextPool};
 use sluice_segment::{
-    CODEC_EVENT, DEFAULT_MAX_FRAME_LEN, FrameCursor, FrameResult, SEGMENT_HEADER_LEN, SegmentHeader, decode_event_body,
+    CODEC_EVENT, DEFAULT_MAX_FRAME_LEN, EventDecoder, FrameCursor, FrameResult, SEGMENT_HEADER_LEN, SegmentHeader,
     encode_event, try_append_frame,
 };
 
@@ -134,27 +134,54 @@ pub(crate) struct Shard {
     reader: Mutex<ReadCache>,
 }
 
-#[derive(Default)]
+/// Read buffers a shard keeps for reuse, and the largest it keeps.
+const READ_BUFFERS_KEPT: usize = 4;
+const READ_BUFFER_LARGEST: usize = 2 * READ_WINDOW;
+
 struct ReadCache {
     segment: u64,
     /// File offset of the first valid byte; `len` bytes are valid.
     start: u64,
     len: usize,
-    buf: Vec<u8>,
+    /// The last window read through the page cache. Events decoded from it point into it
+    /// (their long strings are slices of it), so it is never written again: the next window
+    /// goes to another buffer, and this one returns to `pool` when its last event is gone.
+    text: Option<SharedText>,
+    pool: Arc<TextPool>,
     /// Reads with `O_DIRECT` into `aligned` (see `direct.rs` for why); off after the
-    /// filesystem refuses one.
+    /// filesystem refuses one. Events from it are copies: the buffer is reused.
     direct: bool,
     aligned: AlignedBuf,
     file: Option<(u64, File)>,
+    /// Remembers the previous event's root keys, so they are not checked and built again.
+    decoder: EventDecoder,
+}
+
+/// A window of a segment, as [`ReadCache::fill`] gives it.
+struct Window<'a> {
+    bytes: &'a [u8],
+    /// The buffer `bytes` lies in, when strings may point into it.
+    text: Option<SharedText>,
+    decoder: &'a mut EventDecoder,
 }
 
 impl ReadCache {
     fn new(direct: bool) -> ReadCache {
-        ReadCache { direct, ..ReadCache::default() }
+        ReadCache {
+            segment: u64::MAX,
+            start: 0,
+            len: 0,
+            text: None,
+            pool: TextPool::new(READ_BUFFERS_KEPT, READ_BUFFER_LARGEST),
+            direct,
+            aligned: AlignedBuf::default(),
+            file: None,
+            decoder: EventDecoder::new(),
+        }
     }
 
     /// Makes `[from, from + want)` of the segment available (`want` capped by the caller).
-    fn fill(&mut self, dir: &Path, segment: u64, from: u64, want: usize) -> io::Result<&[u8]> {
+    fn fill(&mut self, dir: &Path, segment: u64, from: u64, want: usize) -> io::Result<Window<'_>> {
         let cached =
             self.segment == segment && self.start <= from && from + want as u64 <= self.start + self.len as u64;
         if !cached {
@@ -173,6 +200,7 @@ impl ReadCache {
                 }
             }
             self.segment = u64::MAX;
+            self.text = None;
             let (_, file) = self.file.as_ref().expect("opened above");
             if self.direct {
                 match read_direct(file, &mut self.aligned, from, want) {
@@ -186,17 +214,53 @@ impl ReadCache {
                     Err(e) => return Err(e),
                 }
             } else {
-                if self.buf.len() < want {
-                    self.buf.resize(want, 0);
-                }
-                file.read_exact_at(&mut self.buf[..want], from)?;
+                let mut bytes = self.pool.take(want);
+                read_exact_into(file, &mut bytes, want, from)?;
+                self.text = Some(SharedText::pooled_records(bytes, &self.pool));
                 (self.start, self.len) = (from, want);
             }
             self.segment = segment;
         }
         let at = (from - self.start) as usize;
-        if self.direct { Ok(&self.aligned.filled(self.len)[at..at + want]) } else { Ok(&self.buf[at..at + want]) }
+        let decoder = &mut self.decoder;
+        match &self.text {
+            Some(text) => Ok(Window { bytes: &text.as_bytes()[at..at + want], text: Some(text.clone()), decoder }),
+            None => Ok(Window { bytes: &self.aligned.filled(self.len)[at..at + want], text: None, decoder }),
+        }
     }
+}
+
+/// Reads exactly `want` bytes at `offset` into the spare capacity of the empty `bytes`,
+/// without zeroing it first (a window is megabytes, read many times a second).
+fn read_exact_into(file: &File, bytes: &mut Vec<u8>, want: usize, offset: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    debug_assert!(bytes.is_empty());
+    bytes.reserve(want);
+    while bytes.len() < want {
+        let got = bytes.len();
+        // SAFETY: pread writes at most `want - got` bytes into the spare capacity reserved
+        // above, and only the bytes it reports are then counted as initialised.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                bytes.as_mut_ptr().add(got).cast(),
+                want - got,
+                (offset + got as u64) as libc::off_t,
+            )
+        };
+        match n {
+            0 => return Err(io::Error::new(ErrorKind::UnexpectedEof, "segment shorter than its recorded length")),
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            // SAFETY: the `n` bytes after `got` were just written by pread.
+            n => unsafe { bytes.set_len(got + n as usize) },
+        }
+    }
+    Ok(())
 }
 
 /// Reads `[from, from + want)` with block-aligned offset and length into `buf`; returns the
@@ -513,7 +577,7 @@ impl Shard {
         let mut window = range.min(READ_WINDOW);
         let mut cache = self.reader.lock();
         loop {
-            let buf = cache.fill(&self.dir, seg.id, from, window)?;
+            let Window { bytes: buf, text, decoder } = cache.fill(&self.dir, seg.id, from, window)?;
             let mut cursor = FrameCursor::new(buf, 0);
             let mut events = Vec::with_capacity(want.min(4096));
             let mut consumed = 0usize;
@@ -521,7 +585,11 @@ impl Shard {
             while events.len() < want {
                 match cursor.next_frame() {
                     FrameResult::Frame { body, offset, .. } => {
-                        match decode_event_body(body) {
+                        let decoded = match &text {
+                            Some(text) => decoder.decode_event_body_in(body, text),
+                            None => decoder.decode_event_body(body),
+                        };
+                        match decoded {
                             Ok(e) => events.push(e),
                             Err(err) => {
                                 self.damaged(inner, seg, from + offset as u64, &format!("undecodable event: {err}"))

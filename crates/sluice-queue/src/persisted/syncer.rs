@@ -66,15 +66,15 @@ impl Written {
     }
 }
 
-/// Acknowledges a durable group's inputs, then hands its events to the workers: from memory
-/// for the batches the writer kept (within the memory budget), else as a range to read back.
+/// Hands a durable group's events to the workers (from memory for the batches the writer
+/// kept within the memory budget, else as a range to read back), then acknowledges its
+/// inputs: an input that hears back finds its events already counted in the queue.
 pub(crate) fn release(inner: &Inner, shard: &Shard, group: Written) {
     let Written { mut work, ranges, event_ends, base, written, estimate, held: _, file: _ } = group;
     let mut readables: Vec<Readable> = Vec::new();
     let mut events = 0u64;
     let mut ends_from = 0;
     for (batch, frames) in work.iter_mut().zip(ranges.iter()) {
-        std::mem::take(&mut batch.acks).complete();
         let (start, end) = (base + frames.from as u64, base + frames.to as u64);
         let ends = &event_ends[ends_from..frames.ends_to];
         ends_from = frames.ends_to;
@@ -114,7 +114,9 @@ pub(crate) fn release(inner: &Inner, shard: &Shard, group: Written) {
         s.events += events;
     }
     inner.not_empty.notify_waiters();
-    drop(work);
+    for batch in work {
+        batch.complete();
+    }
 }
 
 /// fdatasync, with failures injected by tests.

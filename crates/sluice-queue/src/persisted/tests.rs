@@ -281,6 +281,28 @@ async fn a_full_queue_holds_inputs_back_until_acks_make_room() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_read_back_through_the_page_cache_point_into_the_read_buffer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path(), 1, 1 << 20);
+    s.memory_bytes = 0; // everything is read back
+    s.direct_io = false;
+    let q = open(s).await;
+    push_durable(&q, numbered(0, 200)).await;
+    let mut got = Vec::new();
+    while got.len() < 200 {
+        let b = q.pop(64, Duration::ZERO).await.unwrap();
+        for e in &b.events {
+            let Some(Value::String(m)) = e.fields.get("message") else { panic!("no message") };
+            assert!(m.is_shared(), "a read-back message is a slice of the read buffer, not a copy");
+        }
+        got.extend(numbers(&b));
+        b.complete();
+    }
+    assert_eq!(got, (0..200).collect::<Vec<_>>());
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_back_from_disk_beyond_the_memory_budget() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = settings(dir.path(), 2, 256 << 10);
