@@ -39,13 +39,26 @@ use super::{Inner, SyncPolicy};
 const GROUP_WINDOW: Duration = Duration::from_micros(100);
 pub(crate) const GROUP_WINDOW_BYTES: usize = 64 << 10;
 
-/// The most bytes of batches (as pushed) one group takes; the rest make the next group, at
-/// once. Why: a burst taken whole is encoded and written before its first fdatasync can
+/// The most bytes of batches (as pushed) one group of a burst takes; the rest make the next
+/// group, at once (a longer backlog makes larger groups: see `group_cap`). Why: a burst taken whole is encoded and written before its first fdatasync can
 /// start, and that fdatasync then flushes all of it. Taken in pieces, the syncer flushes the
 /// first pieces while the writer encodes the next, so after the burst's last write only its
 /// last piece is left to flush. fdatasyncs do not multiply: the syncer covers every piece
 /// written by the time it starts with one.
 const GROUP_MAX_BYTES: usize = 256 << 10;
+
+/// The most one group takes under a backlog: once several groups' worth waits, the first
+/// piece's latency matters less than the cost of each write (its syscalls, its writeback
+/// request, the fdatasync that covers it), which larger groups spread over more events.
+/// Measured on a generator → `json` → blackhole pipeline: 1 MiB groups took 15% less system
+/// time than 256 KiB ones, 2 MiB groups more again.
+const BACKLOG_GROUP_MAX_BYTES: usize = 1 << 20;
+
+/// How much the next group takes when `pending` bytes wait: `GROUP_MAX_BYTES` for a burst,
+/// growing with the backlog to `BACKLOG_GROUP_MAX_BYTES`.
+fn group_cap(pending: usize) -> usize {
+    (pending / 4).clamp(GROUP_MAX_BYTES, BACKLOG_GROUP_MAX_BYTES)
+}
 
 /// The first pending batches up to `max` bytes (at least one batch), in order.
 fn take_group(pending: &mut Vec<Batch>, max: usize) -> Vec<Batch> {
@@ -773,7 +786,8 @@ impl Writer {
                         }
                     }
                 }
-                let work = take_group(&mut s.pending, GROUP_MAX_BYTES);
+                let cap = group_cap(s.pending_bytes);
+                let work = take_group(&mut s.pending, cap);
                 s.pending_bytes -= work.iter().map(|b| b.bytes).sum::<usize>();
                 backlog = !s.pending.is_empty();
                 (work, s.stopping)
@@ -1223,5 +1237,14 @@ mod tests {
         assert_eq!(sizes(&take_group(&mut pending, 250)), [10]);
         let mut pending = batches(&[10, 20]);
         assert_eq!(sizes(&take_group(&mut pending, 30)), [10, 20], "exactly the cap fits");
+    }
+
+    #[test]
+    fn groups_grow_with_the_backlog_between_two_caps() {
+        assert_eq!(group_cap(0), GROUP_MAX_BYTES);
+        assert_eq!(group_cap(740 << 10), GROUP_MAX_BYTES, "a burst is written in small pieces");
+        assert_eq!(group_cap(2 << 20), 512 << 10);
+        assert_eq!(group_cap(8 << 20), BACKLOG_GROUP_MAX_BYTES);
+        assert_eq!(group_cap(usize::MAX), BACKLOG_GROUP_MAX_BYTES);
     }
 }
