@@ -292,6 +292,19 @@ fn bench_frames(c: &mut Criterion) {
             n
         })
     });
+    // As the persisted queue reads back through the page cache: long strings point into the
+    // window read rather than being copied.
+    let window = sluice_core::SharedText::new(frames.clone());
+    g.bench_function("decode_in_shared_buffer", |b| {
+        b.iter(|| {
+            let mut cursor = FrameCursor::new(black_box(window.as_bytes()), 0);
+            let mut n = 0;
+            while let FrameResult::Frame { body, .. } = cursor.next_frame() {
+                n += decoder.decode_event_body_in(body, &window).unwrap().fields.len();
+            }
+            n
+        })
+    });
     g.finish();
 }
 
