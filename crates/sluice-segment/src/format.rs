@@ -11,7 +11,7 @@
 //! lengths disagree) is skipped by [`resync`], which looks for the next offset where a whole
 //! valid frame parses; a tail after which no valid frame parses is torn and reported once.
 
-use crc32c::{crc32c, crc32c_append};
+use crate::crc::{crc32c, crc32c_append};
 
 /// The first 8 bytes of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"SLQSEG\0\x01";

@@ -9,6 +9,8 @@
 //!   [`resync`] and [`frame_ending_at`].
 //! - [`codec`](mod@codec): [`encode_event`], [`encode_batch`], [`decode_event`], [`decode_batch_into`],
 //!   and [`EventDecoder`], which remembers the previous event's root keys across frames.
+//! - [`crc`](mod@crc): [`crc::crc32c`], the frames' checksum, three streams at a time for the
+//!   sizes log records have.
 //! - [`files`]: the file-system helpers both users share ([`files::sync_dir`],
 //!   [`files::try_lock_exclusive`], [`files::read_at_most`]).
 //!
@@ -109,6 +111,7 @@
 //! ```
 
 pub mod codec;
+pub mod crc;
 pub mod files;
 pub mod format;
 
