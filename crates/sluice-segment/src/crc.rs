@@ -33,8 +33,10 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
 }
 
 /// Shorter buffers run as one stream: the split's fixed cost would not pay.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MIN_SPLIT: usize = 96;
 /// Longer buffers go to the `crc32c` crate, whose own three-stream path is as fast there.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MAX_SPLIT: usize = 3 * 1024;
 
 #[cfg(target_arch = "x86_64")]
