@@ -308,6 +308,28 @@ async fn events_read_back_through_the_page_cache_point_into_the_read_buffer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_read_back_is_retried_and_nothing_is_lost() {
+    for direct_io in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        // Nothing kept in memory: every event is read back from the segment.
+        let s = Settings { memory_bytes: 0, direct_io, ..settings(dir.path(), 1, 1 << 20) };
+        let q = open(s).await;
+        push_durable(&q, numbered(0, 50)).await;
+        // The segment loses its frames under the running queue: reads come up short.
+        let seg = segments(dir.path()).pop().unwrap();
+        let whole = fs::read(&seg).unwrap();
+        fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(64).unwrap();
+        let short = tokio::time::timeout(Duration::from_millis(300), q.pop(100, Duration::ZERO)).await;
+        assert!(short.is_err(), "nothing is handed out from a short read (direct_io {direct_io})");
+        // Once the bytes are back, the same events come, in order, once.
+        fs::write(&seg, &whole).unwrap();
+        assert_eq!(drain(&q, 50, true).await, (0..50).collect::<Vec<_>>(), "direct_io {direct_io}");
+        assert_eq!(q.metrics().corrupt_frames.load(Ordering::Relaxed), 0, "a short read is not damage");
+        q.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_back_from_disk_beyond_the_memory_budget() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = settings(dir.path(), 2, 256 << 10);
