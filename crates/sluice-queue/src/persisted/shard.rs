@@ -40,8 +40,9 @@ const GROUP_WINDOW: Duration = Duration::from_micros(100);
 pub(crate) const GROUP_WINDOW_BYTES: usize = 64 << 10;
 
 /// The most bytes of batches (as pushed) one group of a burst takes; the rest make the next
-/// group, at once (a longer backlog makes larger groups: see `group_cap`). Why: a burst taken whole is encoded and written before its first fdatasync can
-/// start, and that fdatasync then flushes all of it. Taken in pieces, the syncer flushes the
+/// group, at once (a longer backlog makes larger groups: see `group_cap`). Why: a burst taken
+/// whole is encoded and written before its first fdatasync can start, and that fdatasync then
+/// flushes all of it. Taken in pieces, the syncer flushes the
 /// first pieces while the writer encodes the next, so after the burst's last write only its
 /// last piece is left to flush. fdatasyncs do not multiply: the syncer covers every piece
 /// written by the time it starts with one.
