@@ -286,11 +286,16 @@ impl<'a, 'k> Reader<'a, 'k> {
         Ok(n as usize)
     }
 
+    /// A length-prefixed run of bytes (a string's or a key's, not yet checked as UTF-8).
+    #[inline(always)]
+    fn prefixed(&mut self) -> Result<&'a [u8], CodecError> {
+        let n = self.count(1)?;
+        self.take(n)
+    }
+
     #[inline(always)]
     fn str(&mut self) -> Result<&'a str, CodecError> {
-        let n = self.count(1)?;
-        let bytes = self.take(n)?;
-        utf8(bytes)
+        utf8(self.prefixed()?)
     }
 
     /// A string value: a slice of the shared buffer when there is one and the text is too long
@@ -298,8 +303,7 @@ impl<'a, 'k> Reader<'a, 'k> {
     #[inline(always)]
     fn string(&mut self) -> Result<Str, CodecError> {
         let Some(text) = self.shared else { return self.str().map(Str::from) };
-        let n = self.count(1)?;
-        let bytes = self.take(n)?;
+        let bytes = self.prefixed()?;
         match text.range_of(bytes) {
             Some(range) => text.slice(range).map_err(|_| CodecError::InvalidUtf8),
             None => utf8(bytes).map(Str::from),
@@ -311,8 +315,7 @@ impl<'a, 'k> Reader<'a, 'k> {
     /// event is a copy of that one: no UTF-8 check, no construction.
     #[inline(always)]
     fn key(&mut self, i: usize, depth: usize) -> Result<Str, CodecError> {
-        let n = self.count(1)?;
-        let bytes = self.take(n)?;
+        let bytes = self.prefixed()?;
         if depth == 0
             && let Some(cached) = self.keys.get_mut(i)
         {
