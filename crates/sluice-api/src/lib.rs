@@ -290,6 +290,24 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
             "Events a persisted queue accepted but could not store (unencodable, or a full disk at shutdown).",
             &persisted.iter().map(|(l, s)| (l.clone(), s.unstored)).collect::<Vec<_>>(),
         );
+        counter(
+            &mut out,
+            "sluice_queue_events_from_memory_total",
+            "Events a persisted queue handed to the workers from memory, as they were written.",
+            &persisted.iter().map(|(l, s)| (l.clone(), s.events_from_memory)).collect::<Vec<_>>(),
+        );
+        counter(
+            &mut out,
+            "sluice_queue_events_read_back_total",
+            "Events a persisted queue read back from its segments (beyond memory_bytes, or after a restart).",
+            &persisted.iter().map(|(l, s)| (l.clone(), s.events_read_back)).collect::<Vec<_>>(),
+        );
+        counter(
+            &mut out,
+            "sluice_queue_read_back_bytes_total",
+            "Frame bytes a persisted queue read back from its segments.",
+            &persisted.iter().map(|(l, s)| (l.clone(), s.bytes_read_back)).collect::<Vec<_>>(),
+        );
         gauge(
             &mut out,
             "sluice_queue_stalled_seconds_total",

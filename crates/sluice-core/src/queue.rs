@@ -39,6 +39,12 @@ pub struct QueueStats {
     pub unstored: u64,
     /// Persisted queues: time writers waited on the disk (full, or failing).
     pub stalled_nanos: u64,
+    /// Persisted queues: events handed to the workers straight from memory.
+    pub events_from_memory: u64,
+    /// Persisted queues: events read back from the segments.
+    pub events_read_back: u64,
+    /// Persisted queues: frame bytes read back from the segments.
+    pub bytes_read_back: u64,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]

@@ -148,6 +148,12 @@ pub struct PersistedMetrics {
     pub unstored: AtomicU64,
     /// Time writers spent waiting for the disk (full, or failing).
     pub stalled_nanos: AtomicU64,
+    /// Events handed to the workers from memory, as written.
+    pub events_from_memory: AtomicU64,
+    /// Events read back from the segments (the backlog outgrew `memory_bytes`, or a restart).
+    pub events_read_back: AtomicU64,
+    /// Frame bytes read back from the segments.
+    pub bytes_read_back: AtomicU64,
 }
 
 pub(crate) struct Inner {
@@ -460,6 +466,14 @@ impl Queue for PersistedQueue {
         let _ = joined.await;
         debug_assert!(self.all_writers_finished());
         self.lock.lock().take();
+        let m = &self.inner.metrics;
+        tracing::info!(path = %self.inner.config.path.display(),
+            fsyncs = m.fsyncs.load(Ordering::Relaxed),
+            events_from_memory = m.events_from_memory.load(Ordering::Relaxed),
+            events_read_back = m.events_read_back.load(Ordering::Relaxed),
+            bytes_read_back = m.bytes_read_back.load(Ordering::Relaxed),
+            corrupt_frames = m.corrupt_frames.load(Ordering::Relaxed),
+            "persisted queue closed");
     }
 
     fn persistent(&self) -> bool {
@@ -502,6 +516,9 @@ impl Queue for PersistedQueue {
             unstored: m.unstored.load(Ordering::Relaxed),
             // Finished stalls, plus the ones going on now.
             stalled_nanos: m.stalled_nanos.load(Ordering::Relaxed) + stalling_now,
+            events_from_memory: m.events_from_memory.load(Ordering::Relaxed),
+            events_read_back: m.events_read_back.load(Ordering::Relaxed),
+            bytes_read_back: m.bytes_read_back.load(Ordering::Relaxed),
         }
     }
 }

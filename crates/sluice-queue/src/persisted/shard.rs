@@ -496,6 +496,7 @@ impl Shard {
         }
         inner.mem_bytes.fetch_sub(taken_bytes as u64, Ordering::Relaxed);
         let n = taken.len();
+        inner.metrics.events_from_memory.fetch_add(n as u64, Ordering::Relaxed);
         let acker = self.range_acker(inner, from, to, n);
         Ok(Some(Batch::new(taken, AckSet::single(acker, n), taken_bytes)))
     }
@@ -554,6 +555,8 @@ impl Shard {
         };
         let piece_end = start + consumed;
         let n = events.len();
+        inner.metrics.events_read_back.fetch_add(n as u64, Ordering::Relaxed);
+        inner.metrics.bytes_read_back.fetch_add(consumed, Ordering::Relaxed);
         {
             // The events read are counted now unless they were already; what stays counted
             // goes with the rest of the range, and a range read to its end leaves nothing
