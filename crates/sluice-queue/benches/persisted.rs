@@ -220,8 +220,9 @@ fn write_and_read(c: &mut Criterion) {
 ///
 /// - `sync_1k` is Beats' shape: the producer has no acknowledgement listener (Beats' benchmark
 ///   makes its producer with an empty `ProducerConfig`), so a push returns once the queue took
-///   the event. The reads still wait for durability: with `sync: commit` the queue hands out
-///   nothing before the fdatasync that covers it.
+///   the event. The reads wait for the writer but not for the fdatasync: with `sync: commit` the
+///   workers get a group once it is written, and only the inputs' acknowledgements wait. (Beats'
+///   reader waits for its writer's fsync; `sync_1k_acked` includes the fdatasync.)
 /// - `sync_1k_acked` is stricter: every push has its own acknowledgement, and all 1,000 are
 ///   awaited (every event durable) before the first read.
 fn sync_1k(c: &mut Criterion) {

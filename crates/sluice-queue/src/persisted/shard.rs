@@ -8,10 +8,11 @@
 //! acknowledged prefix ends and never rescans what was acknowledged.
 //!
 //! The writer thread takes every batch queued since its last pass, encodes them as frames
-//! (one frame per event), writes them with one `pwrite`, calls `fdatasync` per the sync policy
-//! outside any lock producers use, and only then releases the inputs' acknowledgements. The
-//! written batches stay in memory for the workers while a memory budget allows; beyond it only
-//! their position is kept and workers read them back from the segment.
+//! (one frame per event) and writes them with one `pwrite`. The written batches go to the
+//! workers at once, from memory while a memory budget allows; beyond it only their position is
+//! kept and workers read them back from the segment. The inputs' acknowledgements wait for
+//! `fdatasync` per the sync policy, called outside any lock producers use (see `syncer.rs`),
+//! and so does the checkpoint: it records the completed prefix only as far as it is durable.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
@@ -32,7 +33,7 @@ use sluice_segment::{
 
 use super::checkpoint::{self, Checkpoint};
 use super::direct::{AlignedBuf, BLOCK, DirectFile};
-use super::syncer::{BatchFrames, Syncer, Written, release};
+use super::syncer::{BatchFrames, Syncer, Unsynced, Written, acknowledge, hand_over};
 use super::{Inner, SyncPolicy};
 
 /// How long a small group waits for more before it is written, and what counts as small.
@@ -106,6 +107,9 @@ pub(crate) struct ShardState {
     pub segments: VecDeque<SegInfo>,
     done: BTreeMap<u64, u64>,
     pub done_lsn: u64,
+    /// Everything before this LSN is on disk (covered by an fdatasync, or found at start-up).
+    /// Workers may finish events before that, but the checkpoint stays within it.
+    pub synced_lsn: u64,
     /// No more pushes (the pipeline is stopping).
     pub closed: bool,
     /// The workers are done: the writer writes what is pending, checkpoints, and exits.
@@ -118,6 +122,11 @@ pub(crate) struct ShardState {
 }
 
 impl ShardState {
+    /// How far the checkpoint may go: the completed prefix, as far as it is durable.
+    pub fn checkpointable(&self) -> u64 {
+        self.done_lsn.min(self.synced_lsn)
+    }
+
     fn mark_done(&mut self, start: u64, end: u64) {
         if start == self.done_lsn {
             self.done_lsn = end;
@@ -418,6 +427,7 @@ impl Shard {
                 segments,
                 done,
                 done_lsn,
+                synced_lsn: base,
                 closed: false,
                 stopping: false,
                 writer_finished: false,
@@ -805,22 +815,34 @@ impl Writer {
                 unsynced = false;
             }
             if closed {
-                // What is written must be released before the workers can finish with it.
+                // Every input acknowledged, and everything written synced, before the last
+                // checkpoint.
                 self.syncer.wait_idle();
             }
-            let done = self.shard.state.lock().done_lsn;
-            if done != checkpointed && (closed || last_checkpoint.elapsed() >= self.inner.config.checkpoint_interval) {
+            let done_lsn = self.shard.state.lock().done_lsn;
+            if done_lsn != checkpointed
+                && (closed || last_checkpoint.elapsed() >= self.inner.config.checkpoint_interval)
+            {
                 if unsynced {
                     self.sync(&mut last_sync);
                     unsynced = false;
                 }
-                match self.checkpoint(done, false) {
-                    Ok(()) => checkpointed = done,
-                    Err(e) => tracing::error!(shard = self.shard.id, error = %e, "cannot write the queue checkpoint"),
+                let done = self.shard.state.lock().checkpointable();
+                if done != checkpointed {
+                    match self.checkpoint(done, false) {
+                        Ok(()) => checkpointed = done,
+                        Err(e) => {
+                            tracing::error!(shard = self.shard.id, error = %e, "cannot write the queue checkpoint")
+                        }
+                    }
                 }
                 last_checkpoint = Instant::now();
             }
-            if closed && self.shard.state.lock().pending.is_empty() && done == checkpointed {
+            let finished = {
+                let s = self.shard.state.lock();
+                s.pending.is_empty() && s.checkpointable() == checkpointed
+            };
+            if closed && finished {
                 break;
             }
         }
@@ -832,11 +854,17 @@ impl Writer {
     }
 
     fn sync(&mut self, last_sync: &mut Instant) {
-        if let Some((file, _)) = &self.active {
+        if let Some((file, seg)) = &self.active {
             let started = Instant::now();
-            if let Err(e) = file.sync_data() {
-                self.inner.metrics.fsync_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(shard = self.shard.id, error = %e, "fdatasync of the persisted queue failed");
+            match file.sync_data() {
+                Ok(()) => {
+                    let mut s = self.shard.state.lock();
+                    s.synced_lsn = s.synced_lsn.max(seg.base + seg.len);
+                }
+                Err(e) => {
+                    self.inner.metrics.fsync_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(shard = self.shard.id, error = %e, "fdatasync of the persisted queue failed");
+                }
             }
             self.inner.metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
             self.inner.metrics.commit_latency.observe(started.elapsed());
@@ -950,22 +978,28 @@ impl Writer {
             last.len = base - last.base + written;
         }
         let group =
-            Written { work, ranges: ranges.clone(), event_ends, base, written, estimate: estimate as u64, held, file };
+            Written { work, ranges: ranges.clone(), event_ends, base, written, estimate: estimate as u64, file };
+        let file = group.file.clone();
+        let acks = hand_over(&self.inner, &self.shard, group);
         match policy {
             SyncPolicy::Commit => {
                 // A pass under way cannot cover this group: starting its writeback now leaves the
                 // next fdatasync less to flush. An idle syncer starts that fdatasync at once,
                 // which makes the hint redundant, and it would only delay the next group.
-                let waits = self.syncer.submit(group);
+                let waits = self.syncer.submit(Unsynced { acks, file, end: base + written });
                 if waits && !self.direct_io {
                     self.start_writeback(seg.len, live as u64);
                 }
             }
             SyncPolicy::Interval => {
                 *unsynced = true;
-                release(&self.inner, &self.shard, group);
+                acknowledge(acks);
             }
-            SyncPolicy::None => release(&self.inner, &self.shard, group),
+            SyncPolicy::None => {
+                // Nothing is ever synced: the checkpoint follows the workers.
+                self.shard.state.lock().synced_lsn = base + written;
+                acknowledge(acks);
+            }
         }
     }
 
@@ -1163,7 +1197,7 @@ impl Writer {
                         st.stalled_since.get_or_insert(since.unwrap_or_else(Instant::now));
                     }
                     // Make room from what the outputs have acknowledged meanwhile.
-                    let done = self.shard.state.lock().done_lsn;
+                    let done = self.shard.state.lock().checkpointable();
                     if let Err(e) = self.checkpoint(done, true) {
                         tracing::debug!(shard = self.shard.id, error = %e, "checkpoint while the disk is full");
                     }

@@ -1,21 +1,31 @@
 //! Pipelined group commit: a shard's fsyncs run on a thread of their own.
 //!
-//! With `sync: commit` a written group may be acknowledged only after an fdatasync that began
-//! after its write. If the writer itself waited for each fdatasync, the batches arriving
-//! meanwhile would wait too, and a burst would pay for one fdatasync per group, one after
-//! another. Here the writer hands each written group to the syncer and goes on writing; the
-//! syncer takes every group handed over so far, calls fdatasync once, then releases them in
-//! order. A burst thus costs its writes plus about one fdatasync at the end.
+//! With `sync: commit` a written group may be acknowledged to its inputs only after an
+//! fdatasync that began after its write. If the writer itself waited for each fdatasync, the
+//! batches arriving meanwhile would wait too, and a burst would pay for one fdatasync per
+//! group, one after another. Here the writer hands each written group's events to the workers
+//! at once ([`hand_over`]) and its acknowledgements to the syncer, and goes on writing; the
+//! syncer takes every group handed over so far, calls fdatasync once, then acknowledges them
+//! in order. A burst thus costs its writes plus about one fdatasync at the end.
 //!
-//! Guarantee: a group is released (its inputs acknowledged, its events given to the workers)
-//! only after an fdatasync of its file that started after its write returned.
+//! Guarantees:
+//! - a group's inputs are acknowledged only after an fdatasync of its file that started after
+//!   its write returned;
+//! - the shard's checkpoint never passes what an fdatasync covered (`ShardState::synced_lsn`),
+//!   even when the workers finished those events first. Otherwise a crash could leave a
+//!   checkpoint beyond the frames that reached the disk, and the next run would write new
+//!   frames under it.
+//!
+//! Why the workers need not wait for the fdatasync: an event delivered before it is durable
+//! costs nothing if the machine then crashes, since its input was not acknowledged and sends it
+//! again (a duplicate, which at-least-once allows). Waiting would add an fdatasync's latency to
+//! every event and leave the workers idle meanwhile.
 //!
 //! When fdatasync fails, what it covered may or may not be on disk, and asking again proves
 //! nothing (the kernel reports a writeback error once). So those groups are not acknowledged:
-//! they are dropped, which tells their inputs the events were abandoned (an HTTP client gets an
-//! error and may retry; a file input does not move its offset). Their frames stay in the
-//! segment unacknowledged, so the shard's checkpoint cannot pass them: the next start-up reads
-//! back whatever of them reached the disk.
+//! their acknowledgements are dropped, which tells their inputs the events were abandoned (an
+//! HTTP client gets an error and may retry; a file input does not move its offset). The workers
+//! may have delivered them already: the input's retry is then a duplicate.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -51,26 +61,25 @@ pub(crate) struct Written {
     pub written: u64,
     /// What the batches were counted as while pending.
     pub estimate: u64,
-    /// Bytes of the batches whose events are still held in memory, counted in the queue's
-    /// memory budget since the write (the others were dropped then: they are read back).
-    pub held: u64,
     /// The segment file the group went to.
     pub file: Arc<File>,
 }
 
-impl Written {
-    /// Gives the group up without releasing it: its memory reservation ends, and its batches'
-    /// acknowledgements report them abandoned as they drop.
-    pub fn abandon(self, inner: &Inner) {
-        inner.mem_bytes.fetch_sub(self.held, Ordering::Relaxed);
-    }
+/// A group handed to the workers whose inputs wait for an fdatasync.
+pub(crate) struct Unsynced {
+    /// The group's batches, emptied of their events: only their acknowledgements are left.
+    pub acks: Vec<Batch>,
+    pub file: Arc<File>,
+    /// The LSN just past the group.
+    pub end: u64,
 }
 
-/// Hands a durable group's events to the workers (from memory for the batches the writer
-/// kept within the memory budget, else as a range to read back), then acknowledges its
-/// inputs: an input that hears back finds its events already counted in the queue.
-pub(crate) fn release(inner: &Inner, shard: &Shard, group: Written) {
-    let Written { mut work, ranges, event_ends, base, written, estimate, held: _, file: _ } = group;
+/// Hands a written group's events to the workers (from memory for the batches the writer
+/// kept within the memory budget, else as a range to read back) and counts them in the
+/// shard. Returns the batches, emptied, for their acknowledgements: whoever acknowledges them
+/// does so after this, so an input that hears back finds its events already counted.
+pub(crate) fn hand_over(inner: &Inner, shard: &Shard, group: Written) -> Vec<Batch> {
+    let Written { mut work, ranges, event_ends, base, written, estimate, file: _ } = group;
     let mut readables: Vec<Readable> = Vec::new();
     let mut events = 0u64;
     let mut ends_from = 0;
@@ -114,7 +123,12 @@ pub(crate) fn release(inner: &Inner, shard: &Shard, group: Written) {
         s.events += events;
     }
     inner.not_empty.notify_waiters();
-    for batch in work {
+    work
+}
+
+/// Acknowledges the inputs of batches handed over by [`hand_over`].
+pub(crate) fn acknowledge(acks: Vec<Batch>) {
+    for batch in acks {
         batch.complete();
     }
 }
@@ -156,7 +170,7 @@ pub(crate) mod tests {
 
 #[derive(Default)]
 struct Queue {
-    groups: Vec<Written>,
+    groups: Vec<Unsynced>,
     /// A pass (fdatasync and release) is under way.
     busy: bool,
     stop: bool,
@@ -171,9 +185,9 @@ pub(crate) struct Syncer {
 }
 
 impl Syncer {
-    /// Hands a written group over; true if a pass is under way, so that the group waits for
-    /// the next one.
-    pub fn submit(&self, group: Written) -> bool {
+    /// Hands a written group's acknowledgements over; true if a pass is under way, so that the
+    /// group waits for the next one.
+    pub fn submit(&self, group: Unsynced) -> bool {
         let busy = {
             let mut q = self.queue.lock();
             q.groups.push(group);
@@ -183,7 +197,7 @@ impl Syncer {
         busy
     }
 
-    /// Waits until every group submitted so far is released.
+    /// Waits until every group submitted so far is acknowledged (or given up).
     pub fn wait_idle(&self) {
         let mut q = self.queue.lock();
         while q.busy || !q.groups.is_empty() {
@@ -191,7 +205,7 @@ impl Syncer {
         }
     }
 
-    /// Ends the thread once everything submitted is released.
+    /// Ends the thread once everything submitted is acknowledged (or given up).
     pub fn stop(&self) {
         self.queue.lock().stop = true;
         self.wake.notify_one();
@@ -230,13 +244,21 @@ impl Syncer {
                 inner.metrics.commit_latency.observe(started.elapsed());
             }
             match failed {
-                None => groups.into_iter().for_each(|group| release(inner, shard, group)),
+                None => {
+                    let end = groups.iter().map(|g| g.end).max().unwrap_or(0);
+                    {
+                        let mut s = shard.state.lock();
+                        s.synced_lsn = s.synced_lsn.max(end);
+                    }
+                    groups.into_iter().for_each(|group| acknowledge(group.acks));
+                }
                 Some(e) => {
-                    let events: usize = groups.iter().flat_map(|g| &g.work).map(Batch::len).sum();
-                    tracing::error!(shard = shard.id, dir = %shard.dir.display(), error = %e, events,
-                        "fdatasync of the persisted queue failed: these events are not acknowledged (their \
-                         inputs see them abandoned); what reached the disk is delivered after a restart");
-                    groups.into_iter().for_each(|group| group.abandon(inner));
+                    let batches: usize = groups.iter().map(|g| g.acks.len()).sum();
+                    tracing::error!(shard = shard.id, dir = %shard.dir.display(), error = %e, batches,
+                        "fdatasync of the persisted queue failed: these batches are not acknowledged (their \
+                         inputs see them abandoned and may send them again)");
+                    // Dropped unacknowledged: each batch reports itself abandoned.
+                    drop(groups);
                 }
             }
             self.queue.lock().busy = false;
