@@ -136,6 +136,8 @@ pub(crate) fn acknowledge(acks: Vec<Batch>) {
 /// fdatasync, with failures injected by tests.
 fn sync_data(file: &File, _shard_dir: &std::path::Path) -> std::io::Result<()> {
     #[cfg(test)]
+    tests::wait_while_held(_shard_dir);
+    #[cfg(test)]
     if tests::take_injected_failure(_shard_dir) {
         return Err(std::io::Error::other("injected fdatasync failure"));
     }
@@ -151,6 +153,23 @@ pub(crate) mod tests {
     /// Shard directories (under a test's own temporary directory) whose coming fdatasyncs fail,
     /// and how many.
     static FAILING: Mutex<Vec<(PathBuf, usize)>> = Mutex::new(Vec::new());
+
+    /// Shard directories whose fdatasyncs wait until released.
+    static HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+    pub(crate) fn hold_syncs(dir_prefix: &Path) {
+        HELD.lock().push(dir_prefix.to_path_buf());
+    }
+
+    pub(crate) fn release_syncs(dir_prefix: &Path) {
+        HELD.lock().retain(|p| p != dir_prefix);
+    }
+
+    pub(super) fn wait_while_held(shard_dir: &Path) {
+        while HELD.lock().iter().any(|p| shard_dir.starts_with(p)) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
 
     pub(crate) fn fail_next_syncs(dir_prefix: &Path, count: usize) {
         FAILING.lock().push((dir_prefix.to_path_buf(), count));

@@ -461,6 +461,30 @@ async fn frames_appended_to_a_block_already_read_are_read_fresh() {
     }
 }
 
+/// The workers get a group once it is written; its input's acknowledgement, and the
+/// checkpoint, wait for the fdatasync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_get_events_before_the_fdatasync_and_inputs_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard_dir = dir.path().join("shard-0");
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    super::syncer::tests::hold_syncs(dir.path());
+    let (acker, mut done) = Acker::with_notify(10);
+    q.push(Batch::new(numbered(0, 10), AckSet::single(acker, 10), 800)).await.unwrap();
+    assert_eq!(drain(&q, 10, true).await, (0..10).collect::<Vec<_>>(), "delivered before the fdatasync");
+    tokio::time::sleep(Duration::from_millis(150)).await; // several checkpoint intervals
+    assert!(done.try_recv().is_err(), "the input is acknowledged before its events are durable");
+    let at = checkpoint::read(&shard_dir).unwrap().map_or(0, |c| c.offset);
+    assert!(at <= sluice_segment::SEGMENT_HEADER_LEN as u64, "the checkpoint passed unsynced frames: {at}");
+    super::syncer::tests::release_syncs(dir.path());
+    let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
+    assert_eq!(outcome, AckOutcome::Handled);
+    q.shutdown().await;
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    assert_eq!(drain(&q, 10, true).await, Vec::<i64>::new(), "nothing completed is delivered again");
+    q.shutdown().await;
+}
+
 /// A failed fdatasync proves nothing about what it covered: those events are not acknowledged
 /// (their inputs see them abandoned), although the workers got them when they were written;
 /// and the checkpoint does not pass them until a later fdatasync succeeds.
