@@ -305,6 +305,18 @@ fn bench_frames(c: &mut Criterion) {
             n
         })
     });
+    // As the queue's reader does it: each event pushed straight onto the batch being built.
+    let mut events = Vec::with_capacity(4096);
+    g.bench_function("decode_into_batch_in_shared_buffer", |b| {
+        b.iter(|| {
+            events.clear();
+            let mut cursor = FrameCursor::new(black_box(window.as_bytes()), 0);
+            while let FrameResult::Frame { body, .. } = cursor.next_frame() {
+                decoder.decode_event_body_into(body, Some(&window), &mut events).unwrap();
+            }
+            events.len()
+        })
+    });
     g.finish();
 }
 

@@ -612,15 +612,8 @@ impl Shard {
             while events.len() < want {
                 match cursor.next_frame() {
                     FrameResult::Frame { body, offset, .. } => {
-                        let decoded = match &text {
-                            Some(text) => decoder.decode_event_body_in(body, text),
-                            None => decoder.decode_event_body(body),
-                        };
-                        match decoded {
-                            Ok(e) => events.push(e),
-                            Err(err) => {
-                                self.damaged(inner, seg, from + offset as u64, &format!("undecodable event: {err}"))
-                            }
+                        if let Err(err) = decoder.decode_event_body_into(body, text.as_ref(), &mut events) {
+                            self.damaged(inner, seg, from + offset as u64, &format!("undecodable event: {err}"))
                         }
                         consumed = cursor.position();
                     }
