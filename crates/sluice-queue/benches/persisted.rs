@@ -282,11 +282,13 @@ async fn publish(q: &PersistedQueue, batches: Vec<Vec<Event>>, acked: bool) {
 
 /// Where a `sync_1k` op spends its time (SLUICE_BENCH_PHASES=1): over 40 ops, the 10th, 50th
 /// and 90th percentiles of when the last push returned, when the producer's acknowledgements
-/// had all come (with `acked`), when the drain ended, and of the fdatasyncs per op.
+/// had all come (with `acked`), when the first read returned, when the drain ended, and of the
+/// fdatasyncs per op.
 fn sync_1k_phases(rt: &tokio::runtime::Runtime, acked: bool) {
     let mut rng = 0x1234_5678_9ABC_DEF1u64;
     let (template, _) = events(1000, &mut rng);
-    let (mut pushed, mut durable, mut drained, mut fsyncs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut pushed, mut durable, mut first, mut drained, mut fsyncs) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..40 {
         let dir = tempfile::tempdir().unwrap();
         let q = rt.block_on(open(dir.path(), &config(1, 16 << 20)));
@@ -312,7 +314,11 @@ fn sync_1k_phases(rt: &tokio::runtime::Runtime, acked: bool) {
                 w.await.unwrap();
             }
             durable.push(started.elapsed());
-            drain(&q, 1000, 10).await;
+            let b = q.pop(10, Duration::ZERO).await.expect("the queue holds what was pushed");
+            first.push(started.elapsed());
+            let got = b.len();
+            b.complete();
+            drain(&q, 1000 - got, 10).await;
         });
         drained.push(started.elapsed());
         fsyncs.push(count_fsyncs() - before);
@@ -328,6 +334,7 @@ fn sync_1k_phases(rt: &tokio::runtime::Runtime, acked: bool) {
     if acked {
         eprintln!("  acked    {}", pct(&mut durable));
     }
+    eprintln!("  first    {}", pct(&mut first));
     eprintln!("  drained  {}", pct(&mut drained));
     eprintln!("  fdatasyncs {} / {} / {}", fsyncs[4], fsyncs[20], fsyncs[36]);
 }
