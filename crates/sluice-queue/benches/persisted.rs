@@ -152,16 +152,28 @@ async fn drain_two(q: &Arc<PersistedQueue>, n: usize, batch: usize) {
         .map(|_| {
             let (q, taken, finished) = (q.clone(), taken.clone(), finished.clone());
             tokio::spawn(async move {
-                while taken.load(Ordering::Relaxed) < n {
+                loop {
+                    // Registered before the count is read: the other consumer's last take, and
+                    // its notification, may come at any point after that read.
+                    let done = finished.notified();
+                    tokio::pin!(done);
+                    done.as_mut().enable();
+                    if taken.load(Ordering::Relaxed) >= n {
+                        break;
+                    }
                     tokio::select! {
-                        b = q.pop(batch, Duration::ZERO) => {
+                        b = tokio::time::timeout(Duration::from_secs(30), q.pop(batch, Duration::ZERO)) => {
+                            let Ok(b) = b else {
+                                panic!("no event for 30 s with {} of {n} taken: {:?}",
+                                    taken.load(Ordering::Relaxed), q.stats());
+                            };
                             let b = b.expect("the queue holds what was pushed");
                             if taken.fetch_add(b.len(), Ordering::Relaxed) + b.len() >= n {
                                 finished.notify_waiters();
                             }
                             b.complete();
                         }
-                        _ = finished.notified() => break,
+                        _ = done => break,
                     }
                 }
             })
