@@ -265,49 +265,40 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
             "Unacknowledged events per shard of a persisted queue.",
             &shard_rows.1,
         );
-        counter(
-            &mut out,
-            "sluice_queue_fsyncs_total",
-            "fdatasync calls of a persisted queue.",
-            &persisted.iter().map(|(l, s)| (l.clone(), s.fsyncs)).collect::<Vec<_>>(),
-        );
-        counter(
-            &mut out,
-            "sluice_queue_fsync_failures_total",
-            "fdatasync calls of a persisted queue that failed; with sync: commit, the events they covered were \
-             not acknowledged.",
-            &persisted.iter().map(|(l, s)| (l.clone(), s.fsync_failures)).collect::<Vec<_>>(),
-        );
-        counter(
-            &mut out,
-            "sluice_queue_corrupt_frames_total",
-            "Damaged frames a persisted queue found and skipped.",
-            &persisted.iter().map(|(l, s)| (l.clone(), s.corrupt_frames)).collect::<Vec<_>>(),
-        );
-        counter(
-            &mut out,
-            "sluice_queue_unstored_events_total",
-            "Events a persisted queue accepted but could not store (unencodable, or a full disk at shutdown).",
-            &persisted.iter().map(|(l, s)| (l.clone(), s.unstored)).collect::<Vec<_>>(),
-        );
-        counter(
-            &mut out,
-            "sluice_queue_events_from_memory_total",
-            "Events a persisted queue handed to the workers from memory, as they were written.",
-            &persisted.iter().map(|(l, s)| (l.clone(), s.events_from_memory)).collect::<Vec<_>>(),
-        );
-        counter(
-            &mut out,
-            "sluice_queue_events_read_back_total",
-            "Events a persisted queue read back from its segments (beyond memory_bytes, or after a restart).",
-            &persisted.iter().map(|(l, s)| (l.clone(), s.events_read_back)).collect::<Vec<_>>(),
-        );
-        counter(
-            &mut out,
-            "sluice_queue_read_back_bytes_total",
-            "Frame bytes a persisted queue read back from its segments.",
-            &persisted.iter().map(|(l, s)| (l.clone(), s.bytes_read_back)).collect::<Vec<_>>(),
-        );
+        type QueueCounter = (&'static str, &'static str, fn(&sluice_core::QueueStats) -> u64);
+        let queue_counters: [QueueCounter; 7] = [
+            ("sluice_queue_fsyncs_total", "fdatasync calls of a persisted queue.", |s| s.fsyncs),
+            (
+                "sluice_queue_fsync_failures_total",
+                "fdatasync calls of a persisted queue that failed; with sync: commit, the events they covered were \
+                 not acknowledged.",
+                |s| s.fsync_failures,
+            ),
+            ("sluice_queue_corrupt_frames_total", "Damaged frames a persisted queue found and skipped.", |s| {
+                s.corrupt_frames
+            }),
+            (
+                "sluice_queue_unstored_events_total",
+                "Events a persisted queue accepted but could not store (unencodable, or a full disk at shutdown).",
+                |s| s.unstored,
+            ),
+            (
+                "sluice_queue_events_from_memory_total",
+                "Events a persisted queue handed to the workers from memory, as they were written.",
+                |s| s.events_from_memory,
+            ),
+            (
+                "sluice_queue_events_read_back_total",
+                "Events a persisted queue read back from its segments (beyond memory_bytes, or after a restart).",
+                |s| s.events_read_back,
+            ),
+            ("sluice_queue_read_back_bytes_total", "Frame bytes a persisted queue read back from its segments.", |s| {
+                s.bytes_read_back
+            }),
+        ];
+        for (name, help, value) in queue_counters {
+            counter(&mut out, name, help, &persisted.iter().map(|(l, s)| (l.clone(), value(s))).collect::<Vec<_>>());
+        }
         gauge(
             &mut out,
             "sluice_queue_stalled_seconds_total",

@@ -145,4 +145,9 @@ pipelines:
     assert_eq!(metric(&text, "sluice_queue_corrupt_frames_total{pipeline=\"m\"}"), 0.0);
     assert_eq!(metric(&text, "sluice_queue_unstored_events_total{pipeline=\"m\"}"), 0.0);
     assert!(metric(&text, "sluice_queue_commit_duration_seconds_count{pipeline=\"m\"}") > 0.0);
+    // Every event was handed to the workers once, from memory or read back.
+    let handed = metric(&text, "sluice_queue_events_from_memory_total{pipeline=\"m\"}")
+        + metric(&text, "sluice_queue_events_read_back_total{pipeline=\"m\"}");
+    assert_eq!(handed, 3000.0, "{text}");
+    assert_eq!(q["events_from_memory"].as_u64().unwrap() + q["events_read_back"].as_u64().unwrap(), 3000, "{q}");
 }
