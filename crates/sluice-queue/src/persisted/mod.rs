@@ -1,9 +1,9 @@
 //! The persisted queue: N independent segment logs ("shards"), each with its own writer thread.
 //!
 //! - Pushes go to shards round-robin (one atomic increment, no global lock); a push returns
-//!   once its batch is queued for its shard's writer, and the input's acknowledgement is
-//!   released by the writer after the `fdatasync` that covers the batch (`sync: commit`), so an
-//!   acknowledged event survives a crash of the process or of the machine.
+//!   once its batch is queued for its shard's writer. The workers get the batch once it is
+//!   written; the input's acknowledgement waits for the `fdatasync` that covers it (`sync:
+//!   commit`), so an acknowledged event survives a crash of the process or of the machine.
 //! - Workers take batches from any shard; each batch acknowledges its own range of its shard's
 //!   log. Ranges complete in any order; the contiguous completed prefix is checkpointed (every
 //!   `checkpoint_interval`, and at shutdown), and segments wholly before it are deleted.

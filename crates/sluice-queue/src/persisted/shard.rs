@@ -928,10 +928,9 @@ impl Writer {
         buf.extend_from_slice(&[0u8; 4]);
         let ok = self.write_all(buf, live, seg.len);
         buf.truncate(live);
-        // Events are kept in memory for the workers only within `memory_bytes`, counting from
-        // now, not from the release: while an fdatasync runs, the groups written meanwhile
-        // would otherwise all be held (hundreds of MiB under a fast input). The others are
-        // dropped here and read back from disk.
+        // Events are kept in memory for the workers only within `memory_bytes`, counted from
+        // the write: a fast input would otherwise have its whole backlog held (hundreds of MiB)
+        // while the workers catch up. The others are dropped here and read back from disk.
         let mut held = 0;
         if ok {
             let budget = self.inner.config.memory_bytes as u64;
@@ -965,14 +964,12 @@ impl Writer {
             active.len += written;
             file.clone()
         };
-        // The segment's length is updated now, not at release: by then the writer may have
-        // moved on to another segment.
+        // The segment's length covers the group before the hand-over: a reader looks for its
+        // frames within it.
         if let Some(last) = self.shard.state.lock().segments.back_mut() {
             last.len = base - last.base + written;
         }
-        let group =
-            Written { work, ranges: ranges.clone(), event_ends, base, written, estimate: estimate as u64, file };
-        let file = group.file.clone();
+        let group = Written { work, ranges: ranges.clone(), event_ends, base, written, estimate: estimate as u64 };
         let acks = hand_over(&self.inner, &self.shard, group);
         match policy {
             SyncPolicy::Commit => {

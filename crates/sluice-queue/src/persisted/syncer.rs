@@ -48,7 +48,7 @@ pub(crate) struct BatchFrames {
     pub ends_to: usize,
 }
 
-/// One group, written but not yet released.
+/// One group, written, on its way to the workers.
 pub(crate) struct Written {
     pub work: Vec<Batch>,
     /// Per batch, where its frames are.
@@ -61,8 +61,6 @@ pub(crate) struct Written {
     pub written: u64,
     /// What the batches were counted as while pending.
     pub estimate: u64,
-    /// The segment file the group went to.
-    pub file: Arc<File>,
 }
 
 /// A group handed to the workers whose inputs wait for an fdatasync.
@@ -79,7 +77,7 @@ pub(crate) struct Unsynced {
 /// shard. Returns the batches, emptied, for their acknowledgements: whoever acknowledges them
 /// does so after this, so an input that hears back finds its events already counted.
 pub(crate) fn hand_over(inner: &Inner, shard: &Shard, group: Written) -> Vec<Batch> {
-    let Written { mut work, ranges, event_ends, base, written, estimate, file: _ } = group;
+    let Written { mut work, ranges, event_ends, base, written, estimate } = group;
     let mut readables: Vec<Readable> = Vec::new();
     let mut events = 0u64;
     let mut ends_from = 0;
@@ -190,7 +188,7 @@ pub(crate) mod tests {
 #[derive(Default)]
 struct Queue {
     groups: Vec<Unsynced>,
-    /// A pass (fdatasync and release) is under way.
+    /// A pass (fdatasync and acknowledgements) is under way.
     busy: bool,
     stop: bool,
 }
