@@ -765,7 +765,6 @@ impl Writer {
         let policy = self.inner.config.sync;
         let sync_interval = self.inner.config.sync_interval;
         let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
-        let mut ranges: Vec<BatchFrames> = Vec::new();
         let mut last_sync = Instant::now();
         let mut unsynced = false;
         let mut last_checkpoint = Instant::now();
@@ -801,7 +800,7 @@ impl Writer {
             };
             if !work.is_empty() {
                 self.inner.not_full.notify_waiters();
-                self.write_group(work, &mut buf, &mut ranges, policy, &mut unsynced);
+                self.write_group(work, &mut buf, policy, &mut unsynced);
             }
             if unsynced && (closed || last_sync.elapsed() >= sync_interval) {
                 self.sync(&mut last_sync);
@@ -865,16 +864,9 @@ impl Writer {
         *last_sync = Instant::now();
     }
 
-    fn write_group(
-        &mut self,
-        mut work: Vec<Batch>,
-        buf: &mut Vec<u8>,
-        ranges: &mut Vec<BatchFrames>,
-        policy: SyncPolicy,
-        unsynced: &mut bool,
-    ) {
+    fn write_group(&mut self, mut work: Vec<Batch>, buf: &mut Vec<u8>, policy: SyncPolicy, unsynced: &mut bool) {
         buf.clear();
-        ranges.clear();
+        let mut ranges = Vec::with_capacity(work.len());
         let mut event_ends: Vec<u64> = Vec::with_capacity(work.iter().map(Batch::len).sum());
         let first_seq = self.next_seq;
         let mut estimate = 0;
@@ -969,7 +961,7 @@ impl Writer {
         if let Some(last) = self.shard.state.lock().segments.back_mut() {
             last.len = base - last.base + written;
         }
-        let group = Written { work, ranges: ranges.clone(), event_ends, base, written, estimate: estimate as u64 };
+        let group = Written { work, ranges, event_ends, base, written, estimate: estimate as u64 };
         let acks = hand_over(&self.inner, &self.shard, group);
         match policy {
             SyncPolicy::Commit => {
