@@ -434,19 +434,7 @@ impl<'a, 'k> Reader<'a, 'k> {
 /// Runs `f` over `input` and advances `input` past what it consumed (on success only).
 #[inline(always)]
 fn read<T>(input: &mut &[u8], keys: &mut [Str], f: impl FnOnce(&mut Reader<'_, '_>) -> T) -> Result<T, CodecError> {
-    read_in(input, keys, None, f)
-}
-
-/// [`read`], with strings pointing into `shared` (which `input` lies in) where they can.
-#[inline(always)]
-fn read_in<'a, T>(
-    input: &mut &'a [u8],
-    keys: &mut [Str],
-    shared: Option<&'a SharedText>,
-    f: impl FnOnce(&mut Reader<'a, '_>) -> T,
-) -> Result<T, CodecError> {
     let mut r = Reader::new(input, keys);
-    r.shared = shared;
     let v = f(&mut r);
     let v = r.finish(v)?;
     *input = &input[r.pos..];
@@ -490,21 +478,15 @@ impl EventDecoder {
         if body.is_empty() { Ok(e) } else { Err(CodecError::TrailingBytes(body.len())) }
     }
 
-    /// [`EventDecoder::decode_event_body`] for a body that lies in `text`: string values
-    /// longer than the inline limit point into `text` instead of being copied (see
-    /// [`SharedText`]). A body from anywhere else is decoded with copies.
-    pub fn decode_event_body_in<'a>(&mut self, mut body: &'a [u8], text: &'a SharedText) -> Result<Event, CodecError> {
-        let e = read_in(&mut body, &mut self.keys, Some(text), |r| r.map(0)).map(Event::new)?;
-        if body.is_empty() { Ok(e) } else { Err(CodecError::TrailingBytes(body.len())) }
-    }
-
-    /// Decodes a frame body (as [`EventDecoder::decode_event_body_in`] with `text`, else as
-    /// [`EventDecoder::decode_event_body`]) and pushes the event onto `out`.
+    /// Decodes a frame body, as [`EventDecoder::decode_event_body`] does, and pushes the event
+    /// onto `out`. When `body` lies in `text`, string values longer than the inline limit point
+    /// into `text` instead of being copied (see [`SharedText`]); a body from anywhere else is
+    /// decoded with copies.
     ///
-    /// Why a separate entry point: returned through `Result`s, an event is copied a few times
-    /// on its way into the caller's vector, and those copies of an enum with a niche compile
-    /// to overlapping stores that stall loads; a reader decoding a window of frames spent more
-    /// time there than in the rest of its loop.
+    /// Why it pushes rather than returns: returned through `Result`s, an event is copied a few
+    /// times on its way into the caller's vector, and those copies of an enum with a niche
+    /// compile to overlapping stores that stall loads; a reader decoding a window of frames
+    /// spent more time there than in the rest of its loop.
     pub fn decode_event_body_into<'a>(
         &mut self,
         body: &'a [u8],
@@ -874,6 +856,13 @@ mod tests {
         }
     }
 
+    /// One event decoded from `body`, with strings pointing into `text` where they can.
+    fn decode_in(dec: &mut EventDecoder, body: &[u8], text: &SharedText) -> Result<Event, CodecError> {
+        let mut out = Vec::with_capacity(1);
+        dec.decode_event_body_into(body, Some(text), &mut out)?;
+        Ok(out.pop().expect("one event pushed"))
+    }
+
     #[test]
     fn long_strings_decoded_in_a_shared_buffer_point_into_it() {
         let long = "GET /index.html HTTP/1.1 200 2326 Mozilla/5.0 (X11; Linux x86_64)";
@@ -882,7 +871,7 @@ mod tests {
         let mut bytes = vec![0xFF, 0xFE]; // not text: the buffer is checked per string
         encode_event(&e, &mut bytes).unwrap();
         let text = SharedText::new(bytes);
-        let back = EventDecoder::new().decode_event_body_in(&text.as_bytes()[2..], &text).unwrap();
+        let back = decode_in(&mut EventDecoder::new(), &text.as_bytes()[2..], &text).unwrap();
         assert!(same_map(&e.fields, &back.fields));
         let Some(Value::String(message)) = back.fields.get("message") else { panic!("no message") };
         assert!(message.is_shared(), "a long string is a slice of the buffer");
@@ -891,7 +880,7 @@ mod tests {
 
         // The same body elsewhere decodes by copying.
         let copy = text.as_bytes()[2..].to_vec();
-        let back = EventDecoder::new().decode_event_body_in(&copy, &text).unwrap();
+        let back = decode_in(&mut EventDecoder::new(), &copy, &text).unwrap();
         let Some(Value::String(message)) = back.fields.get("message") else { panic!("no message") };
         assert!(!message.is_shared());
     }
@@ -922,7 +911,7 @@ mod tests {
         let at = bytes.windows(5).position(|w| w == b"spoil").unwrap();
         bytes[at] = 0xC3; // a lead byte followed by ASCII
         let text = SharedText::new(bytes);
-        let err = EventDecoder::new().decode_event_body_in(text.as_bytes(), &text).unwrap_err();
+        let err = decode_in(&mut EventDecoder::new(), text.as_bytes(), &text).unwrap_err();
         assert!(matches!(err, CodecError::InvalidUtf8), "{err:?}");
     }
 
@@ -983,7 +972,7 @@ mod tests {
             let (mut shared, mut copied) = (Vec::new(), Vec::new());
             for (e, range) in events.iter().zip(bodies) {
                 let body = &text.as_bytes()[range];
-                let back = dec.decode_event_body_in(body, &text).unwrap();
+                let back = decode_in(&mut dec, body, &text).unwrap();
                 prop_assert!(same_map(&e.fields, &back.fields), "{:?} != {:?}", e, back);
                 dec.decode_event_body_into(body, Some(&text), &mut shared).unwrap();
                 dec.decode_event_body_into(body, None, &mut copied).unwrap();
