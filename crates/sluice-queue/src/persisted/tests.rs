@@ -21,6 +21,11 @@ fn settings(dir: &Path, shards: usize, segment_bytes: u64) -> Settings {
     }
 }
 
+/// One shard of 1 MiB segments that keeps nothing in memory: every event is read back.
+fn read_back_settings(dir: &Path, direct_io: bool) -> Settings {
+    Settings { memory_bytes: 0, direct_io, ..settings(dir, 1, 1 << 20) }
+}
+
 async fn open(s: Settings) -> PersistedQueue {
     let q = PersistedQueue::new(s);
     q.start().await.unwrap();
@@ -98,19 +103,24 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_events_are_not_delivered_again_after_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = open(settings(dir.path(), 2, 1 << 20)).await;
-    push_durable(&q, numbered(0, 500)).await;
-    push_durable(&q, numbered(500, 500)).await;
-    let got = drain(&q, 1000, true).await;
-    assert_eq!(got.iter().copied().collect::<BTreeSet<_>>(), (0..1000).collect());
-    q.shutdown().await;
+    // Each policy moves the durable position its own way (after the syncer's fdatasync, after
+    // the writer's timed one, at the write): the checkpoint must follow under all three.
+    for sync in [SyncPolicy::Commit, SyncPolicy::Interval, SyncPolicy::None] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = || Settings { sync, ..settings(dir.path(), 2, 1 << 20) };
+        let q = open(s()).await;
+        push_durable(&q, numbered(0, 500)).await;
+        push_durable(&q, numbered(500, 500)).await;
+        let got = drain(&q, 1000, true).await;
+        assert_eq!(got.iter().copied().collect::<BTreeSet<_>>(), (0..1000).collect(), "{sync:?}");
+        q.shutdown().await;
 
-    let q = open(settings(dir.path(), 2, 1 << 20)).await;
-    push_durable(&q, numbered(1000, 10)).await;
-    let got = drain(&q, 10, true).await;
-    assert_eq!(got, (1000..1010).collect::<Vec<_>>(), "only the new events");
-    q.shutdown().await;
+        let q = open(s()).await;
+        push_durable(&q, numbered(1000, 10)).await;
+        let got = drain(&q, 10, true).await;
+        assert_eq!(got, (1000..1010).collect::<Vec<_>>(), "only the new events ({sync:?})");
+        q.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,10 +298,7 @@ async fn a_full_queue_holds_inputs_back_until_acks_make_room() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_read_back_through_the_page_cache_point_into_the_read_buffer() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = settings(dir.path(), 1, 1 << 20);
-    s.memory_bytes = 0; // everything is read back
-    s.direct_io = false;
-    let q = open(s).await;
+    let q = open(read_back_settings(dir.path(), false)).await;
     push_durable(&q, numbered(0, 200)).await;
     let mut got = Vec::new();
     while got.len() < 200 {
@@ -311,9 +318,7 @@ async fn events_read_back_through_the_page_cache_point_into_the_read_buffer() {
 async fn a_failed_read_back_is_retried_and_nothing_is_lost() {
     for direct_io in [true, false] {
         let dir = tempfile::tempdir().unwrap();
-        // Nothing kept in memory: every event is read back from the segment.
-        let s = Settings { memory_bytes: 0, direct_io, ..settings(dir.path(), 1, 1 << 20) };
-        let q = open(s).await;
+        let q = open(read_back_settings(dir.path(), direct_io)).await;
         push_durable(&q, numbered(0, 50)).await;
         // The segment loses its frames under the running queue: reads come up short.
         let seg = segments(dir.path()).pop().unwrap();
@@ -400,9 +405,7 @@ async fn reused_segments_never_yield_their_old_frames() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_piece_of_only_damaged_frames_does_not_stall_the_reader() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = settings(dir.path(), 1, 1 << 20);
-    s.memory_bytes = 0; // every batch is read back from disk
-    let q = open(s).await;
+    let q = open(read_back_settings(dir.path(), true)).await;
     push_durable(&q, numbered(0, 10)).await;
     push_durable(&q, numbered(10, 10)).await;
     // Damage every frame of the first batch, under the running queue.
@@ -448,8 +451,7 @@ async fn an_event_the_codec_refuses_is_counted_and_its_neighbours_are_stored() {
 async fn frames_appended_to_a_block_already_read_are_read_fresh() {
     for direct_io in [true, false] {
         let dir = tempfile::tempdir().unwrap();
-        let s = Settings { memory_bytes: 0, direct_io, ..settings(dir.path(), 1, 1 << 20) };
-        let q = open(s).await;
+        let q = open(read_back_settings(dir.path(), direct_io)).await;
         for round in 0..6 {
             // A few small events each round: every round ends inside the block the last began in.
             push_durable(&q, numbered(round * 7, 7)).await;
