@@ -469,8 +469,8 @@ impl Shard {
     }
 
     /// Takes up to `want` events from the front of this shard if they are in memory: adjacent
-    /// in-memory entries are merged into one piece with one acknowledgement for their whole
-    /// range. `Err(())` when the front is on disk (see [`Shard::take_from_disk`]).
+    /// in-memory entries (one per batch written) are merged into one piece with one
+    /// acknowledgement for their whole range. `Err(())` when the front is on disk (see [`Shard::take_from_disk`]).
     pub fn take_from_memory(self: &Arc<Self>, inner: &Arc<Inner>, want: usize) -> Result<Option<Batch>, ()> {
         let mut s = self.state.lock();
         // The piece so far: its events, bytes and LSN range.
@@ -482,11 +482,16 @@ impl Shard {
                 Some(Readable::Mem { events, bytes, start, ends }) if taken.is_empty() || to == *start => {
                     if taken.is_empty() {
                         from = *start;
-                        taken.reserve(room.min(events.len()));
                     }
                     let n = events.len().min(room);
                     let share = if n == events.len() { *bytes } else { *bytes * n / events.len() };
-                    taken.extend(events.drain(..n));
+                    if taken.is_empty() && n == events.len() {
+                        // The whole entry: its vector moves (an entry nothing was taken from
+                        // yet is contiguous, so this copies no event).
+                        taken = Vec::from(std::mem::take(events));
+                    } else {
+                        taken.extend(events.drain(..n));
+                    }
                     to = ends[n - 1];
                     ends.drain(..n);
                     *start = to;

@@ -72,6 +72,11 @@ pub(crate) struct Unsynced {
     pub end: u64,
 }
 
+/// Batches of fewer events than this are merged into the entry before them...
+const MERGE_BELOW: usize = 64;
+/// ...up to this many events per entry.
+const MERGED_MAX: usize = 1024;
+
 /// Hands a written group's events to the workers (from memory for the batches the writer
 /// kept within the memory budget, else as a range to read back) and counts them in the
 /// shard. Returns the batches, emptied, for their acknowledgements: whoever acknowledges them
@@ -94,10 +99,14 @@ pub(crate) fn hand_over(inner: &Inner, shard: &Shard, group: Written) -> Vec<Bat
             }
             continue;
         }
-        // Batches kept in memory one after another make one entry: the workers then take
-        // their events without walking a list entry per input batch.
+        // Small batches kept in memory one after another make one entry: the workers then
+        // take their events without walking a list entry per input batch. A larger batch keeps
+        // its own entry, its event vector as the input made it, so a worker taking the whole
+        // entry gets that vector without a copy of its events.
         if let Some(Readable::Mem { events: held, bytes, ends: held_ends, .. }) = readables.last_mut()
             && held_ends.back() == Some(&start)
+            && batch.len() < MERGE_BELOW
+            && held.len() + batch.len() <= MERGED_MAX
         {
             held.extend(batch.events.drain(..));
             *bytes += batch.bytes;

@@ -143,6 +143,22 @@ async fn unacked_events_come_back_after_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_taken_whole_from_memory_keeps_its_event_vector() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    let events = numbered(0, 500);
+    let vector = events.as_ptr();
+    let (acker, done) = Acker::with_notify(500);
+    q.push(Batch::new(events, AckSet::single(acker, 500), 500 * 80)).await.unwrap();
+    let b = q.pop(500, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(numbers(&b), (0..500).collect::<Vec<_>>());
+    assert_eq!(b.events.as_ptr(), vector, "the events were copied on their way through the queue");
+    b.complete();
+    assert_eq!(tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap(), AckOutcome::Handled);
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_event_batches_are_held_as_one_entry_and_taken_a_few_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
