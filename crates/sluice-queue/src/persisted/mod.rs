@@ -12,6 +12,9 @@
 //!   damaged frame found later is skipped, counted and logged with its segment and offset.
 //! - `max_bytes` bounds the bytes of frames not yet acknowledged (plus batches waiting for
 //!   their writer); at the limit, and while the disk is full, inputs wait.
+//! - Batches within `memory_bytes` reach the workers from memory; beyond it a push waits for
+//!   the workers while they keep taking and the CPUs are busy, and otherwise goes to disk only,
+//!   to be read back (`pacing.rs`).
 //!
 //! Order: each shard is FIFO. Across shards there is no order: two batches pushed one after the
 //! other may be delivered in either order (with one shard, the order of pushes is kept).
@@ -22,6 +25,7 @@
 mod checkpoint;
 mod direct;
 pub mod inspect;
+mod pacing;
 mod shard;
 mod syncer;
 
@@ -160,7 +164,11 @@ pub(crate) struct Inner {
     pub config: Settings,
     /// Bytes of unacknowledged frames plus estimates for batches not yet written.
     pub bytes: AtomicU64,
+    /// Bytes of batches kept in memory for the workers (written, not yet taken).
     pub mem_bytes: AtomicU64,
+    /// Bytes of batches pushed and not yet handed over by their writer (also in memory).
+    pub unwritten_bytes: AtomicU64,
+    pub pacing: pacing::Pacing,
     pub not_empty: Notify,
     pub not_full: Notify,
     pub metrics: PersistedMetrics,
@@ -185,6 +193,8 @@ impl PersistedQueue {
                 config,
                 bytes: AtomicU64::new(0),
                 mem_bytes: AtomicU64::new(0),
+                unwritten_bytes: AtomicU64::new(0),
+                pacing: pacing::Pacing::new(),
                 not_empty: Notify::new(),
                 not_full: Notify::new(),
                 metrics: PersistedMetrics::default(),
@@ -308,6 +318,9 @@ impl PersistedQueue {
                 Err(()) => on_disk.push(shard.clone()),
             }
         }
+        if !on_disk.is_empty() || out.is_some() {
+            self.inner.pacing.saw_worker();
+        }
         // Read on the worker's own thread: one read of at most a few MiB plus decoding is the
         // same order of work as the processors do per batch, and `block_in_place` handed the
         // runtime to another thread per read (so each worker's allocations wandered between
@@ -350,12 +363,23 @@ impl Queue for PersistedQueue {
         }
         let shard = &shards[self.next_push.fetch_add(1, Ordering::Relaxed) % shards.len()];
         let mut blocked: Option<Instant> = None;
+        let budget = self.inner.config.memory_bytes as u64;
         let admit = || {
             let used = self.inner.bytes.load(Ordering::Relaxed);
             let fits = used == 0 || used + batch.bytes as u64 <= self.inner.config.max_bytes;
             // Batches waiting for the writer are in memory: keep that backlog short, so a slow
             // disk slows the inputs instead of growing the heap.
-            fits && shard.state.lock().pending_bytes < PENDING_LIMIT
+            if !fits || shard.state.lock().pending_bytes >= PENDING_LIMIT {
+                return false;
+            }
+            // Beyond the memory budget the batch would be read back later: wait for the
+            // workers instead while that would cost them CPU time (see `pacing.rs`).
+            let in_memory =
+                self.inner.mem_bytes.load(Ordering::Relaxed) + self.inner.unwritten_bytes.load(Ordering::Relaxed);
+            in_memory == 0
+                || in_memory + batch.bytes as u64 <= budget
+                || batch.bytes as u64 > budget
+                || !self.inner.pacing.should_wait()
         };
         loop {
             if self.closed.load(Ordering::Acquire) {
@@ -375,18 +399,22 @@ impl Queue for PersistedQueue {
                 break;
             }
             blocked.get_or_insert_with(Instant::now);
-            notified.await;
+            // Woken when room is made; the time-out looks again whether the workers still
+            // take events (waiting for memory stops when they do not).
+            let _ = tokio::time::timeout(pacing::SPILL_AFTER, notified).await;
         }
         if let Some(t) = blocked {
             self.blocked_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         self.inner.bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
+        self.inner.unwritten_bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
         let wake;
         {
             let mut s = shard.state.lock();
             if s.closed {
                 drop(s);
                 self.inner.bytes.fetch_sub(batch.bytes as u64, Ordering::Relaxed);
+                self.inner.unwritten_bytes.fetch_sub(batch.bytes as u64, Ordering::Relaxed);
                 return Err(QueueClosed);
             }
             let first = s.pending.is_empty();
@@ -406,6 +434,7 @@ impl Queue for PersistedQueue {
 
     async fn pop(&self, max_events: usize, delay: Duration) -> Option<Batch> {
         let want = max_events.max(1);
+        self.inner.pacing.saw_worker();
         let mut out: Option<Batch> = None;
         let mut deadline: Option<tokio::time::Instant> = None;
         loop {

@@ -510,6 +510,8 @@ impl Shard {
             return Ok(None);
         }
         inner.mem_bytes.fetch_sub(taken_bytes as u64, Ordering::Relaxed);
+        // Room in memory for a push waiting for it (see `pacing.rs`).
+        inner.not_full.notify_waiters();
         let n = taken.len();
         inner.metrics.events_from_memory.fetch_add(n as u64, Ordering::Relaxed);
         let acker = self.range_acker(inner, from, to, n);
@@ -942,6 +944,8 @@ impl Writer {
             }
             self.inner.mem_bytes.fetch_add(held, Ordering::Relaxed);
         }
+        // Handed over or given up: either way no longer waiting for the writer.
+        self.inner.unwritten_bytes.fetch_sub(estimate as u64, Ordering::Relaxed);
         if !ok {
             // Closed while the disk was full: these events were never stored.
             let lost = work.iter().map(Batch::len).sum::<usize>();

@@ -142,6 +142,77 @@ async fn unacked_events_come_back_after_restart() {
     q.shutdown().await;
 }
 
+/// Pushes `batches` batches of 100 numbered events while a consumer takes them 100 at a time,
+/// pausing a millisecond after each take, with the CPUs made to look `busy` (or not) to the
+/// queue. Returns the events read back from disk, and checks that all arrived, in order.
+async fn push_past_a_slower_consumer(busy: bool, batches: i64) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    // A budget of 8 batches.
+    let q = Arc::new(open(Settings { memory_bytes: 64 << 10, ..settings(dir.path(), 1, 1 << 20) }).await);
+    q.inner.pacing.force_busy(Some(busy));
+    let total = batches * 100;
+    let consumer = {
+        let q = q.clone();
+        tokio::spawn(async move {
+            let mut got = Vec::new();
+            while (got.len() as i64) < total {
+                let b = tokio::time::timeout(Duration::from_secs(10), q.pop(100, Duration::ZERO)).await;
+                let b = b.expect("the consumer waited 10 s for events").unwrap();
+                got.extend(numbers(&b));
+                b.complete();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            got
+        })
+    };
+    for i in 0..batches {
+        let events = numbered(i * 100, 100);
+        tokio::time::timeout(Duration::from_secs(10), q.push(Batch::new(events, AckSet::none(), 8000)))
+            .await
+            .expect("a push waited 10 s")
+            .unwrap();
+    }
+    assert_eq!(consumer.await.unwrap(), (0..total).collect::<Vec<_>>());
+    let read_back = q.metrics().events_read_back.load(Ordering::Relaxed);
+    Arc::into_inner(q).unwrap().shutdown().await;
+    read_back
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_busy_cpus_pushes_wait_for_the_workers_instead_of_spilling() {
+    // 25 times the memory budget. Spills happen only when the consumer pauses for longer than
+    // SPILL_AFTER (a slow test machine); without waiting, most events are read back (below).
+    let read_back = push_past_a_slower_consumer(true, 200).await;
+    assert!(read_back <= 2_000, "{read_back} of 20,000 events read back although the workers kept taking");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_idle_cpus_pushes_spill_past_the_memory_budget() {
+    let read_back = push_past_a_slower_consumer(false, 200).await;
+    assert!(read_back >= 10_000, "only {read_back} of 20,000 events read back: the pushes waited for the workers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_do_not_wait_for_workers_that_take_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(Settings { memory_bytes: 64 << 10, ..settings(dir.path(), 1, 1 << 20) }).await;
+    q.inner.pacing.force_busy(Some(true));
+    // One batch taken, then the workers stall (an output that stopped): 25 budgets' worth of
+    // pushes go to disk after at most one wait of SPILL_AFTER each, not after the workers.
+    q.push(Batch::new(numbered(0, 100), AckSet::none(), 8000)).await.unwrap();
+    q.pop(100, Duration::ZERO).await.unwrap().complete();
+    for i in 1..=200 {
+        tokio::time::timeout(Duration::from_secs(10), q.push(Batch::new(numbered(i * 100, 100), AckSet::none(), 8000)))
+            .await
+            .expect("a push waited 10 s for workers that take nothing")
+            .unwrap();
+    }
+    let got = drain(&q, 20_000, true).await;
+    assert_eq!(got, (100..20_100).collect::<Vec<_>>());
+    assert!(q.metrics().events_read_back.load(Ordering::Relaxed) > 0);
+    q.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_taken_whole_from_memory_keeps_its_event_vector() {
     let dir = tempfile::tempdir().unwrap();
