@@ -323,6 +323,23 @@ fn bench_codec(c: &mut Criterion) {
             black_box(out.len())
         })
     });
+    // The end-to-end benchmark's events: a generator line of 250 bytes and its timestamp.
+    let line = format!("{{\"ts\":\"2026-11-21T07:00:00.000Z\",\"level\":\"info\",\"msg\":\"{}\"}}", "x".repeat(200));
+    let lines: Vec<Event> =
+        (0..1000).map(|i| Event::from_message_at(line.as_str(), 1_760_000_000_000_000_000 + i)).collect();
+    let mut frames = Vec::with_capacity(1 << 20);
+    g.throughput(Throughput::Elements(1000));
+    g.bench_function("encode_frames_1000_lines", |b| {
+        b.iter(|| {
+            frames.clear();
+            for (i, e) in black_box(&lines).iter().enumerate() {
+                try_append_frame(&mut frames, i as u64, |b| encode_event(e, b).map_err(sluice_segment::Error::from))
+                    .unwrap();
+            }
+            black_box(frames.len())
+        })
+    });
+    g.throughput(Throughput::Elements(1));
     g.bench_function("decode_12_fields", |b| b.iter(|| decode_event_body(black_box(&body)).unwrap()));
     let mut decoder = EventDecoder::new();
     g.bench_function("decode_12_fields_reused_decoder", |b| {

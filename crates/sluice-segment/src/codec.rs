@@ -163,7 +163,137 @@ fn atomically(out: &mut Vec<u8>, f: impl FnOnce(&mut Vec<u8>) -> Result<(), Code
 
 /// Appends one event. Fails only with [`CodecError::TooDeep`], leaving `out` as it was.
 pub fn encode_event(event: &Event, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    if let Some(bound) = flat::bound(&event.fields) {
+        flat::put_map(out, &event.fields, bound);
+        return Ok(());
+    }
     atomically(out, |out| put_map(out, &event.fields, 0))
+}
+
+/// The encoding of a map whose values are all scalars or strings (most events), written
+/// with one reservation and without the per-piece capacity checks and copy calls of the
+/// general path. It writes the same bytes.
+///
+/// Why: with a CRC and a copy of its text, encoding such an event was about 100 ns, most of it
+/// spent on a dozen small appends (each a capacity check and a length update through memory,
+/// the short ones a call to `memcpy`), not on its bytes.
+mod flat {
+    use std::ptr;
+
+    use sluice_core::{Map, Value};
+
+    use super::{TAG_FALSE, TAG_FLOAT, TAG_INT, TAG_NULL, TAG_STRING, TAG_TIMESTAMP, TAG_TRUE, zigzag};
+
+    /// The most bytes a varint takes.
+    const VARINT_MAX: usize = 10;
+
+    /// An upper bound on the encoding of `m`, or `None` if a value is a container.
+    #[inline]
+    pub fn bound(m: &Map) -> Option<usize> {
+        let mut bytes = VARINT_MAX;
+        for (k, v) in m.iter() {
+            bytes += VARINT_MAX + k.len() + 1;
+            bytes += match v {
+                Value::Null | Value::Bool(_) => 0,
+                Value::Int(_) | Value::Timestamp(_) => VARINT_MAX,
+                Value::Float(_) => 8,
+                Value::String(s) => VARINT_MAX + s.len(),
+                Value::Array(_) | Value::Object(_) => return None,
+            };
+        }
+        Some(bytes)
+    }
+
+    /// Appends `m`, which [`bound`] found flat and at most `bound` bytes long.
+    pub fn put_map(out: &mut Vec<u8>, m: &Map, bound: usize) {
+        out.reserve(bound);
+        let start = out.len();
+        // SAFETY: `bound` bytes of spare capacity were just reserved, and `bound` covers every
+        // byte written below (each piece is counted at its largest); the length is set only
+        // over bytes written.
+        unsafe {
+            let base = out.as_mut_ptr().add(start);
+            let mut at = base;
+            at = varint(at, m.len() as u64);
+            for (k, v) in m.iter() {
+                at = string(at, k.as_bytes());
+                match v {
+                    Value::Null => at = byte(at, TAG_NULL),
+                    Value::Bool(false) => at = byte(at, TAG_FALSE),
+                    Value::Bool(true) => at = byte(at, TAG_TRUE),
+                    Value::Int(i) => at = varint(byte(at, TAG_INT), zigzag(*i)),
+                    Value::Float(f) => {
+                        at = byte(at, TAG_FLOAT);
+                        ptr::write_unaligned(at.cast::<[u8; 8]>(), f.to_bits().to_le_bytes());
+                        at = at.add(8);
+                    }
+                    Value::String(s) => at = string(byte(at, TAG_STRING), s.as_bytes()),
+                    Value::Timestamp(ns) => at = varint(byte(at, TAG_TIMESTAMP), zigzag(*ns)),
+                    Value::Array(_) | Value::Object(_) => unreachable!("bound() refuses containers"),
+                }
+            }
+            let written = at.offset_from(base) as usize;
+            debug_assert!(written <= bound);
+            out.set_len(start + written);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn byte(at: *mut u8, b: u8) -> *mut u8 {
+        // SAFETY: the caller has room for one byte at `at`.
+        unsafe {
+            at.write(b);
+            at.add(1)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn varint(mut at: *mut u8, mut v: u64) -> *mut u8 {
+        // SAFETY: the caller has room for `VARINT_MAX` bytes at `at`.
+        unsafe {
+            while v >= 0x80 {
+                at = byte(at, v as u8 | 0x80);
+                v >>= 7;
+            }
+            byte(at, v as u8)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn string(at: *mut u8, bytes: &[u8]) -> *mut u8 {
+        // SAFETY: the caller has room for a varint and `bytes` at `at`.
+        unsafe {
+            let at = varint(at, bytes.len() as u64);
+            copy(bytes, at);
+            at.add(bytes.len())
+        }
+    }
+
+    /// Copies `src` to `dst`; short ones (keys, mostly) with a few overlapping loads and
+    /// stores inside both ranges rather than a call.
+    #[inline(always)]
+    unsafe fn copy(src: &[u8], dst: *mut u8) {
+        let (s, n) = (src.as_ptr(), src.len());
+        // SAFETY: every access is within `src` (`n` bytes) and within the `n` bytes the
+        // caller has at `dst`; the two never overlap (`dst` is in a vector `src` is not in).
+        unsafe {
+            if n > 16 {
+                ptr::copy_nonoverlapping(s, dst, n);
+            } else if n >= 8 {
+                let (a, b) = (s.cast::<u64>().read_unaligned(), s.add(n - 8).cast::<u64>().read_unaligned());
+                dst.cast::<u64>().write_unaligned(a);
+                dst.add(n - 8).cast::<u64>().write_unaligned(b);
+            } else if n >= 4 {
+                let (a, b) = (s.cast::<u32>().read_unaligned(), s.add(n - 4).cast::<u32>().read_unaligned());
+                dst.cast::<u32>().write_unaligned(a);
+                dst.add(n - 4).cast::<u32>().write_unaligned(b);
+            } else if n > 0 {
+                *dst = *s;
+                *dst.add(n / 2) = *s.add(n / 2);
+                *dst.add(n - 1) = *s.add(n - 1);
+            }
+        }
+    }
 }
 
 /// Appends a batch: a varint count, then each event. Accepts `&[Event]`, `&Vec<Event>`, or
@@ -915,7 +1045,34 @@ mod tests {
         assert!(matches!(err, CodecError::InvalidUtf8), "{err:?}");
     }
 
+    fn arb_flat_value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::Int),
+            any::<u64>().prop_map(|bits| Value::Float(f64::from_bits(bits))),
+            "\\PC{0,40}".prop_map(Value::from),
+            "[a-z]{0,300}".prop_map(Value::from),
+            any::<i64>().prop_map(Value::Timestamp),
+        ]
+    }
+
     proptest! {
+        #[test]
+        fn the_flat_path_writes_what_the_general_one_does(
+            kv in prop::collection::vec(("[@a-z_]{0,20}|.{0,30}", arb_flat_value()), 0..20),
+            prefix in prop::collection::vec(any::<u8>(), 0..8),
+        ) {
+            let e = Event::new(map_of(kv));
+            let bound = flat::bound(&e.fields).expect("no containers");
+            let mut fast = prefix.clone();
+            flat::put_map(&mut fast, &e.fields, bound);
+            let mut general = prefix.clone();
+            put_map(&mut general, &e.fields, 0).unwrap();
+            prop_assert_eq!(&fast, &general);
+            prop_assert!(fast.len() - prefix.len() <= bound);
+        }
+
         #[test]
         fn any_event_round_trips(e in arb_event()) {
             let mut out = vec![0xAB];
