@@ -12,8 +12,11 @@
 //! - the workers are asking for events or taking them (from memory or disk) at least every
 //!   [`SPILL_AFTER`]: an output that stalls stops them, and then the backlog goes to disk at
 //!   once;
-//! - this process is using at least [`BUSY_CPU`] of the CPUs it may use, over the last
-//!   [`CPU_SAMPLE`] or so.
+//! - the CPUs are busy, over the last [`CPU_SAMPLE`] or so: this process used at least
+//!   [`BUSY_CPU`] of the CPUs it may use, or the machine's CPUs were idle less than
+//!   `1 - BUSY_CPU` of the time. Both, because a container's CPU quota makes the first the
+//!   one that counts, while on a virtual machine whose host is busy the process gets less CPU
+//!   time than it could use (steal time) and only the second sees that nothing is idle.
 //!
 //! Otherwise the push does not wait: the batch is written, and read back when the workers get
 //! to it. Either way `max_bytes` bounds the queue, and no event is treated differently on disk.
@@ -44,8 +47,8 @@ pub(crate) struct Pacing {
     busy: AtomicBool,
     /// When `busy` was last worked out, in nanoseconds since `epoch`.
     sampled_at: AtomicU64,
-    /// The process's CPU time and the wall time at the last sample.
-    sample: Mutex<(Duration, Instant)>,
+    /// The process's CPU time, the wall time and the machine's CPU times at the last sample.
+    sample: Mutex<(Duration, Instant, Option<MachineCpu>)>,
     cpus: f64,
     #[cfg(test)]
     forced_busy: Mutex<Option<bool>>,
@@ -59,7 +62,7 @@ impl Pacing {
             last_take: AtomicU64::new(NEVER),
             busy: AtomicBool::new(false),
             sampled_at: AtomicU64::new(0),
-            sample: Mutex::new((process_cpu_time().unwrap_or_default(), epoch)),
+            sample: Mutex::new((process_cpu_time().unwrap_or_default(), epoch, MachineCpu::read())),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()) as f64,
             #[cfg(test)]
             forced_busy: Mutex::new(None),
@@ -95,8 +98,13 @@ impl Pacing {
             let wall = sample.1.elapsed();
             if wall >= CPU_SAMPLE {
                 let used = cpu.saturating_sub(sample.0).as_secs_f64() / (wall.as_secs_f64() * self.cpus);
-                self.busy.store(used >= BUSY_CPU, Ordering::Relaxed);
-                *sample = (cpu, Instant::now());
+                let machine = MachineCpu::read();
+                let machine_busy = match (&sample.2, &machine) {
+                    (Some(before), Some(after)) => after.idle_since(before).is_some_and(|idle| idle < 1.0 - BUSY_CPU),
+                    _ => false,
+                };
+                self.busy.store(used >= BUSY_CPU || machine_busy, Ordering::Relaxed);
+                *sample = (cpu, Instant::now(), machine);
                 self.sampled_at.store(now, Ordering::Relaxed);
             }
         }
@@ -107,6 +115,44 @@ impl Pacing {
     #[cfg(test)]
     pub fn force_busy(&self, busy: Option<bool>) {
         *self.forced_busy.lock() = busy;
+    }
+}
+
+/// The machine's CPU time counters (all CPUs), from the first line of `/proc/stat`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct MachineCpu {
+    /// Idle and waiting for I/O.
+    idle: u64,
+    total: u64,
+}
+
+impl MachineCpu {
+    /// `None` where there is no `/proc/stat` (not Linux) or it reads strangely.
+    fn read() -> Option<MachineCpu> {
+        use std::io::Read;
+        // The first line is short; the file goes on with a long line of interrupt counts.
+        let mut head = [0u8; 256];
+        let n = std::fs::File::open("/proc/stat").ok()?.read(&mut head).ok()?;
+        MachineCpu::parse(std::str::from_utf8(&head[..n]).ok()?.lines().next()?)
+    }
+
+    /// `cpu  user nice system idle iowait irq softirq steal ...`, in clock ticks.
+    fn parse(line: &str) -> Option<MachineCpu> {
+        let mut fields = line.split_ascii_whitespace();
+        if fields.next()? != "cpu" {
+            return None;
+        }
+        let ticks: Vec<u64> = fields.take(8).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+        if ticks.len() < 5 {
+            return None;
+        }
+        Some(MachineCpu { idle: ticks[3] + ticks[4], total: ticks.iter().sum() })
+    }
+
+    /// The share of CPU time that was idle since `before`; `None` if no tick passed.
+    fn idle_since(&self, before: &MachineCpu) -> Option<f64> {
+        let total = self.total.checked_sub(before.total).filter(|&t| t > 0)?;
+        Some(self.idle.saturating_sub(before.idle) as f64 / total as f64)
     }
 }
 
@@ -136,6 +182,22 @@ mod tests {
         let spent = process_cpu_time().unwrap() - before;
         // Other tests' threads only add to it; a descheduled spinner can lose some.
         assert!(spent >= CPU_SAMPLE / 2, "{spent:?} of CPU time counted for a {CPU_SAMPLE:?} spin");
+    }
+
+    #[test]
+    fn machine_cpu_times_are_read_from_the_first_line_of_proc_stat() {
+        let before = MachineCpu::parse("cpu  100 5 50 800 40 3 2 0 0 0").unwrap();
+        assert_eq!(before, MachineCpu { idle: 840, total: 1000 });
+        // 100 ticks later, 10 of them idle, 30 stolen by the host.
+        let after = MachineCpu::parse("cpu  150 5 60 808 42 3 2 30 0 0").unwrap();
+        assert_eq!(after.idle_since(&before), Some(0.1));
+        assert_eq!(after.idle_since(&after), None, "no time passed");
+        assert_eq!(MachineCpu::parse("cpu0 1 2 3 4 5"), None, "a single CPU's line");
+        assert_eq!(MachineCpu::parse("cpu  1 2 x 4 5"), None);
+        assert_eq!(MachineCpu::parse("cpu  1 2 3"), None);
+        if cfg!(target_os = "linux") {
+            assert!(MachineCpu::read().is_some(), "/proc/stat unreadable");
+        }
     }
 
     #[test]
