@@ -23,6 +23,7 @@
 //! file held while a process uses the queue. The segment and frame format is `sluice-segment`'s.
 
 mod checkpoint;
+mod checkpointer;
 mod direct;
 pub mod inspect;
 mod pacing;
@@ -262,8 +263,13 @@ impl PersistedQueue {
                 syncer: Arc::new(syncer::Syncer::default()),
                 direct_buf: direct::AlignedBuf::default(),
                 direct_io: self.inner.config.direct_io,
-                free: recovered.free,
-                checkpointed: shard.state.lock().done_lsn,
+                // The position the checkpoint on disk records, read before any worker can
+                // complete anything.
+                checkpoints: Arc::new(checkpointer::Checkpointer::new(
+                    shard.clone(),
+                    recovered.free,
+                    shard.state.lock().done_lsn,
+                )),
             };
             if writer.active.is_none() {
                 // A new shard: its first segment is made now, off the write path, pages ready.
@@ -275,6 +281,9 @@ impl PersistedQueue {
                     .name(format!("sluice-qsync-{id}"))
                     .spawn(move || syncer.run(&inner, &synced_shard))?,
             );
+            let checkpoints = writer.checkpoints.clone();
+            writers
+                .push(std::thread::Builder::new().name(format!("sluice-qckpt-{id}")).spawn(move || checkpoints.run())?);
             writers.push(std::thread::Builder::new().name(format!("sluice-queue-{id}")).spawn(move || writer.run())?);
             shards.push(shard);
         }

@@ -37,12 +37,10 @@ pub(crate) const BUSY_CPU: f64 = 0.85;
 /// How often the CPU use is sampled (by the push that finds the last sample older).
 pub(crate) const CPU_SAMPLE: Duration = Duration::from_millis(50);
 
-const NEVER: u64 = u64::MAX;
-
 pub(crate) struct Pacing {
     epoch: Instant,
-    /// When a worker last asked for or took events, in nanoseconds since `epoch` ([`NEVER`]
-    /// before the first).
+    /// When a worker last asked for or took events, in nanoseconds since `epoch`. It starts at
+    /// 0: the workers of a pipeline that just started get `SPILL_AFTER` to ask for the first.
     last_take: AtomicU64,
     busy: AtomicBool,
     /// When `busy` was last worked out, in nanoseconds since `epoch`.
@@ -59,7 +57,7 @@ impl Pacing {
         let epoch = Instant::now();
         Pacing {
             epoch,
-            last_take: AtomicU64::new(NEVER),
+            last_take: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             sampled_at: AtomicU64::new(0),
             sample: Mutex::new((process_cpu_time().unwrap_or_default(), epoch, MachineCpu::read())),
@@ -81,8 +79,7 @@ impl Pacing {
     /// Whether a push beyond the memory budget should wait for room rather than spill.
     pub fn should_wait(&self) -> bool {
         let now = self.now();
-        let last = self.last_take.load(Ordering::Relaxed);
-        let taking = last != NEVER && now.saturating_sub(last) <= SPILL_AFTER.as_nanos() as u64;
+        let taking = now.saturating_sub(self.last_take.load(Ordering::Relaxed)) <= SPILL_AFTER.as_nanos() as u64;
         taking && self.cpu_busy(now)
     }
 
@@ -204,7 +201,11 @@ mod tests {
     fn workers_that_stop_taking_are_not_waited_for() {
         let pacing = Pacing::new();
         pacing.force_busy(Some(true));
-        assert!(!pacing.should_wait(), "waiting for workers that never took anything");
+        // Workers just started get SPILL_AFTER to show up...
+        assert!(pacing.should_wait());
+        std::thread::sleep(SPILL_AFTER + Duration::from_millis(5));
+        assert!(!pacing.should_wait(), "waiting for workers that never asked for anything");
+        // ...and then as long from each time they ask or take.
         pacing.saw_worker();
         assert!(pacing.should_wait());
         std::thread::sleep(SPILL_AFTER + Duration::from_millis(5));

@@ -31,7 +31,8 @@ use sluice_segment::{
     encode_event, try_append_frame,
 };
 
-use super::checkpoint::{self, Checkpoint};
+use super::checkpoint;
+use super::checkpointer::Checkpointer;
 use super::direct::{AlignedBuf, BLOCK, DirectFile};
 use super::syncer::{BatchFrames, Syncer, Unsynced, Written, acknowledge, hand_over};
 use super::{Inner, SyncPolicy};
@@ -343,7 +344,7 @@ pub(crate) struct Recovered {
 pub(crate) const FREE_SUFFIX: &str = ".free";
 /// Acknowledged segments kept per shard for reuse: their pages are written and likely cached,
 /// so writing into them again skips the kernel's cost of fresh page-cache pages.
-const FREE_POOL: usize = 2;
+pub(crate) const FREE_POOL: usize = 2;
 
 impl Shard {
     /// Opens a shard directory: reads the checkpoint, deletes acknowledged segments, truncates
@@ -765,12 +766,11 @@ pub(crate) struct Writer {
     pub direct_buf: AlignedBuf,
     /// False once direct I/O turned out not to work here (or when it is switched off).
     pub direct_io: bool,
-    pub free: Vec<PathBuf>,
     /// Runs the fsyncs of `sync: commit` beside the writer (see `syncer.rs`).
     pub syncer: Arc<Syncer>,
-    /// The acknowledged position the checkpoint on disk records; read when the writer is made,
-    /// before any worker can complete anything.
-    pub checkpointed: u64,
+    /// Writes the checkpoints beside the writer, and keeps the spare segment files (see
+    /// `checkpointer.rs`).
+    pub checkpoints: Arc<Checkpointer>,
 }
 
 impl Writer {
@@ -781,7 +781,6 @@ impl Writer {
         let mut last_sync = Instant::now();
         let mut unsynced = false;
         let mut last_checkpoint = Instant::now();
-        let mut checkpointed = self.checkpointed;
         // Batches were left pending by the last group's size cap: they have waited already.
         let mut backlog = false;
         loop {
@@ -825,7 +824,7 @@ impl Writer {
                 self.syncer.wait_idle();
             }
             let done_lsn = self.shard.state.lock().done_lsn;
-            if done_lsn != checkpointed
+            if done_lsn != self.checkpoints.written()
                 && (closed || last_checkpoint.elapsed() >= self.inner.config.checkpoint_interval)
             {
                 if unsynced {
@@ -833,25 +832,28 @@ impl Writer {
                     unsynced = false;
                 }
                 let done = self.shard.state.lock().checkpointable();
-                if done != checkpointed {
-                    match self.checkpoint(done, false) {
-                        Ok(()) => checkpointed = done,
-                        Err(e) => {
+                if done != self.checkpoints.written() {
+                    if closed {
+                        // The last one, written here so that the writer ends only once it is.
+                        if let Err(e) = self.checkpoints.write(done, false) {
                             tracing::error!(shard = self.shard.id, error = %e, "cannot write the queue checkpoint")
                         }
+                    } else {
+                        self.checkpoints.request(done);
                     }
                 }
                 last_checkpoint = Instant::now();
             }
             let finished = {
                 let s = self.shard.state.lock();
-                s.pending.is_empty() && s.checkpointable() == checkpointed
+                s.pending.is_empty() && s.checkpointable() == self.checkpoints.written()
             };
             if closed && finished {
                 break;
             }
         }
         self.syncer.stop();
+        self.checkpoints.stop();
         let mut s = self.shard.state.lock();
         s.writer_finished = true;
         drop(s);
@@ -1026,7 +1028,8 @@ impl Writer {
     /// file (pre-written with zeros if `prewrite`, so the first writes find their pages ready).
     pub fn start_segment(&mut self, first_seq: u64, base: u64, prewrite: bool) -> io::Result<()> {
         let path = segment_path(&self.shard.dir, first_seq);
-        let file = match self.free.pop() {
+        let spare = self.checkpoints.free.lock().pop();
+        let file = match spare {
             Some(old) => {
                 fs::rename(&old, &path)?;
                 OpenOptions::new().read(true).write(true).open(&path)?
@@ -1196,7 +1199,7 @@ impl Writer {
                     }
                     // Make room from what the outputs have acknowledged meanwhile.
                     let done = self.shard.state.lock().checkpointable();
-                    if let Err(e) = self.checkpoint(done, true) {
+                    if let Err(e) = self.checkpoints.write(done, true) {
                         tracing::debug!(shard = self.shard.id, error = %e, "checkpoint while the disk is full");
                     }
                     if self.shard.state.lock().stopping && pause >= Duration::from_secs(2) {
@@ -1207,47 +1210,6 @@ impl Writer {
                 }
             }
         }
-    }
-
-    /// Records the acknowledged prefix and retires the segments wholly before it: kept as
-    /// spares for reuse, or deleted when `free_space` (the disk is full) or the pool is full.
-    /// Deleting a fully acknowledged segment is safe even if the checkpoint could not be
-    /// written: recovery then starts from an older position (duplicates, never loss).
-    fn checkpoint(&mut self, done_lsn: u64, free_space: bool) -> io::Result<()> {
-        let (point, doomed) = {
-            let s = self.shard.state.lock();
-            let Some(seg) = s.segments.iter().rev().find(|g| g.base <= done_lsn).copied() else { return Ok(()) };
-            let active_id = self.active.as_ref().map(|a| a.1.id);
-            let doomed: Vec<u64> = s
-                .segments
-                .iter()
-                .filter(|g| g.base + g.len <= done_lsn && Some(g.id) != active_id)
-                .map(|g| g.id)
-                .collect();
-            (Checkpoint { segment: seg.id, offset: done_lsn - seg.base }, doomed)
-        };
-        let written = checkpoint::write(&self.shard.dir, &point);
-        if free_space {
-            for spare in self.free.drain(..) {
-                let _ = fs::remove_file(spare);
-            }
-        } else {
-            written.as_ref().map_err(|e| io::Error::new(e.kind(), e.to_string()))?;
-        }
-        if !doomed.is_empty() {
-            for id in &doomed {
-                let path = segment_path(&self.shard.dir, *id);
-                if self.free.len() < FREE_POOL && !free_space {
-                    let spare = self.shard.dir.join(format!("{id:020}{FREE_SUFFIX}"));
-                    fs::rename(&path, &spare)?;
-                    self.free.push(spare);
-                } else {
-                    fs::remove_file(path)?;
-                }
-            }
-            self.shard.state.lock().segments.retain(|g| !doomed.contains(&g.id));
-        }
-        written
     }
 }
 

@@ -1,0 +1,151 @@
+//! A shard's checkpoints, written beside its writer rather than by it.
+//!
+//! A checkpoint costs two fsyncs (the file, then its directory after the rename), and the
+//! segments it passes are then kept for reuse or deleted. Done by the writer, that stopped the
+//! shard once per `checkpoint_interval` for as long as those fsyncs took: nothing new was
+//! written, the workers ran out of events in memory, and a CPU-bound pipeline lost a tenth of
+//! a second of throughput each time (a generator → `json` → blackhole run showed the dips once
+//! a second). Here the writer asks, and a thread per shard writes the checkpoint.
+//!
+//! Guarantees:
+//! - checkpoints are written one at a time (the tmp → rename protocol of `checkpoint.rs` needs
+//!   it), and the position on disk never goes back;
+//! - a checkpoint records at most what the writer asked for, which it took from
+//!   `ShardState::checkpointable` (acknowledged and synced);
+//! - a segment is kept for reuse or deleted only after a checkpoint past it is on disk (except
+//!   when the disk is full: see [`Checkpointer::write`]), and never the segment being written
+//!   (the last one);
+//! - at shutdown the writer stops the thread and writes the last checkpoint itself.
+
+use std::fs;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::checkpoint::{self, Checkpoint};
+use super::shard::{FREE_POOL, FREE_SUFFIX, Shard, segment_path};
+
+#[derive(Default)]
+struct Requests {
+    /// The latest position asked for and not yet taken.
+    wanted: Option<u64>,
+    stop: bool,
+}
+
+pub(crate) struct Checkpointer {
+    shard: Arc<Shard>,
+    /// Acknowledged segment files kept for reuse; the writer takes them for new segments.
+    pub free: Mutex<Vec<PathBuf>>,
+    /// Held while a checkpoint is written.
+    writing: Mutex<()>,
+    /// The position the checkpoint on disk records.
+    written: AtomicU64,
+    requests: Mutex<Requests>,
+    wake: Condvar,
+}
+
+impl Checkpointer {
+    /// `written` is the position of the checkpoint found on disk; `free` the spare files found.
+    pub fn new(shard: Arc<Shard>, free: Vec<PathBuf>, written: u64) -> Checkpointer {
+        Checkpointer {
+            shard,
+            free: Mutex::new(free),
+            writing: Mutex::new(()),
+            written: AtomicU64::new(written),
+            requests: Mutex::new(Requests::default()),
+            wake: Condvar::new(),
+        }
+    }
+
+    /// The position the checkpoint on disk records.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    /// Asks the thread for a checkpoint at `done_lsn`; a later request replaces one not yet taken.
+    pub fn request(&self, done_lsn: u64) {
+        self.requests.lock().wanted = Some(done_lsn);
+        self.wake.notify_one();
+    }
+
+    /// Ends the thread after the checkpoint it is writing, if any.
+    pub fn stop(&self) {
+        self.requests.lock().stop = true;
+        self.wake.notify_one();
+    }
+
+    /// The checkpoint thread's body.
+    pub fn run(&self) {
+        loop {
+            let wanted = {
+                let mut r = self.requests.lock();
+                while r.wanted.is_none() && !r.stop {
+                    self.wake.wait(&mut r);
+                }
+                if r.stop {
+                    return;
+                }
+                r.wanted.take()
+            };
+            if let Some(done_lsn) = wanted
+                && let Err(e) = self.write(done_lsn, false)
+            {
+                tracing::error!(shard = self.shard.id, error = %e, "cannot write the queue checkpoint");
+            }
+        }
+    }
+
+    /// Writes a checkpoint at `done_lsn` (unless one at or past it is on disk), then keeps the
+    /// segments wholly before it for reuse, or deletes them when the pool is full. With
+    /// `free_space` (the disk is full) the spares and those segments are deleted even if the
+    /// checkpoint could not be written: every event in them is acknowledged, so recovery
+    /// starting from an older position brings duplicates, never loss.
+    pub fn write(&self, done_lsn: u64, free_space: bool) -> io::Result<()> {
+        let _writing = self.writing.lock();
+        if done_lsn <= self.written() && !free_space {
+            return Ok(());
+        }
+        let (point, doomed) = {
+            let s = self.shard.state.lock();
+            let Some(seg) = s.segments.iter().rev().find(|g| g.base <= done_lsn).copied() else { return Ok(()) };
+            let active = s.segments.back().map(|g| g.id);
+            let doomed: Vec<u64> = s
+                .segments
+                .iter()
+                .filter(|g| g.base + g.len <= done_lsn && Some(g.id) != active)
+                .map(|g| g.id)
+                .collect();
+            (Checkpoint { segment: seg.id, offset: done_lsn - seg.base }, doomed)
+        };
+        let written = checkpoint::write(&self.shard.dir, &point);
+        if free_space {
+            for spare in self.free.lock().drain(..) {
+                let _ = fs::remove_file(spare);
+            }
+        } else {
+            written.as_ref().map_err(|e| io::Error::new(e.kind(), e.to_string()))?;
+        }
+        if written.is_ok() {
+            self.written.fetch_max(done_lsn, Ordering::AcqRel);
+        }
+        if !doomed.is_empty() {
+            for id in &doomed {
+                let path = segment_path(&self.shard.dir, *id);
+                let mut free = self.free.lock();
+                if free.len() < FREE_POOL && !free_space {
+                    let spare = self.shard.dir.join(format!("{id:020}{FREE_SUFFIX}"));
+                    fs::rename(&path, &spare)?;
+                    free.push(spare);
+                } else {
+                    drop(free);
+                    fs::remove_file(path)?;
+                }
+            }
+            self.shard.state.lock().segments.retain(|g| !doomed.contains(&g.id));
+        }
+        written
+    }
+}
