@@ -216,6 +216,13 @@ fn encode_frames(out: &mut Vec<u8>, msgs: &[String]) {
     }
 }
 
+/// Appends one frame per event, numbered from 0, as the persisted queue's writer does.
+fn encode_event_frames(out: &mut Vec<u8>, events: &[Event]) {
+    for (i, e) in events.iter().enumerate() {
+        try_append_frame(out, i as u64, |b| encode_event(e, b).map_err(sluice_segment::Error::from)).unwrap();
+    }
+}
+
 fn decode_frames(buf: &[u8]) -> usize {
     let mut cursor = FrameCursor::new(buf, 0);
     let mut bytes = 0;
@@ -256,18 +263,13 @@ fn bench_frames(c: &mut Criterion) {
 
     let events: Vec<Event> = msgs.iter().enumerate().map(|(i, m)| log_event(m, i)).collect();
     let mut frames = Vec::new();
-    for (i, e) in events.iter().enumerate() {
-        try_append_frame(&mut frames, i as u64, |b| encode_event(e, b).map_err(sluice_segment::Error::from)).unwrap();
-    }
+    encode_event_frames(&mut frames, &events);
     let mut g = c.benchmark_group("event_frames");
     g.throughput(Throughput::Bytes(total as u64));
     g.bench_function("encode", |b| {
         b.iter(|| {
             out.clear();
-            for (i, e) in black_box(&events).iter().enumerate() {
-                try_append_frame(&mut out, i as u64, |b| encode_event(e, b).map_err(sluice_segment::Error::from))
-                    .unwrap();
-            }
+            encode_event_frames(&mut out, black_box(&events));
             black_box(out.len())
         })
     });
@@ -332,10 +334,7 @@ fn bench_codec(c: &mut Criterion) {
     g.bench_function("encode_frames_1000_lines", |b| {
         b.iter(|| {
             frames.clear();
-            for (i, e) in black_box(&lines).iter().enumerate() {
-                try_append_frame(&mut frames, i as u64, |b| encode_event(e, b).map_err(sluice_segment::Error::from))
-                    .unwrap();
-            }
+            encode_event_frames(&mut frames, black_box(&lines));
             black_box(frames.len())
         })
     });
