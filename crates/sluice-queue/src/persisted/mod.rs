@@ -272,7 +272,7 @@ impl PersistedQueue {
                 )),
             };
             if writer.active.is_none() {
-                // A new shard: its first segment is made now, off the write path, pages ready.
+                // A new shard: its first segment is made now, off the write path, its first pages ready.
                 writer.start_segment(writer.next_seq, 0, true)?;
             }
             let (syncer, inner, synced_shard) = (writer.syncer.clone(), self.inner.clone(), shard.clone());

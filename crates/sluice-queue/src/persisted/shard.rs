@@ -476,8 +476,9 @@ impl Shard {
     }
 
     /// Takes up to `want` events from the front of this shard if they are in memory: adjacent
-    /// in-memory entries (one per batch written) are merged into one piece with one
-    /// acknowledgement for their whole range. `Err(())` when the front is on disk (see [`Shard::take_from_disk`]).
+    /// in-memory entries (one per batch written, or per run of small batches) are merged into
+    /// one piece with one acknowledgement for their whole range. `Err(())` when the front is on
+    /// disk (see [`Shard::take_from_disk`]).
     pub fn take_from_memory(self: &Arc<Self>, inner: &Arc<Inner>, want: usize) -> Result<Option<Batch>, ()> {
         let mut s = self.state.lock();
         // The piece so far: its events, bytes and LSN range.
