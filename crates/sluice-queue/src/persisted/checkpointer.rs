@@ -134,13 +134,15 @@ impl Checkpointer {
         if !doomed.is_empty() {
             for id in &doomed {
                 let path = segment_path(&self.shard.dir, *id);
-                let mut free = self.free.lock();
-                if free.len() < FREE_POOL && !free_space {
+                // Only this (serialized) method adds spares and the writer only takes them, so
+                // the room seen here is still there after the rename, done outside the lock
+                // the writer takes when it starts a segment.
+                let room = self.free.lock().len() < FREE_POOL;
+                if room && !free_space {
                     let spare = self.shard.dir.join(format!("{id:020}{FREE_SUFFIX}"));
                     fs::rename(&path, &spare)?;
-                    free.push(spare);
+                    self.free.lock().push(spare);
                 } else {
-                    drop(free);
                     fs::remove_file(path)?;
                 }
             }
