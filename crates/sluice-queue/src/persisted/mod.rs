@@ -327,6 +327,7 @@ impl PersistedQueue {
                 Err(()) => on_disk.push(shard.clone()),
             }
         }
+        // Besides the pop's own start: a pop filling a batch over its delay takes many times.
         if !on_disk.is_empty() || out.is_some() {
             self.inner.pacing.saw_worker();
         }

@@ -285,6 +285,41 @@ async fn segments_rotate_and_acknowledged_ones_are_deleted() {
     q.shutdown().await;
 }
 
+/// A checkpoint the background thread cannot write (here its temporary file's name is taken by
+/// a directory) is logged and tried again; meanwhile the queue goes on, and no segment is
+/// retired, since no checkpoint past it is on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_that_cannot_be_written_retires_nothing_and_is_tried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard_dir = dir.path().join("shard-0");
+    let q = open(settings(dir.path(), 1, 64 << 10)).await;
+    let blocker = shard_dir.join("checkpoint.tmp");
+    fs::create_dir(&blocker).unwrap();
+    for i in 0..20 {
+        push_durable(&q, numbered(i * 100, 100)).await;
+    }
+    assert_eq!(drain(&q, 2000, true).await, (0..2000).collect::<Vec<_>>());
+    tokio::time::sleep(Duration::from_millis(150)).await; // several checkpoint intervals
+    assert_eq!(checkpoint::read(&shard_dir).unwrap(), None, "a checkpoint was written");
+    let kept = segments(dir.path()).len();
+    assert!(kept > 3, "segments retired without a checkpoint past them: {kept} left");
+    // The writer was not held up: more events are written, synced and delivered.
+    push_durable(&q, numbered(2000, 100)).await;
+    assert_eq!(drain(&q, 100, true).await, (2000..2100).collect::<Vec<_>>());
+    // Once the checkpoint can be written, it is, and the acknowledged segments go.
+    fs::remove_dir(&blocker).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while segments(dir.path()).len() > 1 {
+        assert!(std::time::Instant::now() < deadline, "segments never retired: {:?}", segments(dir.path()));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(checkpoint::read(&shard_dir).unwrap().is_some());
+    q.shutdown().await;
+    let q = open(settings(dir.path(), 1, 64 << 10)).await;
+    assert_eq!(drain(&q, 2100, true).await, Vec::<i64>::new(), "nothing completed is delivered again");
+    q.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_tail_is_cut_and_everything_before_it_survives() {
     let dir = tempfile::tempdir().unwrap();
