@@ -824,6 +824,8 @@ impl Writer {
                 // checkpoint.
                 self.syncer.wait_idle();
             }
+            // The last checkpoint failed: ending anyway costs duplicates, retrying could hang.
+            let mut last_failed = false;
             let done_lsn = self.shard.state.lock().done_lsn;
             if done_lsn != self.checkpoints.written()
                 && (closed || last_checkpoint.elapsed() >= self.inner.config.checkpoint_interval)
@@ -837,7 +839,10 @@ impl Writer {
                     if closed {
                         // The last one, written here so that the writer ends only once it is.
                         if let Err(e) = self.checkpoints.write(done, false) {
-                            tracing::error!(shard = self.shard.id, error = %e, "cannot write the queue checkpoint")
+                            tracing::error!(shard = self.shard.id, error = %e,
+                                "cannot write the last queue checkpoint: the next start delivers again the events \
+                                 acknowledged since the previous one");
+                            last_failed = true;
                         }
                     } else {
                         self.checkpoints.request(done);
@@ -847,7 +852,7 @@ impl Writer {
             }
             let finished = {
                 let s = self.shard.state.lock();
-                s.pending.is_empty() && s.checkpointable() == self.checkpoints.written()
+                s.pending.is_empty() && (s.checkpointable() == self.checkpoints.written() || last_failed)
             };
             if closed && finished {
                 break;

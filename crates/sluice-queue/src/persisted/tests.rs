@@ -320,6 +320,22 @@ async fn a_checkpoint_that_cannot_be_written_retires_nothing_and_is_tried_again(
     q.shutdown().await;
 }
 
+/// Shutdown does not wait forever for a last checkpoint that cannot be written: the queue
+/// closes, and the next start delivers again what came after the checkpoint on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_when_the_last_checkpoint_cannot_be_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    fs::create_dir(dir.path().join("shard-0").join("checkpoint.tmp")).unwrap();
+    push_durable(&q, numbered(0, 100)).await;
+    assert_eq!(drain(&q, 100, true).await, (0..100).collect::<Vec<_>>());
+    tokio::time::timeout(Duration::from_secs(10), q.shutdown()).await.expect("shutdown hung on the checkpoint");
+    fs::remove_dir(dir.path().join("shard-0").join("checkpoint.tmp")).unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    assert_eq!(drain(&q, 100, true).await, (0..100).collect::<Vec<_>>(), "delivered again, none lost");
+    q.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_tail_is_cut_and_everything_before_it_survives() {
     let dir = tempfile::tempdir().unwrap();
