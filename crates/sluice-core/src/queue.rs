@@ -80,6 +80,10 @@ pub trait Queue: Send + Sync {
     /// event is there. Returns `None` when the queue is closed and empty.
     async fn pop(&self, max_events: usize, delay: Duration) -> Option<Batch>;
 
+    /// Every input has stopped: no push will come, so a pop no longer waits for its batch to
+    /// fill (a drain would otherwise wait `delay` for the last, partial batch).
+    fn inputs_ended(&self) {}
+
     /// Refuses further pushes. A memory queue's pops drain what is left, then return `None`;
     /// a persistent queue's pops return `None` at once (what is left stays for the next start).
     fn close(&self);

@@ -202,6 +202,7 @@ impl RunningPipeline {
             tracing::warn!(pipeline = %name, "inputs did not stop in time; aborting them");
             self.inputs.iter().for_each(JoinHandle::abort);
         }
+        self.queue.inputs_ended();
         if drain && self.queue.persistent() {
             let emptied = tokio::time::timeout(timeout, async {
                 while self.queue.stats().bytes > 0 {

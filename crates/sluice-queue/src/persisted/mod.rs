@@ -184,6 +184,8 @@ pub struct PersistedQueue {
     next_push: AtomicUsize,
     next_pop: AtomicUsize,
     closed: AtomicBool,
+    /// Set by `inputs_ended`: pops hand out what they have without waiting for more.
+    inputs_ended: AtomicBool,
     blocked_nanos: AtomicU64,
 }
 
@@ -206,6 +208,7 @@ impl PersistedQueue {
             next_push: AtomicUsize::new(0),
             next_pop: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
+            inputs_ended: AtomicBool::new(false),
             blocked_nanos: AtomicU64::new(0),
         }
     }
@@ -464,7 +467,8 @@ impl Queue for PersistedQueue {
                 continue;
             }
             let have = out.as_ref().map_or(0, Batch::len);
-            if have >= want || (have > 0 && delay.is_zero()) {
+            let no_more = delay.is_zero() || self.inputs_ended.load(Ordering::Acquire);
+            if have >= want || (have > 0 && no_more) {
                 return out;
             }
             if have > 0 {
@@ -478,6 +482,11 @@ impl Queue for PersistedQueue {
                 let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
             }
         }
+    }
+
+    fn inputs_ended(&self) {
+        self.inputs_ended.store(true, Ordering::Release);
+        self.inner.not_empty.notify_waiters();
     }
 
     fn close(&self) {

@@ -124,6 +124,35 @@ async fn acked_events_are_not_delivered_again_after_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_inputs_end_a_pop_hands_out_its_partial_batch_without_waiting_for_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = Arc::new(open(settings(dir.path(), 1, 1 << 20)).await);
+    push_durable(&q, numbered(0, 5)).await;
+    // A worker asking for a full batch, ready to wait a minute for it to fill.
+    let waiting = tokio::spawn({
+        let q = q.clone();
+        async move { q.pop(1000, Duration::from_secs(60)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "the pop waits for its batch to fill while inputs may still push");
+    q.inputs_ended();
+    let batch = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the pop returns once the inputs have ended")
+        .unwrap()
+        .expect("a batch");
+    assert_eq!(numbers(&batch), (0..5).collect::<Vec<_>>());
+    batch.complete();
+
+    // Later pops do not wait either.
+    push_durable(&q, numbered(5, 3)).await;
+    let batch = tokio::time::timeout(Duration::from_secs(10), q.pop(1000, Duration::from_secs(60))).await.unwrap();
+    assert_eq!(numbers(batch.as_ref().unwrap()), vec![5, 6, 7]);
+    batch.unwrap().complete();
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unacked_events_come_back_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
