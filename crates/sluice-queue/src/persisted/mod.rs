@@ -253,31 +253,19 @@ impl PersistedQueue {
                 "the queue has more shards on disk than configured; using all of them");
         }
         let started = Instant::now();
+        // Shards open side by side: each recovery reads its own files and each new segment
+        // waits for its own fsyncs, so a start-up costs the slowest shard, not their sum.
+        let opened: Vec<std::io::Result<(Arc<Shard>, Writer)>> = std::thread::scope(|scope| {
+            let opening: Vec<_> = (0..count).map(|id| scope.spawn(move || self.open_shard(id))).collect();
+            opening
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("a shard's opening panicked"))))
+                .collect()
+        });
         let mut shards = Vec::with_capacity(count);
         let mut writers = Vec::with_capacity(count);
-        for id in 0..count {
-            let (shard, recovered) = Shard::open(&self.inner, id as u32, path.join(format!("shard-{id}")))?;
-            let mut writer = Writer {
-                inner: self.inner.clone(),
-                shard: shard.clone(),
-                next_seq: recovered.next_seq,
-                active: recovered.active,
-                direct: None,
-                syncer: Arc::new(syncer::Syncer::default()),
-                direct_buf: direct::AlignedBuf::default(),
-                direct_io: self.inner.config.direct_io,
-                // The position the checkpoint on disk records, read before any worker can
-                // complete anything.
-                checkpoints: Arc::new(checkpointer::Checkpointer::new(
-                    shard.clone(),
-                    recovered.free,
-                    shard.state.lock().done_lsn,
-                )),
-            };
-            if writer.active.is_none() {
-                // A new shard: its first segment is made now, off the write path, its first pages ready.
-                writer.start_segment(writer.next_seq, 0, true)?;
-            }
+        for (id, opened) in opened.into_iter().enumerate() {
+            let (shard, writer) = opened?;
             let (syncer, inner, synced_shard) = (writer.syncer.clone(), self.inner.clone(), shard.clone());
             writers.push(
                 std::thread::Builder::new()
@@ -299,6 +287,34 @@ impl PersistedQueue {
         *self.writers.lock() = writers;
         self.inner.not_empty.notify_waiters();
         Ok(())
+    }
+
+    /// Recovers shard `id` and makes its writer, with a first segment if the shard is new.
+    fn open_shard(&self, id: usize) -> std::io::Result<(Arc<Shard>, Writer)> {
+        let (shard, recovered) =
+            Shard::open(&self.inner, id as u32, self.inner.config.path.join(format!("shard-{id}")))?;
+        let mut writer = Writer {
+            inner: self.inner.clone(),
+            shard: shard.clone(),
+            next_seq: recovered.next_seq,
+            active: recovered.active,
+            direct: None,
+            syncer: Arc::new(syncer::Syncer::default()),
+            direct_buf: direct::AlignedBuf::default(),
+            direct_io: self.inner.config.direct_io,
+            // The position the checkpoint on disk records, read before any worker can
+            // complete anything.
+            checkpoints: Arc::new(checkpointer::Checkpointer::new(
+                shard.clone(),
+                recovered.free,
+                shard.state.lock().done_lsn,
+            )),
+        };
+        if writer.active.is_none() {
+            // A new shard: its first segment is made now, off the write path, its first pages ready.
+            writer.start_segment(writer.next_seq, 0, true)?;
+        }
+        Ok((shard, writer))
     }
 
     fn shards(&self) -> &[Arc<Shard>] {

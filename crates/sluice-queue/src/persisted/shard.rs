@@ -78,9 +78,10 @@ fn take_group(pending: &mut Vec<Batch>, max: usize) -> Vec<Batch> {
 
 /// How much of a new shard's first segment is pre-written when the queue opens. The opening
 /// waits for it, and nothing else can run meanwhile: pre-writing a whole 64 MiB segment per
-/// shard took about 80 ms of a generator → `json` → blackhole run of 4 s, while what it saves
-/// is the metadata of the first fdatasyncs (later segments are reused files or new ones).
-const PREWRITE_BYTES: u64 = 8 << 20;
+/// shard took about 80 ms of a generator → `json` → blackhole run of 4 s, and 8 MiB still
+/// 15 ms, while what it saves is the metadata of the first fdatasyncs (later segments are
+/// reused files or new ones). 2 MiB covers a first burst such as `sync_1k`'s 0.75 MiB.
+const PREWRITE_BYTES: u64 = 2 << 20;
 
 /// Events read back from disk per piece at most, whatever the worker asked for.
 const READ_WINDOW: usize = 4 << 20;
