@@ -314,6 +314,33 @@ async fn segments_rotate_and_acknowledged_ones_are_deleted() {
     q.shutdown().await;
 }
 
+/// A segment wholly acknowledged is retired as soon as the writer has moved past it, not at
+/// the next `checkpoint_interval`: its file goes to the spare pool in time for the next
+/// segment, which then rewrites cached pages instead of allocating fresh ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_segments_are_retired_without_waiting_for_the_checkpoint_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Settings { checkpoint_interval: Duration::from_secs(3600), ..settings(dir.path(), 1, 64 << 10) };
+    let q = open(s).await;
+    for i in 0..20 {
+        push_durable(&q, numbered(i * 100, 100)).await;
+        assert_eq!(drain(&q, 100, true).await.len(), 100);
+    }
+    let spares = || {
+        fs::read_dir(dir.path().join("shard-0"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(shard::FREE_SUFFIX))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while (segments(dir.path()).len() > 2 || spares() == 0) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(segments(dir.path()).len() <= 2, "acknowledged segments retired: {:?}", segments(dir.path()));
+    assert!(spares() > 0, "a retired segment is kept for reuse");
+    q.shutdown().await;
+}
+
 /// A checkpoint the background thread cannot write (here its temporary file's name is taken by
 /// a directory) is logged and tried again; meanwhile the queue goes on, and no segment is
 /// retired, since no checkpoint past it is on disk.
