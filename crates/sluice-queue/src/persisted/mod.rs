@@ -6,7 +6,8 @@
 //!   commit`), so an acknowledged event survives a crash of the process or of the machine.
 //! - Workers take batches from any shard; each batch acknowledges its own range of its shard's
 //!   log. Ranges complete in any order; the contiguous completed prefix is checkpointed (every
-//!   `checkpoint_interval`, and at shutdown), and segments wholly before it are deleted.
+//!   `checkpoint_interval`, as soon as a whole older segment is completed, and at shutdown),
+//!   and segments wholly before it are kept for reuse (two per shard) or deleted.
 //! - Start-up reads each shard's checkpoint and queues the rest of the log for reading, without
 //!   reading it; only the last segment is scanned, to cut a torn tail left by a crash. A
 //!   damaged frame found later is skipped, counted and logged with its segment and offset.
