@@ -91,6 +91,14 @@ fn live_end(bytes: &[u8]) -> u64 {
     at as u64
 }
 
+/// How many acknowledged segment files shard 0 keeps for reuse.
+fn spares(dir: &Path) -> usize {
+    fs::read_dir(dir.join("shard-0"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(shard::FREE_SUFFIX))
+        .count()
+}
+
 fn segments(dir: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = fs::read_dir(dir.join("shard-0"))
         .unwrap()
@@ -326,18 +334,12 @@ async fn acknowledged_segments_are_retired_without_waiting_for_the_checkpoint_in
         push_durable(&q, numbered(i * 100, 100)).await;
         assert_eq!(drain(&q, 100, true).await.len(), 100);
     }
-    let spares = || {
-        fs::read_dir(dir.path().join("shard-0"))
-            .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(shard::FREE_SUFFIX))
-            .count()
-    };
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while (segments(dir.path()).len() > 2 || spares() == 0) && std::time::Instant::now() < deadline {
+    while (segments(dir.path()).len() > 2 || spares(dir.path()) == 0) && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(segments(dir.path()).len() <= 2, "acknowledged segments retired: {:?}", segments(dir.path()));
-    assert!(spares() > 0, "a retired segment is kept for reuse");
+    assert!(spares(dir.path()) > 0, "a retired segment is kept for reuse");
     q.shutdown().await;
 }
 
@@ -579,11 +581,7 @@ async fn reused_segments_never_yield_their_old_frames() {
     }
     assert_eq!(drain(&q, 1200, true).await.len(), 1200);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let spares = fs::read_dir(dir.path().join("shard-0"))
-        .unwrap()
-        .filter(|e| e.as_ref().unwrap().path().to_str().unwrap().ends_with(".free"))
-        .count();
-    assert!(spares > 0, "acknowledged segments are kept for reuse");
+    assert!(spares(dir.path()) > 0, "acknowledged segments are kept for reuse");
     // ...then write fewer events than a segment holds into reused files, and restart.
     for i in 0..3 {
         push_durable(&q, numbered(10_000 + i * 100, 100)).await;
