@@ -292,8 +292,10 @@ impl PersistedQueue {
 
     /// Recovers shard `id` and makes its writer, with a first segment if the shard is new.
     fn open_shard(&self, id: usize) -> std::io::Result<(Arc<Shard>, Writer)> {
-        let (shard, recovered) =
-            Shard::open(&self.inner, id as u32, self.inner.config.path.join(format!("shard-{id}")))?;
+        let dir = self.inner.config.path.join(format!("shard-{id}"));
+        // Each shard names itself: the caller reports only the first failure.
+        let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("shard-{id}: {e}"));
+        let (shard, recovered) = Shard::open(&self.inner, id as u32, dir).map_err(named)?;
         let mut writer = Writer {
             inner: self.inner.clone(),
             shard: shard.clone(),
@@ -313,7 +315,7 @@ impl PersistedQueue {
         };
         if writer.active.is_none() {
             // A new shard: its first segment is made now, off the write path, its first pages ready.
-            writer.start_segment(writer.next_seq, 0, true)?;
+            writer.start_segment(writer.next_seq, 0, true).map_err(named)?;
         }
         Ok((shard, writer))
     }

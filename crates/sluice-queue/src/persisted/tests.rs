@@ -561,6 +561,32 @@ async fn reads_back_from_disk_beyond_the_memory_budget() {
     q.shutdown().await;
 }
 
+/// One shard that cannot open fails the start with an error naming it, and leaves the shards
+/// that did open untouched: once the cause is gone, their events are all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_cannot_open_fails_the_start_and_names_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    push_durable(&q, numbered(0, 10)).await;
+    q.shutdown().await;
+    drop(q);
+
+    // A plain file where the second shard's directory belongs.
+    let blocker = dir.path().join("shard-1");
+    fs::write(&blocker, b"not a directory").unwrap();
+    let failed = PersistedQueue::new(settings(dir.path(), 2, 1 << 20));
+    let e = failed.start().await.unwrap_err();
+    assert!(e.contains("shard-1") && e.contains(&dir.path().display().to_string()), "{e}");
+    drop(failed);
+
+    fs::remove_file(&blocker).unwrap();
+    let q = open(settings(dir.path(), 2, 1 << 20)).await;
+    let mut got = drain(&q, 10, true).await;
+    got.sort();
+    assert_eq!(got, (0..10).collect::<Vec<_>>());
+    q.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_cannot_open_the_same_queue() {
     let dir = tempfile::tempdir().unwrap();
