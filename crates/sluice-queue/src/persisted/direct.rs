@@ -29,34 +29,110 @@ const END_MARKER: usize = 4;
 
 /// A buffer whose usable part starts on a block boundary. The writer keeps one for its life:
 /// allocating it per segment would fault in fresh zeroed pages every time.
+///
+/// It is its own anonymous mapping, aligned to 2 MiB and advised to use transparent huge
+/// pages. Why: a direct write pins every page of its buffer and hands the device one segment
+/// per physically contiguous run. In 4 KiB pages, a 1 MiB write took 256 pins and was split
+/// into two or more requests, each a costly exit to the hypervisor on a virtual machine.
 #[derive(Default)]
 pub(crate) struct AlignedBuf {
-    storage: Vec<u8>,
-    start: usize,
+    map: Option<Mapping>,
+}
+
+/// An anonymous private mapping, unmapped on drop.
+struct Mapping {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by one `AlignedBuf` and only reached through it.
+unsafe impl Send for Mapping {}
+
+/// Huge page size on x86-64 and aarch64 (with 4 KiB base pages).
+const HUGE: usize = 2 << 20;
+
+impl Mapping {
+    fn new(len: usize) -> io::Result<Mapping> {
+        let len = len.next_multiple_of(HUGE);
+        // Over-map by one huge page to place the buffer on a huge-page boundary.
+        let total = len + HUGE;
+        // SAFETY: an anonymous private mapping, checked below; no existing memory is touched.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let head = (raw as usize).next_multiple_of(HUGE) - raw as usize;
+        // SAFETY: both trimmed pieces lie inside the mapping just made, on page boundaries.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            let tail = total - head - len;
+            if tail > 0 {
+                libc::munmap(raw.cast::<u8>().add(head + len).cast(), tail);
+            }
+            let ptr = raw.cast::<u8>().add(head);
+            // A hint: without huge pages the buffer works the same, only slower.
+            libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE);
+            Ok(Mapping { ptr: std::ptr::NonNull::new_unchecked(ptr), len })
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the region was mapped by `Mapping::new` and nothing refers to it any more.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
 }
 
 impl AlignedBuf {
-    pub fn new(len: usize) -> AlignedBuf {
-        let storage = vec![0u8; len + BLOCK];
-        let start = storage.as_ptr().align_offset(BLOCK);
-        AlignedBuf { storage, start }
+    pub fn new(len: usize) -> io::Result<AlignedBuf> {
+        Ok(AlignedBuf { map: Some(Mapping::new(len.max(BLOCK))?) })
     }
 
     fn capacity(&self) -> usize {
-        self.storage.len().saturating_sub(BLOCK)
+        self.map.as_ref().map_or(0, |m| m.len)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match &self.map {
+            // SAFETY: the mapping is `len` readable bytes (zeroed when mapped) owned by `self`.
+            Some(m) => unsafe { std::slice::from_raw_parts(m.ptr.as_ptr(), m.len) },
+            None => &[],
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.map {
+            // SAFETY: as in `bytes`, and `&mut self` makes this the only reference.
+            Some(m) => unsafe { std::slice::from_raw_parts_mut(m.ptr.as_ptr(), m.len) },
+            None => &mut [],
+        }
     }
 
     /// The first `len` bytes, as last written through [`AlignedBuf::slice`].
     pub fn filled(&self, len: usize) -> &[u8] {
-        &self.storage[self.start..self.start + len]
+        &self.bytes()[..len]
     }
 
     /// The first `len` bytes, to write into; grows (losing the contents) when too small.
-    pub fn slice(&mut self, len: usize) -> &mut [u8] {
+    pub fn slice(&mut self, len: usize) -> io::Result<&mut [u8]> {
         if len > self.capacity() {
-            *self = AlignedBuf::new(len.next_power_of_two());
+            *self = AlignedBuf::new(len.next_power_of_two())?;
         }
-        &mut self.storage[self.start..self.start + len]
+        Ok(&mut self.bytes_mut()[..len])
     }
 }
 
@@ -107,7 +183,7 @@ impl DirectFile {
         let live_end = head + frames.len();
         let padded = (live_end + END_MARKER).next_multiple_of(BLOCK);
         let tail = &self.tail[..head];
-        let out = buf.slice(padded);
+        let out = buf.slice(padded)?;
         out[..head].copy_from_slice(tail);
         out[head..live_end].copy_from_slice(frames);
         out[live_end..padded].fill(0);
@@ -139,7 +215,7 @@ mod tests {
             eprintln!("no O_DIRECT on this filesystem; nothing to test");
             return;
         };
-        let mut buf = AlignedBuf::new(BLOCK);
+        let mut buf = AlignedBuf::new(BLOCK).unwrap();
         let mut expected = vec![7u8; 64];
         let mut at = 64u64;
         for (i, len) in [10usize, 4000, 1, 5000, 96].into_iter().enumerate() {
@@ -164,7 +240,7 @@ mod tests {
         std::fs::write(&path, &existing).unwrap();
         let buffered = OpenOptions::new().read(true).write(true).open(&path).unwrap();
         let Some(mut d) = DirectFile::open(&path, 1, existing.len() as u64, &buffered).unwrap() else { return };
-        d.write(&mut AlignedBuf::new(BLOCK), b"next", existing.len() as u64).unwrap();
+        d.write(&mut AlignedBuf::new(BLOCK).unwrap(), b"next", existing.len() as u64).unwrap();
         let bytes = live(&path);
         assert_eq!(&bytes[..existing.len()], &existing[..]);
         assert_eq!(&bytes[existing.len()..existing.len() + 4], b"next");

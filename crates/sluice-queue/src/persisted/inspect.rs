@@ -596,6 +596,7 @@ mod tests {
             checkpoint_interval: Duration::from_millis(10),
             memory_bytes: 16 << 20,
             direct_io: true,
+            stage_hold: super::super::shard::STAGE_HOLD,
         }
     }
 

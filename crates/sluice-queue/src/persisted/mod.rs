@@ -109,6 +109,8 @@ pub(crate) struct Settings {
     pub checkpoint_interval: Duration,
     pub memory_bytes: usize,
     pub direct_io: bool,
+    /// How long staged frames may wait for their write (not a user setting: tests lengthen it).
+    pub stage_hold: Duration,
 }
 
 impl PersistedQueueConfig {
@@ -135,6 +137,7 @@ impl PersistedQueueConfig {
             checkpoint_interval: self.checkpoint_interval.0,
             memory_bytes: self.memory_bytes.as_usize(),
             direct_io: self.direct_io,
+            stage_hold: shard::STAGE_HOLD,
         })
     }
 }
@@ -304,6 +307,7 @@ impl PersistedQueue {
             direct: None,
             syncer: Arc::new(syncer::Syncer::default()),
             direct_buf: direct::AlignedBuf::default(),
+            stage: shard::Stage::default(),
             direct_io: self.inner.config.direct_io,
             // The position the checkpoint on disk records, read before any worker can
             // complete anything.

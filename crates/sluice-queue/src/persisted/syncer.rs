@@ -48,7 +48,8 @@ pub(crate) struct BatchFrames {
     pub ends_to: usize,
 }
 
-/// One group, written, on its way to the workers.
+/// One group, encoded (and written, unless staged: see `shard::Stage`), on its way to the
+/// workers.
 pub(crate) struct Written {
     pub work: Vec<Batch>,
     /// Per batch, where its frames are.
@@ -77,9 +78,9 @@ const MERGE_BELOW: usize = 64;
 /// ...up to this many events per entry.
 const MERGED_MAX: usize = 1024;
 
-/// Hands a written group's events to the workers (from memory for the batches the writer
-/// kept within the memory budget, else as a range to read back) and counts them in the
-/// shard. Returns the batches, emptied, for their acknowledgements: whoever acknowledges them
+/// Hands a group's events to the workers (from memory for the batches the writer kept within
+/// the memory budget, else as a range to read back, which must be written already) and counts
+/// them in the shard. Returns the batches, emptied, for their acknowledgements: whoever acknowledges them
 /// does so after this, so an input that hears back finds its events already counted.
 pub(crate) fn hand_over(inner: &Inner, shard: &Shard, group: Written) -> Vec<Batch> {
     let Written { mut work, ranges, event_ends, base, written, estimate } = group;

@@ -18,6 +18,7 @@ fn settings(dir: &Path, shards: usize, segment_bytes: u64) -> Settings {
         checkpoint_interval: Duration::from_millis(20),
         memory_bytes: 16 << 20,
         direct_io: true,
+        stage_hold: shard::STAGE_HOLD,
     }
 }
 
@@ -737,5 +738,86 @@ async fn events_are_not_acknowledged_when_fdatasync_fails() {
     q.shutdown().await;
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
     assert_eq!(drain(&q, 20, true).await, Vec::<i64>::new(), "nothing completed is delivered again");
+    q.shutdown().await;
+}
+
+/// One shard whose staged frames (direct I/O) wait for their write until something forces it:
+/// a batch an input waits for, a full stage, a new segment, or the queue closing.
+fn staging_settings(dir: &Path, segment_bytes: u64) -> Settings {
+    Settings { stage_hold: Duration::from_secs(600), ..settings(dir, 1, segment_bytes) }
+}
+
+async fn push_untracked(q: &PersistedQueue, events: Vec<Event>) {
+    let bytes = events.len() * 80;
+    q.push(Batch::untracked(events, bytes)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_nobody_waits_for_reach_the_workers_at_once_and_are_written_soon_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    push_untracked(&q, numbered(0, 20)).await;
+    assert_eq!(drain(&q, 20, false).await, (0..20).collect::<Vec<_>>());
+    // Staged or not, the frames reach the file without anything else happening.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let segment = segments(dir.path()).pop().expect("a segment");
+        if live_end(&fs::read(&segment).unwrap()) > sluice_segment::SEGMENT_HEADER_LEN as u64 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the frames were never written");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    q.shutdown().await;
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    assert_eq!(drain(&q, 20, true).await, (0..20).collect::<Vec<_>>(), "not acknowledged: delivered again");
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_given_back_before_its_frames_are_written_is_read_once_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(staging_settings(dir.path(), 1 << 20)).await;
+    push_untracked(&q, numbered(0, 50)).await;
+    push_untracked(&q, numbered(50, 50)).await;
+    let pop =
+        || async { tokio::time::timeout(Duration::from_secs(5), q.pop(50, Duration::ZERO)).await.unwrap().unwrap() };
+    let first = pop().await;
+    assert_eq!(numbers(&first), (0..50).collect::<Vec<_>>());
+    first.complete();
+    let second = pop().await;
+    assert_eq!(numbers(&second), (50..100).collect::<Vec<_>>());
+    // A delivery cut short: the range goes back, to be read from disk, where (with direct
+    // I/O) it is not yet, and where it does not start at the end of what is.
+    drop(second);
+    let mut got = match tokio::time::timeout(Duration::from_millis(300), q.pop(1000, Duration::ZERO)).await {
+        Ok(Some(b)) => {
+            let n = numbers(&b);
+            b.complete();
+            n
+        }
+        _ => Vec::new(),
+    };
+    // An input waiting for its batch has it written at once, with the staged frames before it.
+    push_durable(&q, numbered(100, 10)).await;
+    got.extend(drain(&q, 60 - got.len(), true).await);
+    assert_eq!(got, (50..110).collect::<Vec<_>>());
+    q.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_frames_are_written_when_the_queue_closes_and_when_a_segment_is_sealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(staging_settings(dir.path(), 64 << 10)).await;
+    // About 230 KB of frames in 64 KiB segments, none of them awaited, in groups of one batch.
+    for from in (0..2000).step_by(50) {
+        push_untracked(&q, numbered(from, 50)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    q.shutdown().await;
+    let sealed = segments(dir.path()).len();
+    assert!(sealed >= 3, "several segments were sealed: {sealed}");
+    let q = open(staging_settings(dir.path(), 64 << 10)).await;
+    assert_eq!(drain(&q, 2000, true).await, (0..2000).collect::<Vec<_>>());
     q.shutdown().await;
 }
