@@ -242,10 +242,10 @@ SCENARIOS = {
     "gen-json": lambda tmp, n: generator_blackhole(tmp, n, [{"type": "json"}], "generator -> json -> blackhole"),
     "gen-json-pq": lambda tmp, n: generator_blackhole(tmp, n, [{"type": "json"}], "generator -> persisted -> json -> bh",
                                                       queue={"type": "persisted", "sync": "commit"}),
-    "gen-json-pq-direct": lambda tmp, n: generator_blackhole(tmp, n, [{"type": "json"}],
-                                                             "generator -> persisted (direct_io) -> json -> bh",
-                                                             queue={"type": "persisted", "sync": "commit",
-                                                                    "direct_io": True}),
+    "gen-json-pq-buffered": lambda tmp, n: generator_blackhole(tmp, n, [{"type": "json"}],
+                                                               "generator -> persisted (page cache) -> json -> bh",
+                                                               queue={"type": "persisted", "sync": "commit",
+                                                                      "direct_io": False}),
     "tcp": lambda tmp, n: tcp_blackhole(tmp, n),
     "tcp-json": lambda tmp, n: tcp_blackhole(tmp, n, [{"type": "json"}], "tcp -> json -> blackhole"),
     "file": lambda tmp, n: file_blackhole(tmp, n),
@@ -301,8 +301,8 @@ def main():
     mem = "generator -> json -> blackhole"
     show_ratio("persisted / memory throughput, generator -> json -> blackhole",
                ratio(rows, "generator -> persisted -> json -> bh", mem, "events_per_s"))
-    show_ratio("persisted (direct_io) / memory throughput",
-               ratio(rows, "generator -> persisted (direct_io) -> json -> bh", mem, "events_per_s"))
+    show_ratio("persisted (page cache) / memory throughput",
+               ratio(rows, "generator -> persisted (page cache) -> json -> bh", mem, "events_per_s"))
     on, off = "10000 files round-robin, registry on", "10000 files round-robin, registry off"
     show_ratio("10,000 files, registry on / off: throughput", ratio(rows, on, off, "events_per_s"))
     show_ratio("10,000 files, registry on / off: CPU per event", ratio(rows, on, off, "cpu_s_per_m"))

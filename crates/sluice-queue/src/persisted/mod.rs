@@ -77,7 +77,7 @@ pub struct PersistedQueueConfig {
     pub checkpoint_interval: HumanDuration,
     /// Written batches kept in memory for the workers; beyond this they are read back from disk.
     pub memory_bytes: ByteSize,
-    /// Write segments with `O_DIRECT` where the filesystem supports it.
+    /// Write and read segments with `O_DIRECT` where the filesystem supports it (the default).
     pub direct_io: bool,
 }
 
@@ -92,7 +92,9 @@ impl Default for PersistedQueueConfig {
             sync_interval: HumanDuration(Duration::from_secs(1)),
             checkpoint_interval: HumanDuration(Duration::from_secs(1)),
             memory_bytes: ByteSize(16 << 20),
-            direct_io: false,
+            // Cheaper in CPU than the page cache on the VMs measured, and it falls back by
+            // itself where O_DIRECT is refused (see `direct.rs`).
+            direct_io: true,
         }
     }
 }
