@@ -27,6 +27,8 @@ use std::str;
 
 use sluice_core::{Event, Map, SharedText, Str, Value};
 
+use crate::buf::ByteBuf;
+
 /// Deepest container nesting below an event's root object (the root itself is level 0).
 pub const MAX_DEPTH: usize = 128;
 
@@ -76,7 +78,7 @@ fn unzigzag(n: u64) -> i64 {
 
 /// Appends `v` as unsigned LEB128.
 #[inline(always)]
-pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub fn put_varint<B: ByteBuf>(out: &mut B, mut v: u64) {
     if v < 0x80 {
         out.push(v as u8);
         return;
@@ -93,12 +95,12 @@ pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 }
 
 #[inline(always)]
-fn put_str(out: &mut Vec<u8>, s: &str) {
+fn put_str<B: ByteBuf>(out: &mut B, s: &str) {
     put_varint(out, s.len() as u64);
     out.extend_from_slice(s.as_bytes());
 }
 
-fn put_map(out: &mut Vec<u8>, m: &Map, depth: usize) -> Result<(), CodecError> {
+fn put_map<B: ByteBuf>(out: &mut B, m: &Map, depth: usize) -> Result<(), CodecError> {
     put_varint(out, m.len() as u64);
     for (k, v) in m.iter() {
         put_str(out, k);
@@ -107,7 +109,7 @@ fn put_map(out: &mut Vec<u8>, m: &Map, depth: usize) -> Result<(), CodecError> {
     Ok(())
 }
 
-fn put_value(out: &mut Vec<u8>, v: &Value, depth: usize) -> Result<(), CodecError> {
+fn put_value<B: ByteBuf>(out: &mut B, v: &Value, depth: usize) -> Result<(), CodecError> {
     match v {
         Value::Null => out.push(TAG_NULL),
         Value::Bool(false) => out.push(TAG_FALSE),
@@ -152,7 +154,7 @@ fn put_value(out: &mut Vec<u8>, v: &Value, depth: usize) -> Result<(), CodecErro
 
 /// Runs `f`, and on error truncates `out` back to where it was.
 #[inline(always)]
-fn atomically(out: &mut Vec<u8>, f: impl FnOnce(&mut Vec<u8>) -> Result<(), CodecError>) -> Result<(), CodecError> {
+fn atomically<B: ByteBuf>(out: &mut B, f: impl FnOnce(&mut B) -> Result<(), CodecError>) -> Result<(), CodecError> {
     let start = out.len();
     let r = f(out);
     if r.is_err() {
@@ -162,7 +164,7 @@ fn atomically(out: &mut Vec<u8>, f: impl FnOnce(&mut Vec<u8>) -> Result<(), Code
 }
 
 /// Appends one event. Fails only with [`CodecError::TooDeep`], leaving `out` as it was.
-pub fn encode_event(event: &Event, out: &mut Vec<u8>) -> Result<(), CodecError> {
+pub fn encode_event<B: ByteBuf>(event: &Event, out: &mut B) -> Result<(), CodecError> {
     if let Some(bound) = flat::bound(&event.fields) {
         flat::put_map(out, &event.fields, bound);
         return Ok(());
@@ -182,6 +184,7 @@ mod flat {
 
     use sluice_core::{Map, Value};
 
+    use super::ByteBuf;
     use super::{TAG_FALSE, TAG_FLOAT, TAG_INT, TAG_NULL, TAG_STRING, TAG_TIMESTAMP, TAG_TRUE, zigzag};
 
     /// The most bytes a varint takes.
@@ -205,7 +208,7 @@ mod flat {
     }
 
     /// Appends `m`, which [`bound`] found flat and at most `bound` bytes long.
-    pub fn put_map(out: &mut Vec<u8>, m: &Map, bound: usize) {
+    pub fn put_map<B: ByteBuf>(out: &mut B, m: &Map, bound: usize) {
         out.reserve(bound);
         let start = out.len();
         // SAFETY: `bound` bytes of spare capacity were just reserved, and `bound` covers every

@@ -11,6 +11,7 @@
 //! lengths disagree) is skipped by [`resync`], which looks for the next offset where a whole
 //! valid frame parses; a tail after which no valid frame parses is torn and reported once.
 
+use crate::buf::ByteBuf;
 use crate::crc::{crc32c, crc32c_append};
 
 /// The first 8 bytes of every segment file.
@@ -142,7 +143,7 @@ pub const fn frame_size(body_len: usize) -> usize {
 /// If the payload would exceed [`DEFAULT_MAX_FRAME_LEN`], `out` is restored to its previous
 /// length and [`FormatError::FrameTooLarge`] is returned.
 #[inline]
-pub fn append_frame(out: &mut Vec<u8>, seq: u64, body: impl FnOnce(&mut Vec<u8>)) -> Result<usize, FormatError> {
+pub fn append_frame<B: ByteBuf>(out: &mut B, seq: u64, body: impl FnOnce(&mut B)) -> Result<usize, FormatError> {
     try_append_frame(out, seq, |b| {
         body(b);
         Ok::<(), FormatError>(())
@@ -152,10 +153,10 @@ pub fn append_frame(out: &mut Vec<u8>, seq: u64, body: impl FnOnce(&mut Vec<u8>)
 /// [`append_frame`] for a body that can fail (an encoder). On any error `out` is restored to
 /// its previous length, so a failed frame leaves no bytes behind.
 #[inline]
-pub fn try_append_frame<E: From<FormatError>>(
-    out: &mut Vec<u8>,
+pub fn try_append_frame<B: ByteBuf, E: From<FormatError>>(
+    out: &mut B,
     seq: u64,
-    body: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    body: impl FnOnce(&mut B) -> Result<(), E>,
 ) -> Result<usize, E> {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
@@ -170,9 +171,9 @@ pub fn try_append_frame<E: From<FormatError>>(
         return Err(FormatError::FrameTooLarge { len: payload_len, max: DEFAULT_MAX_FRAME_LEN }.into());
     }
     let len = (payload_len as u32).to_le_bytes();
-    out[start..start + FRAME_HEADER_LEN].copy_from_slice(&len);
+    out.as_mut_slice()[start..start + FRAME_HEADER_LEN].copy_from_slice(&len);
     // `len ‖ payload` is contiguous in `out`: one CRC pass, no copy.
-    let crc = crc32c(&out[start..]);
+    let crc = crc32c(&out.as_slice()[start..]);
     let mut trailer = [0u8; FRAME_TRAILER_LEN];
     trailer[..4].copy_from_slice(&crc.to_le_bytes());
     trailer[4..].copy_from_slice(&len);

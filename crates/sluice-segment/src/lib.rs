@@ -9,6 +9,8 @@
 //!   [`resync`] and [`frame_ending_at`].
 //! - [`codec`](mod@codec): [`encode_event`], [`encode_batch`], [`decode_event`], [`decode_batch_into`],
 //!   and [`EventDecoder`], which remembers the previous event's root keys across frames.
+//! - [`buf`](mod@buf): [`ByteBuf`], what frames are appended to (`Vec<u8>`, or a writer's own
+//!   buffer).
 //! - [`crc`](mod@crc): [`crc::crc32c`], the frames' checksum, three streams at a time for the
 //!   sizes log records have.
 //! - [`files`]: the file-system helpers both users share ([`files::sync_dir`],
@@ -110,11 +112,13 @@
 //! assert!(matches!(items[..], [FrameResult::Frame { seq: 7, .. }, FrameResult::Torn { .. }]));
 //! ```
 
+pub mod buf;
 pub mod codec;
 pub mod crc;
 pub mod files;
 pub mod format;
 
+pub use buf::ByteBuf;
 pub use codec::{
     CodecError, EventDecoder, decode_batch_body, decode_batch_into, decode_event, decode_event_body, decode_value,
     encode_batch, encode_event, encode_value,

@@ -21,6 +21,8 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
+use sluice_segment::ByteBuf;
+
 /// Alignment of buffer, offset and length. 4 KiB covers every common logical block size.
 pub(crate) const BLOCK: usize = 4096;
 
@@ -136,13 +138,161 @@ impl AlignedBuf {
     }
 }
 
+/// The writer's buffer: the frames of the groups not yet written, encoded straight into it
+/// ([`ByteBuf`]), after a `head`.
+///
+/// With direct I/O the head holds the live bytes of the block on disk that the frames follow,
+/// so from its first byte the buffer is exactly what the next write puts at that block: no
+/// copy into a write buffer (it cost as much CPU time as encoding the events). Through the page
+/// cache the head is empty. Growing keeps the contents.
+#[derive(Default)]
+pub(crate) struct StageBuf {
+    buf: AlignedBuf,
+    head: usize,
+    len: usize,
+}
+
+impl StageBuf {
+    /// A buffer with room for `len` bytes before it grows.
+    pub fn with_capacity(len: usize) -> io::Result<StageBuf> {
+        Ok(StageBuf { buf: AlignedBuf::new(len)?, head: 0, len: 0 })
+    }
+
+    /// The frames, without the head.
+    pub fn frames(&self) -> &[u8] {
+        &self.buf.bytes()[self.head..self.head + self.len]
+    }
+
+    /// Room for `total` bytes from the buffer's start, keeping head and frames.
+    fn ensure(&mut self, total: usize) -> io::Result<()> {
+        if total > self.buf.capacity() {
+            let mut bigger = AlignedBuf::new(total.next_power_of_two())?;
+            let used = self.head + self.len;
+            bigger.bytes_mut()[..used].copy_from_slice(&self.buf.bytes()[..used]);
+            self.buf = bigger;
+        }
+        Ok(())
+    }
+
+    /// Makes `head` the bytes before the frames (when the writer moves to another segment or
+    /// resumes one), keeping the frames after it.
+    pub fn set_head(&mut self, head: &[u8]) -> io::Result<()> {
+        self.ensure(head.len() + self.len)?;
+        let bytes = self.buf.bytes_mut();
+        bytes.copy_within(self.head..self.head + self.len, head.len());
+        bytes[..head.len()].copy_from_slice(head);
+        self.head = head.len();
+        Ok(())
+    }
+
+    /// The frames followed by the end marker, for a write through the page cache.
+    pub fn frames_with_marker(&mut self) -> io::Result<&[u8]> {
+        let end = self.head + self.len;
+        self.ensure(end + END_MARKER)?;
+        let bytes = self.buf.bytes_mut();
+        bytes[end..end + END_MARKER].fill(0);
+        Ok(&bytes[self.head..end + END_MARKER])
+    }
+
+    /// Head, frames, then zeros (the end marker at least) to the next block boundary.
+    fn blocks(&mut self) -> io::Result<&[u8]> {
+        let end = self.head + self.len;
+        let padded = (end + END_MARKER).next_multiple_of(BLOCK);
+        self.ensure(padded)?;
+        let bytes = self.buf.bytes_mut();
+        bytes[end..padded].fill(0);
+        Ok(&bytes[..padded])
+    }
+
+    /// After [`StageBuf::blocks`] was written: the live part of its last block is the next head.
+    fn blocks_written(&mut self) {
+        let end = self.head + self.len;
+        let last_block = end & !(BLOCK - 1);
+        self.buf.bytes_mut().copy_within(last_block..end, 0);
+        self.head = end - last_block;
+        self.len = 0;
+    }
+
+    /// Forgets the frames (written through the page cache, or given up); the head stays.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Grows or aborts, as a `Vec` does when memory runs out.
+    fn reserve_or_abort(&mut self, additional: usize) {
+        let total = self.head + self.len + additional;
+        if let Err(e) = self.ensure(total) {
+            tracing::error!(bytes = total, error = %e, "cannot map the persisted queue's write buffer");
+            std::alloc::handle_alloc_error(
+                std::alloc::Layout::from_size_align(total, BLOCK).unwrap_or(std::alloc::Layout::new::<[u8; BLOCK]>()),
+            );
+        }
+    }
+}
+
+impl ByteBuf for StageBuf {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    fn reserve(&mut self, additional: usize) {
+        if self.head + self.len + additional > self.buf.capacity() {
+            self.reserve_or_abort(additional);
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, byte: u8) {
+        self.extend_from_slice(&[byte]);
+    }
+
+    #[inline]
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.reserve(bytes.len());
+        let at = self.head + self.len;
+        self.buf.bytes_mut()[at..at + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    #[inline(always)]
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[u8] {
+        self.frames()
+    }
+
+    #[inline]
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        let (head, len) = (self.head, self.len);
+        &mut self.buf.bytes_mut()[head..head + len]
+    }
+
+    #[inline]
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        let head = self.head;
+        self.buf.bytes_mut()[head..].as_mut_ptr()
+    }
+
+    #[inline(always)]
+    unsafe fn set_len(&mut self, len: usize) {
+        debug_assert!(self.head + len <= self.buf.capacity());
+        self.len = len;
+    }
+}
+
 /// An open segment written with `O_DIRECT`.
 pub(crate) struct DirectFile {
     file: File,
     /// The segment this handle writes, to notice when the writer moved on to another.
     pub segment: u64,
-    /// Live bytes of the block that holds the end of the live frames.
+    /// Live bytes of the block that holds the end of the live frames, when opened.
     tail: [u8; BLOCK],
+    /// How many of the block's bytes are live now.
     tail_len: usize,
 }
 
@@ -163,34 +313,33 @@ impl DirectFile {
         Ok(Some(DirectFile { file, segment, tail, tail_len }))
     }
 
+    /// The live bytes of the last block when the file was opened: the head a [`StageBuf`]
+    /// needs before its first write here.
+    pub fn opening_head(&self) -> &[u8] {
+        &self.tail[..self.tail_len]
+    }
+
     /// Writes a block-aligned buffer at a block-aligned offset, as it is.
     pub fn write_raw(&self, blocks: &[u8], at: u64) -> io::Result<()> {
         self.file.write_all_at(blocks, at)
     }
 
-    /// Writes `frames` at `at`, the end of the live frames, followed by the end marker,
-    /// staging them in `buf`. EINVAL means the filesystem accepted the open but not the
+    /// Writes the frames of `stage` at `at`, the end of the live frames, followed by the end
+    /// marker; `stage`'s head must be the live bytes of `at`'s block. On success the stage
+    /// keeps only the new head. EINVAL means the filesystem accepted the open but not the
     /// write: the caller falls back.
-    pub fn write(&mut self, buf: &mut AlignedBuf, frames: &[u8], at: u64) -> io::Result<()> {
+    pub fn write(&mut self, stage: &mut StageBuf, at: u64) -> io::Result<()> {
         let block_start = at & !(BLOCK as u64 - 1);
         let head = (at - block_start) as usize;
-        if head != self.tail_len {
+        if head != self.tail_len || stage.head != head {
             return Err(io::Error::other(format!(
-                "direct writer out of step: live end at block offset {head}, {} bytes held",
-                self.tail_len
+                "direct writer out of step: live end at block offset {head}, {} bytes held, {} staged before the frames",
+                self.tail_len, stage.head
             )));
         }
-        let live_end = head + frames.len();
-        let padded = (live_end + END_MARKER).next_multiple_of(BLOCK);
-        let tail = &self.tail[..head];
-        let out = buf.slice(padded)?;
-        out[..head].copy_from_slice(tail);
-        out[head..live_end].copy_from_slice(frames);
-        out[live_end..padded].fill(0);
-        self.file.write_all_at(out, block_start)?;
-        let new_block = live_end & !(BLOCK - 1);
-        self.tail_len = live_end - new_block;
-        self.tail[..self.tail_len].copy_from_slice(&out[new_block..live_end]);
+        self.file.write_all_at(stage.blocks()?, block_start)?;
+        stage.blocks_written();
+        self.tail_len = stage.head;
         Ok(())
     }
 }
@@ -203,24 +352,34 @@ mod tests {
         std::fs::read(path).unwrap()
     }
 
+    /// Opens `path` for direct writes after `live_len` bytes, with a stage whose head is set.
+    fn open(path: &Path, live_len: u64) -> Option<(DirectFile, StageBuf)> {
+        let buffered = OpenOptions::new().read(true).write(true).open(path).unwrap();
+        let d = DirectFile::open(path, 1, live_len, &buffered).unwrap()?;
+        let mut stage = StageBuf::with_capacity(BLOCK).unwrap();
+        stage.set_head(d.opening_head()).unwrap();
+        Some((d, stage))
+    }
+
     #[test]
     fn writes_land_exactly_after_the_live_bytes_with_zeros_after() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("seg");
         // Stale bytes beyond the live head, as in a reused segment file.
         std::fs::write(&path, vec![0xAAu8; 3 * BLOCK]).unwrap();
-        let buffered = OpenOptions::new().read(true).write(true).open(&path).unwrap();
-        buffered.write_all_at(&[7u8; 64], 0).unwrap();
-        let Some(mut d) = DirectFile::open(&path, 1, 64, &buffered).unwrap() else {
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&[7u8; 64], 0).unwrap();
+        let Some((mut d, mut stage)) = open(&path, 64) else {
             eprintln!("no O_DIRECT on this filesystem; nothing to test");
             return;
         };
-        let mut buf = AlignedBuf::new(BLOCK).unwrap();
         let mut expected = vec![7u8; 64];
         let mut at = 64u64;
-        for (i, len) in [10usize, 4000, 1, 5000, 96].into_iter().enumerate() {
+        // Small writes, one that crosses blocks, and one that makes the stage grow.
+        for (i, len) in [10usize, 4000, 1, 5000, 96, 3 * BLOCK + 5].into_iter().enumerate() {
             let frames = vec![i as u8 + 1; len];
-            d.write(&mut buf, &frames, at).unwrap();
+            stage.extend_from_slice(&frames);
+            d.write(&mut stage, at).unwrap();
+            assert!(stage.is_empty(), "a write leaves no frames staged");
             at += len as u64;
             expected.extend_from_slice(&frames);
             let bytes = live(&path);
@@ -229,20 +388,44 @@ mod tests {
             assert!(bytes[expected.len()..marker_end].iter().all(|&b| b == 0), "zeros follow write {i}");
         }
         // A write that does not start at the live end is refused, not misplaced.
-        assert!(d.write(&mut buf, b"x", at + 1).is_err());
+        stage.extend_from_slice(b"x");
+        assert!(d.write(&mut stage, at + 1).is_err());
     }
 
     #[test]
-    fn resumes_after_existing_live_bytes() {
+    fn resumes_after_existing_live_bytes_and_keeps_staged_frames_when_the_head_changes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("seg");
         let existing: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&path, &existing).unwrap();
+        // Frames staged before the handle for their segment was opened (the writer moved on to
+        // a new segment): setting the head moves them, it does not overwrite them.
+        let mut stage = StageBuf::with_capacity(BLOCK).unwrap();
+        stage.set_head(&[9u8; 100]).unwrap();
+        stage.extend_from_slice(b"next");
         let buffered = OpenOptions::new().read(true).write(true).open(&path).unwrap();
         let Some(mut d) = DirectFile::open(&path, 1, existing.len() as u64, &buffered).unwrap() else { return };
-        d.write(&mut AlignedBuf::new(BLOCK).unwrap(), b"next", existing.len() as u64).unwrap();
+        stage.set_head(d.opening_head()).unwrap();
+        assert_eq!(stage.frames(), b"next");
+        d.write(&mut stage, existing.len() as u64).unwrap();
         let bytes = live(&path);
         assert_eq!(&bytes[..existing.len()], &existing[..]);
         assert_eq!(&bytes[existing.len()..existing.len() + 4], b"next");
+    }
+
+    #[test]
+    fn a_stage_grows_keeping_its_head_and_frames() {
+        let mut stage = StageBuf::with_capacity(BLOCK).unwrap();
+        stage.set_head(&[1u8; 10]).unwrap();
+        let frames: Vec<u8> = (0..3 * BLOCK).map(|i| (i % 253) as u8).collect();
+        for chunk in frames.chunks(1000) {
+            stage.extend_from_slice(chunk);
+        }
+        assert_eq!(stage.frames(), &frames[..]);
+        assert_eq!(&stage.blocks().unwrap()[..10], &[1u8; 10]);
+        // Through the page cache: the frames, then the end marker.
+        let with_marker = stage.frames_with_marker().unwrap().to_vec();
+        assert_eq!(&with_marker[..frames.len()], &frames[..]);
+        assert_eq!(&with_marker[frames.len()..], &[0u8; END_MARKER]);
     }
 }

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use sluice_core::ack::AckOutcome;
 use sluice_core::{AckSet, Acker, Batch, Event, SharedText, TextPool};
+use sluice_segment::ByteBuf;
 use sluice_segment::{
     CODEC_EVENT, DEFAULT_MAX_FRAME_LEN, EventDecoder, FrameCursor, FrameResult, SEGMENT_HEADER_LEN, SegmentHeader,
     encode_event, try_append_frame,
@@ -33,7 +34,7 @@ use sluice_segment::{
 
 use super::checkpoint;
 use super::checkpointer::Checkpointer;
-use super::direct::{AlignedBuf, BLOCK, DirectFile};
+use super::direct::{AlignedBuf, BLOCK, DirectFile, StageBuf};
 use super::syncer::{BatchFrames, Syncer, Unsynced, Written, acknowledge, hand_over};
 use super::{Inner, SyncPolicy};
 
@@ -811,7 +812,8 @@ impl Writer {
     pub fn run(mut self) {
         let policy = self.inner.config.sync;
         let sync_interval = self.inner.config.sync_interval;
-        let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
+        // Room for a full stage and a large group after it before it grows.
+        let mut buf = StageBuf::with_capacity(4 << 20).unwrap_or_default();
         let mut last_sync = Instant::now();
         let mut unsynced = false;
         let mut last_checkpoint = Instant::now();
@@ -945,7 +947,7 @@ impl Writer {
         *last_sync = Instant::now();
     }
 
-    fn write_group(&mut self, mut work: Vec<Batch>, buf: &mut Vec<u8>, policy: SyncPolicy, unsynced: &mut bool) {
+    fn write_group(&mut self, mut work: Vec<Batch>, buf: &mut StageBuf, policy: SyncPolicy, unsynced: &mut bool) {
         // With direct I/O, `buf` may start with staged frames: the group's frames follow them.
         let origin = buf.len();
         let mut ranges = Vec::with_capacity(work.len());
@@ -987,7 +989,8 @@ impl Writer {
         let mut origin = origin;
         if origin > 0 && self.needs_new_segment(origin as u64, group_len as u64) {
             // The staged frames belong to the segment being sealed: they are written first.
-            let group = buf.split_off(origin);
+            let group = buf.frames()[origin..].to_vec();
+            buf.truncate(origin);
             self.flush_stage(buf, policy, unsynced);
             buf.extend_from_slice(&group);
             origin = 0;
@@ -1034,9 +1037,7 @@ impl Writer {
         // Written first, with whatever is staged before it; its events are then handed over,
         // from memory within `memory_bytes`, else as a range to read back.
         let live = buf.len();
-        buf.extend_from_slice(&[0u8; 4]);
-        let ok = self.write_all(buf, live, seg.len);
-        buf.truncate(live);
+        let ok = self.write_all(buf, seg.len);
         // Events are kept in memory for the workers only within `memory_bytes`, counted from
         // the write: a fast input would otherwise have its whole backlog held (hundreds of MiB)
         // while the workers catch up. The others are dropped here and read back from disk.
@@ -1064,7 +1065,6 @@ impl Writer {
             return;
         }
         let file = self.advance_written(live as u64);
-        buf.clear();
         let group = Written { work, ranges, event_ends, base, written: group_len as u64, estimate: estimate as u64 };
         let mut acks = std::mem::take(&mut self.stage.acks);
         self.stage = Stage::default();
@@ -1078,16 +1078,14 @@ impl Writer {
     }
 
     /// Writes the staged frames (`buf` holds exactly them) and passes their acknowledgements on.
-    fn flush_stage(&mut self, buf: &mut Vec<u8>, policy: SyncPolicy, unsynced: &mut bool) {
+    fn flush_stage(&mut self, buf: &mut StageBuf, policy: SyncPolicy, unsynced: &mut bool) {
         if buf.is_empty() {
             return;
         }
         let offset = self.active.as_ref().expect("an active segment").1.len;
         let live = buf.len();
-        buf.extend_from_slice(&[0u8; 4]);
-        let ok = self.write_all(buf, live, offset);
-        buf.clear();
-        if !ok {
+        if !self.write_all(buf, offset) {
+            buf.clear();
             self.give_up_stage(0);
             return;
         }
@@ -1243,16 +1241,20 @@ impl Writer {
         }
     }
 
-    /// The direct-I/O handle for the active segment, opened on first use.
-    fn direct_file(&mut self) -> Option<&mut DirectFile> {
+    /// The direct-I/O handle for the active segment, opened on first use; `stage` then gets the
+    /// live bytes of the segment's last block as its head.
+    fn direct_file(&mut self, stage: &mut StageBuf) -> io::Result<Option<&mut DirectFile>> {
         if !self.direct_io {
-            return None;
+            return Ok(None);
         }
-        let (file, seg) = self.active.as_ref()?;
+        let Some((file, seg)) = self.active.as_ref() else { return Ok(None) };
         if self.direct.as_ref().is_none_or(|d| d.segment != seg.id) {
             self.direct = None;
             match DirectFile::open(&segment_path(&self.shard.dir, seg.id), seg.id, seg.len, file) {
-                Ok(Some(d)) => self.direct = Some(d),
+                Ok(Some(d)) => {
+                    stage.set_head(d.opening_head())?;
+                    self.direct = Some(d);
+                }
                 Ok(None) => {
                     tracing::info!(
                         shard = self.shard.id,
@@ -1267,7 +1269,7 @@ impl Writer {
                 }
             }
         }
-        self.direct.as_mut()
+        Ok(self.direct.as_mut())
     }
 
     /// Fills the start of a new segment file with zeros (up to [`PREWRITE_BYTES`]), so that
@@ -1317,16 +1319,15 @@ impl Writer {
         result
     }
 
-    /// Writes the frames in `buf[..live]` at `offset`, followed by the end marker (`buf`
-    /// holds it after `live`), waiting out a full disk. False if the queue closed while waiting.
-    fn write_all(&mut self, buf: &[u8], live: usize, offset: u64) -> bool {
+    /// Writes the frames in `buf` at `offset`, followed by the end marker, waiting out a full
+    /// disk; `buf` then holds no frames. False if the queue closed while waiting.
+    fn write_all(&mut self, buf: &mut StageBuf, offset: u64) -> bool {
         let mut pause = Duration::from_millis(100);
         let mut logged = false;
         let mut since: Option<Instant> = None;
         loop {
-            let mut staging = std::mem::take(&mut self.direct_buf);
-            let written = match self.direct_file() {
-                Some(direct) => match direct.write(&mut staging, &buf[..live], offset) {
+            let written = match self.direct_file(buf) {
+                Ok(Some(direct)) => match direct.write(buf, offset) {
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                         tracing::info!(shard = self.shard.id, error = %e,
                             "direct I/O refused by the filesystem; the queue writes through the page cache");
@@ -1336,9 +1337,16 @@ impl Writer {
                     }
                     r => r,
                 },
-                None => self.active.as_ref().expect("an active segment").0.write_all_at(buf, offset),
+                Ok(None) => {
+                    let file = self.active.as_ref().expect("an active segment").0.clone();
+                    let written = buf.frames_with_marker().and_then(|bytes| file.write_all_at(bytes, offset));
+                    if written.is_ok() {
+                        buf.clear();
+                    }
+                    written
+                }
+                Err(e) => Err(e),
             };
-            self.direct_buf = staging;
             let (file, _) = self.active.as_ref().expect("an active segment");
             match written {
                 Ok(()) => {
