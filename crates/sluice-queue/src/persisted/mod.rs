@@ -2,7 +2,8 @@
 //!
 //! - Pushes go to shards round-robin (one atomic increment, no global lock); a push returns
 //!   once its batch is queued for its shard's writer. The workers get the batch once it is
-//!   written; the input's acknowledgement waits for the `fdatasync` that covers it (`sync:
+//!   written (with direct I/O, the default, once it is encoded: see `shard::Stage`); the
+//!   input's acknowledgement waits for the write and the `fdatasync` that covers it (`sync:
 //!   commit`), so an acknowledged event survives a crash of the process or of the machine.
 //! - Workers take batches from any shard; each batch acknowledges its own range of its shard's
 //!   log. Ranges complete in any order; the contiguous completed prefix is checkpointed (every

@@ -118,8 +118,8 @@ pub(crate) struct SegInfo {
 }
 
 pub(crate) enum Readable {
-    /// Handed over and still in memory (written, or staged to be written: see `Stage`): the events of one or more batches written one after the
-    /// other, which stand for `bytes`. `ends[i]` is the LSN just past event `i`'s frame, so
+    /// Handed over and still in memory (written, or staged to be written: see `Stage`): the
+    /// events of one or more batches written one after the other, which stand for `bytes`. `ends[i]` is the LSN just past event `i`'s frame, so
     /// any prefix can be acknowledged as exactly its own range. Both are taken from the front
     /// a few at a time, hence the deques.
     Mem { events: VecDeque<Event>, bytes: usize, start: u64, ends: VecDeque<u64> },
@@ -1080,6 +1080,9 @@ impl Writer {
     /// Writes the staged frames (`buf` holds exactly them) and passes their acknowledgements on.
     fn flush_stage(&mut self, buf: &mut StageBuf, policy: SyncPolicy, unsynced: &mut bool) {
         if buf.is_empty() {
+            // Only groups whose every event the encoder refused (counted and logged): nothing to
+            // write or sync for them.
+            acknowledge(std::mem::take(&mut self.stage).acks);
             return;
         }
         let offset = self.active.as_ref().expect("an active segment").1.len;

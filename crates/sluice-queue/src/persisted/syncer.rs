@@ -4,7 +4,8 @@
 //! fdatasync that began after its write. If the writer itself waited for each fdatasync, the
 //! batches arriving meanwhile would wait too, and a burst would pay for one fdatasync per
 //! group, one after another. Here the writer hands each written group's events to the workers
-//! at once ([`hand_over`]) and its acknowledgements to the syncer, and goes on writing; the
+//! at once ([`hand_over`]; with direct I/O even before the write, see `shard::Stage`) and,
+//! once written, its acknowledgements to the syncer, and goes on writing; the
 //! syncer takes every group handed over so far, calls fdatasync once, then acknowledges them
 //! in order. A burst thus costs its writes plus about one fdatasync at the end.
 //!
@@ -80,8 +81,9 @@ const MERGED_MAX: usize = 1024;
 
 /// Hands a group's events to the workers (from memory for the batches the writer kept within
 /// the memory budget, else as a range to read back, which must be written already) and counts
-/// them in the shard. Returns the batches, emptied, for their acknowledgements: whoever acknowledges them
-/// does so after this, so an input that hears back finds its events already counted.
+/// them in the shard. Returns the batches, emptied, for their acknowledgements: whoever
+/// acknowledges them does so after this, so an input that hears back finds its events already
+/// counted.
 pub(crate) fn hand_over(inner: &Inner, shard: &Shard, group: Written) -> Vec<Batch> {
     let Written { mut work, ranges, event_ends, base, written, estimate } = group;
     let mut readables: Vec<Readable> = Vec::new();

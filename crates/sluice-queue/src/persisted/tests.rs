@@ -664,6 +664,25 @@ async fn an_event_the_codec_refuses_is_counted_and_its_neighbours_are_stored() {
     q.shutdown().await;
 }
 
+/// A batch none of whose events can be stored still gets its acknowledgement, at once, even
+/// when nothing else comes to be written (with direct I/O it leaves no frames to stage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_codec_refuses_whole_is_still_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(staging_settings(dir.path(), 1 << 20)).await;
+    let mut deep = Value::Null;
+    for _ in 0..300 {
+        deep = Value::Array(vec![deep]);
+    }
+    let mut events = numbered(0, 1);
+    events[0].fields.insert("deep", deep);
+    push_durable(&q, events).await;
+    assert_eq!(q.stats().unstored, 1);
+    push_durable(&q, numbered(1, 2)).await;
+    assert_eq!(drain(&q, 2, true).await, [1, 2]);
+    q.shutdown().await;
+}
+
 /// Read back from disk, a block read ahead of the writer must not be taken for frames the
 /// writer adds to that same block later (direct reads fetch whole blocks).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
