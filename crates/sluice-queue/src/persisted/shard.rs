@@ -812,8 +812,8 @@ impl Writer {
     pub fn run(mut self) {
         let policy = self.inner.config.sync;
         let sync_interval = self.inner.config.sync_interval;
-        // Room for a full stage and a large group after it before it grows.
-        let mut buf = StageBuf::with_capacity(4 << 20).unwrap_or_default();
+        // One huge page: a full stage and a common group after it fit; a larger group grows it.
+        let mut buf = StageBuf::with_capacity(2 << 20).unwrap_or_default();
         let mut last_sync = Instant::now();
         let mut unsynced = false;
         let mut last_checkpoint = Instant::now();
