@@ -95,6 +95,23 @@ impl Mapping {
     }
 }
 
+impl Mapping {
+    /// Faults every page in now. Why: on the virtual machines measured the first touch of
+    /// fresh memory runs at about 2 GB/s (the host supplies each page), and a queue's first
+    /// writes should not pay for it.
+    fn populate(&mut self) {
+        // SAFETY: the range is this mapping; MADV_POPULATE_WRITE only faults pages in.
+        let done = unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, libc::MADV_POPULATE_WRITE) } == 0;
+        if !done {
+            // Kernels before 5.14: one write per page does the same.
+            for page in (0..self.len).step_by(BLOCK) {
+                // SAFETY: `page` is within the mapping, which is writable.
+                unsafe { self.ptr.as_ptr().add(page).write_volatile(0) };
+            }
+        }
+    }
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: the region was mapped by `Mapping::new` and nothing refers to it any more.
@@ -158,9 +175,13 @@ pub(crate) struct StageBuf {
 }
 
 impl StageBuf {
-    /// A buffer with room for `len` bytes before it grows.
+    /// A buffer with room for `len` bytes before it grows, its pages already faulted in.
     pub fn with_capacity(len: usize) -> io::Result<StageBuf> {
-        Ok(StageBuf { buf: AlignedBuf::new(len)?, head: 0, len: 0 })
+        let mut buf = AlignedBuf::new(len)?;
+        if let Some(map) = &mut buf.map {
+            map.populate();
+        }
+        Ok(StageBuf { buf, head: 0, len: 0 })
     }
 
     /// The frames, without the head.

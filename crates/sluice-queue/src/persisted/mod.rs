@@ -311,6 +311,9 @@ impl PersistedQueue {
             syncer: Arc::new(syncer::Syncer::default()),
             direct_buf: direct::AlignedBuf::default(),
             stage: shard::Stage::default(),
+            // Made (and faulted in) while the queue opens, not on its first write. One huge
+            // page: a full stage and a common group after it fit; a larger group grows it.
+            buf: direct::StageBuf::with_capacity(2 << 20).unwrap_or_default(),
             direct_io: self.inner.config.direct_io,
             // The position the checkpoint on disk records, read before any worker can
             // complete anything.

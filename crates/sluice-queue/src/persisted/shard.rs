@@ -801,6 +801,8 @@ pub(crate) struct Writer {
     pub direct_io: bool,
     /// Groups handed over, waiting to be written together (direct I/O).
     pub stage: Stage,
+    /// Where groups are encoded, and written from (see `StageBuf`).
+    pub buf: StageBuf,
     /// Runs the fsyncs of `sync: commit` beside the writer (see `syncer.rs`).
     pub syncer: Arc<Syncer>,
     /// Writes the checkpoints beside the writer, and keeps the spare segment files (see
@@ -812,8 +814,7 @@ impl Writer {
     pub fn run(mut self) {
         let policy = self.inner.config.sync;
         let sync_interval = self.inner.config.sync_interval;
-        // One huge page: a full stage and a common group after it fit; a larger group grows it.
-        let mut buf = StageBuf::with_capacity(2 << 20).unwrap_or_default();
+        let mut buf = std::mem::take(&mut self.buf);
         let mut last_sync = Instant::now();
         let mut unsynced = false;
         let mut last_checkpoint = Instant::now();
