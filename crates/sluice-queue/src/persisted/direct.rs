@@ -34,8 +34,8 @@ pub(crate) const BLOCK: usize = 4096;
 /// The end marker: this many zero bytes after the last live frame.
 const END_MARKER: usize = 4;
 
-/// A buffer whose usable part starts on a block boundary. The writer keeps one for its life:
-/// allocating it per segment would fault in fresh zeroed pages every time.
+/// A buffer whose usable part starts on a block boundary. A reader keeps one for its life:
+/// allocating it per read would fault in fresh zeroed pages every time.
 ///
 /// It is its own anonymous mapping, aligned to 2 MiB and advised to use transparent huge
 /// pages. Why: a direct write pins every page of its buffer and hands the device one segment
@@ -93,9 +93,7 @@ impl Mapping {
             Ok(Mapping { ptr: std::ptr::NonNull::new_unchecked(ptr), len })
         }
     }
-}
 
-impl Mapping {
     /// Faults every page in now. Why: on the virtual machines measured the first touch of
     /// fresh memory runs at about 2 GB/s (the host supplies each page), and a queue's first
     /// writes should not pay for it.

@@ -309,7 +309,6 @@ impl PersistedQueue {
             active: recovered.active,
             direct: None,
             syncer: Arc::new(syncer::Syncer::default()),
-            direct_buf: direct::AlignedBuf::default(),
             stage: shard::Stage::default(),
             // Made (and faulted in) while the queue opens, not on its first write. One huge
             // page: a full stage and a common group after it fit; a larger group grows it.

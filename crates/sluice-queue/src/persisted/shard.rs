@@ -796,7 +796,6 @@ pub(crate) struct Writer {
     pub active: Option<(Arc<File>, SegInfo)>,
     /// The active segment's direct-I/O handle, when the settings and the filesystem allow one.
     pub direct: Option<DirectFile>,
-    pub direct_buf: AlignedBuf,
     /// False once direct I/O turned out not to work here (or when it is switched off).
     pub direct_io: bool,
     /// Groups handed over, waiting to be written together (direct I/O).
@@ -1284,21 +1283,12 @@ impl Writer {
         let len = self.inner.config.segment_bytes.min(PREWRITE_BYTES);
         let mut direct = if self.direct_io { DirectFile::open(path, 0, 0, file)? } else { None };
         let chunk = (1usize << 20).min(len as usize).next_multiple_of(BLOCK);
-        // One block-aligned chunk of zeros serves both kinds of write.
-        let mut staging = std::mem::take(&mut self.direct_buf);
-        let zeros = match staging.slice(chunk) {
-            Ok(zeros) => zeros,
-            Err(e) => {
-                self.direct_buf = staging;
-                return Err(e);
-            }
-        };
-        zeros.fill(0);
+        // One block-aligned chunk of zeros (a fresh mapping is zeros) serves both kinds of
+        // write. Made here, not kept: only a new shard's first segment is pre-written.
+        let mut zeros = AlignedBuf::new(chunk)?;
+        let zeros = zeros.slice(chunk)?;
         let mut at = 0;
-        let result = loop {
-            if at >= len {
-                break Ok(());
-            }
+        while at < len {
             let n = chunk.min((len - at) as usize);
             if let Some(d) = &direct {
                 match d.write_raw(&zeros[..n.next_multiple_of(BLOCK)], at) {
@@ -1311,16 +1301,13 @@ impl Writer {
                         self.direct_io = false;
                         direct = None;
                     }
-                    Err(e) => break Err(e),
+                    Err(e) => return Err(e),
                 }
             }
-            if let Err(e) = file.write_all_at(&zeros[..n], at) {
-                break Err(e);
-            }
+            file.write_all_at(&zeros[..n], at)?;
             at += n as u64;
-        };
-        self.direct_buf = staging;
-        result
+        }
+        Ok(())
     }
 
     /// Writes the frames in `buf` at `offset`, followed by the end marker, waiting out a full
