@@ -79,6 +79,15 @@ async fn drain(q: &PersistedQueue, n: usize, ack: bool) -> Vec<i64> {
     got
 }
 
+/// Waits until `done` holds, looking every few milliseconds; fails naming `what` after 5 s.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Where the live frames of a segment end (frames are walked by their length fields).
 fn live_end(bytes: &[u8]) -> u64 {
     let mut at = 64;
@@ -335,10 +344,8 @@ async fn acknowledged_segments_are_retired_without_waiting_for_the_checkpoint_in
         push_durable(&q, numbered(i * 100, 100)).await;
         assert_eq!(drain(&q, 100, true).await.len(), 100);
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while (segments(dir.path()).len() > 2 || spares(dir.path()) == 0) && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("acknowledged segments retired and kept", || segments(dir.path()).len() <= 2 && spares(dir.path()) > 0)
+        .await;
     assert!(segments(dir.path()).len() <= 2, "acknowledged segments retired: {:?}", segments(dir.path()));
     assert!(spares(dir.path()) > 0, "a retired segment is kept for reuse");
     q.shutdown().await;
@@ -367,11 +374,7 @@ async fn a_checkpoint_that_cannot_be_written_retires_nothing_and_is_tried_again(
     assert_eq!(drain(&q, 100, true).await, (2000..2100).collect::<Vec<_>>());
     // Once the checkpoint can be written, it is, and the acknowledged segments go.
     fs::remove_dir(&blocker).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while segments(dir.path()).len() > 1 {
-        assert!(std::time::Instant::now() < deadline, "segments never retired: {:?}", segments(dir.path()));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("segments never retired", || segments(dir.path()).len() <= 1).await;
     assert!(checkpoint::read(&shard_dir).unwrap().is_some());
     q.shutdown().await;
     let q = open(settings(dir.path(), 1, 64 << 10)).await;
@@ -749,11 +752,10 @@ async fn events_are_not_acknowledged_when_fdatasync_fails() {
     push_durable(&q, numbered(10, 10)).await;
     assert_eq!(drain(&q, 10, true).await, (10..20).collect::<Vec<_>>());
     let live = live_end(&fs::read(&segments(dir.path())[0]).unwrap());
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while checkpoint::read(&shard_dir).unwrap().map_or(0, |c| c.offset) != live {
-        assert!(std::time::Instant::now() < deadline, "the checkpoint never reached the end of the frames");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the checkpoint never reached the end of the frames", || {
+        checkpoint::read(&shard_dir).unwrap().map_or(0, |c| c.offset) == live
+    })
+    .await;
     q.shutdown().await;
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
     assert_eq!(drain(&q, 20, true).await, Vec::<i64>::new(), "nothing completed is delivered again");
@@ -778,15 +780,11 @@ async fn batches_nobody_waits_for_reach_the_workers_at_once_and_are_written_soon
     push_untracked(&q, numbered(0, 20)).await;
     assert_eq!(drain(&q, 20, false).await, (0..20).collect::<Vec<_>>());
     // Staged or not, the frames reach the file without anything else happening.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
+    eventually("the frames were never written", || {
         let segment = segments(dir.path()).pop().expect("a segment");
-        if live_end(&fs::read(&segment).unwrap()) > sluice_segment::SEGMENT_HEADER_LEN as u64 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the frames were never written");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        live_end(&fs::read(&segment).unwrap()) > sluice_segment::SEGMENT_HEADER_LEN as u64
+    })
+    .await;
     q.shutdown().await;
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
     assert_eq!(drain(&q, 20, true).await, (0..20).collect::<Vec<_>>(), "not acknowledged: delivered again");
@@ -838,5 +836,32 @@ async fn staged_frames_are_written_when_the_queue_closes_and_when_a_segment_is_s
     assert!(sealed >= 3, "several segments were sealed: {sealed}");
     let q = open(staging_settings(dir.path(), 64 << 10)).await;
     assert_eq!(drain(&q, 2000, true).await, (0..2000).collect::<Vec<_>>());
+    q.shutdown().await;
+}
+
+/// A new segment that cannot be created (here its shard's directory is gone for a moment) holds
+/// the group back, unacknowledged, and the writer tries again: once the directory is back,
+/// everything is written, acknowledged and delivered once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_that_cannot_be_created_holds_its_group_until_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 64 << 10)).await;
+    push_durable(&q, numbered(0, 400)).await;
+    assert_eq!(segments(dir.path()).len(), 1);
+    let (shard_dir, away) = (dir.path().join("shard-0"), dir.path().join("shard-0.away"));
+    fs::rename(&shard_dir, &away).unwrap();
+    // About 46 KB more: past the 64 KiB segment, so the writer needs a new one.
+    let (acker, mut done) = Acker::with_notify(400);
+    q.push(Batch::new(numbered(400, 400), AckSet::single(acker, 400), 400 * 80)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(done.try_recv().is_err(), "acknowledged without a segment to hold it");
+    fs::rename(&away, &shard_dir).unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
+    assert_eq!(outcome, AckOutcome::Handled);
+    assert!(segments(dir.path()).len() >= 2, "the group went to a new segment");
+    assert_eq!(drain(&q, 800, true).await, (0..800).collect::<Vec<_>>());
+    q.shutdown().await;
+    let q = open(settings(dir.path(), 1, 64 << 10)).await;
+    assert_eq!(drain(&q, 800, true).await, Vec::<i64>::new(), "nothing completed is delivered again");
     q.shutdown().await;
 }
