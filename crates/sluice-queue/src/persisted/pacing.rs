@@ -17,6 +17,10 @@
 //!   `1 - BUSY_CPU` of the time. Both, because a container's CPU quota makes the first the
 //!   one that counts, while on a virtual machine whose host is busy the process gets less CPU
 //!   time than it could use (steal time) and only the second sees that nothing is idle.
+//!   Until a sample has been taken (when the queue opens, or when memory was last full more
+//!   than two samples ago) the CPUs count as busy: waiting for the workers a moment too long
+//!   costs an input a few milliseconds, spilling a moment too early costs the workers a read
+//!   back of everything spilled.
 //!
 //! Otherwise the push does not wait: the batch is written, and read back when the workers get
 //! to it. Either way `max_bytes` bounds the queue, and no event is treated differently on disk.
@@ -42,11 +46,16 @@ pub(crate) struct Pacing {
     /// When a worker last asked for or took events, in nanoseconds since `epoch`. It starts at
     /// 0: the workers of a pipeline that just started get `SPILL_AFTER` to ask for the first.
     last_take: AtomicU64,
+    /// The verdict of the last sample. While none is fresh (at the start, or when memory was
+    /// last full long ago) the CPUs count as busy: a pipeline starting with a backlog (a
+    /// generator, a replay) would otherwise spill what its inputs make while the first sample
+    /// is taken, and its workers would then read that back when they are the bottleneck.
     busy: AtomicBool,
-    /// When `busy` was last worked out, in nanoseconds since `epoch`.
+    /// When the current sample began, in nanoseconds since `epoch`; 0 before the first.
     sampled_at: AtomicU64,
-    /// The process's CPU time, the wall time and the machine's CPU times at the last sample.
-    sample: Mutex<(Duration, Instant, Option<MachineCpu>)>,
+    /// Where the current sample began: the process's CPU time, the wall time and the
+    /// machine's CPU times.
+    sample: Mutex<Option<CpuSample>>,
     cpus: f64,
     #[cfg(test)]
     forced_busy: Mutex<Option<bool>>,
@@ -58,9 +67,9 @@ impl Pacing {
         Pacing {
             epoch,
             last_take: AtomicU64::new(0),
-            busy: AtomicBool::new(false),
+            busy: AtomicBool::new(true),
             sampled_at: AtomicU64::new(0),
-            sample: Mutex::new((process_cpu_time().unwrap_or_default(), epoch, MachineCpu::read())),
+            sample: Mutex::new(None),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()) as f64,
             #[cfg(test)]
             forced_busy: Mutex::new(None),
@@ -88,21 +97,34 @@ impl Pacing {
         if let Some(busy) = *self.forced_busy.lock() {
             return busy;
         }
-        if now.saturating_sub(self.sampled_at.load(Ordering::Relaxed)) >= CPU_SAMPLE.as_nanos() as u64
+        let since = now.saturating_sub(self.sampled_at.load(Ordering::Relaxed));
+        if (since >= CPU_SAMPLE.as_nanos() as u64 || self.sampled_at.load(Ordering::Relaxed) == 0)
             && let Some(mut sample) = self.sample.try_lock()
-            && let Some(cpu) = process_cpu_time()
+            && let Some(current) = CpuSample::take()
         {
-            let wall = sample.1.elapsed();
-            if wall >= CPU_SAMPLE {
-                let used = cpu.saturating_sub(sample.0).as_secs_f64() / (wall.as_secs_f64() * self.cpus);
-                let machine = MachineCpu::read();
-                let machine_busy = match (&sample.2, &machine) {
-                    (Some(before), Some(after)) => after.idle_since(before).is_some_and(|idle| idle < 1.0 - BUSY_CPU),
-                    _ => false,
-                };
-                self.busy.store(used >= BUSY_CPU || machine_busy, Ordering::Relaxed);
-                *sample = (cpu, Instant::now(), machine);
-                self.sampled_at.store(now, Ordering::Relaxed);
+            match sample.as_ref() {
+                // A sample over a quiet stretch says nothing about now: measure from here on.
+                Some(last) if since <= 2 * CPU_SAMPLE.as_nanos() as u64 => {
+                    let wall = current.at.duration_since(last.at);
+                    if wall >= CPU_SAMPLE {
+                        let used =
+                            current.cpu.saturating_sub(last.cpu).as_secs_f64() / (wall.as_secs_f64() * self.cpus);
+                        let machine_busy = match (&last.machine, &current.machine) {
+                            (Some(before), Some(after)) => {
+                                after.idle_since(before).is_some_and(|idle| idle < 1.0 - BUSY_CPU)
+                            }
+                            _ => false,
+                        };
+                        self.busy.store(used >= BUSY_CPU || machine_busy, Ordering::Relaxed);
+                        *sample = Some(current);
+                        self.sampled_at.store(now.max(1), Ordering::Relaxed);
+                    }
+                }
+                _ => {
+                    self.busy.store(true, Ordering::Relaxed);
+                    *sample = Some(current);
+                    self.sampled_at.store(now.max(1), Ordering::Relaxed);
+                }
             }
         }
         self.busy.load(Ordering::Relaxed)
@@ -112,6 +134,19 @@ impl Pacing {
     #[cfg(test)]
     pub fn force_busy(&self, busy: Option<bool>) {
         *self.forced_busy.lock() = busy;
+    }
+}
+
+/// Where a CPU sample began.
+struct CpuSample {
+    cpu: Duration,
+    at: Instant,
+    machine: Option<MachineCpu>,
+}
+
+impl CpuSample {
+    fn take() -> Option<CpuSample> {
+        Some(CpuSample { cpu: process_cpu_time()?, at: Instant::now(), machine: MachineCpu::read() })
     }
 }
 
@@ -195,6 +230,23 @@ mod tests {
         if cfg!(target_os = "linux") {
             assert!(MachineCpu::read().is_some(), "/proc/stat unreadable");
         }
+    }
+
+    #[test]
+    fn until_a_fresh_sample_says_otherwise_the_cpus_count_as_busy() {
+        let pacing = Pacing::new();
+        pacing.saw_worker();
+        // At the start nothing is measured yet: wait for the workers rather than spill.
+        assert!(pacing.should_wait(), "a queue that just opened spills before it has measured anything");
+        // A sample is taken over the next CPU_SAMPLE; whatever it says (other tests share the
+        // CPUs), one that is long out of date is not trusted: measuring starts again, and
+        // meanwhile the CPUs count as busy.
+        std::thread::sleep(CPU_SAMPLE + Duration::from_millis(10));
+        pacing.saw_worker();
+        let _ = pacing.should_wait();
+        std::thread::sleep(4 * CPU_SAMPLE);
+        pacing.saw_worker();
+        assert!(pacing.should_wait(), "a sample taken long ago decided");
     }
 
     #[test]
