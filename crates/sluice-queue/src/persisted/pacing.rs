@@ -102,11 +102,10 @@ impl Pacing {
             && let Some(mut sample) = self.sample.try_lock()
             && let Some(current) = CpuSample::take()
         {
-            match sample.as_ref() {
-                // A sample over a quiet stretch says nothing about now: measure from here on.
+            let verdict = match sample.as_ref() {
                 Some(last) if since <= 2 * CPU_SAMPLE.as_nanos() as u64 => {
                     let wall = current.at.duration_since(last.at);
-                    if wall >= CPU_SAMPLE {
+                    (wall >= CPU_SAMPLE).then(|| {
                         let used =
                             current.cpu.saturating_sub(last.cpu).as_secs_f64() / (wall.as_secs_f64() * self.cpus);
                         let machine_busy = match (&last.machine, &current.machine) {
@@ -115,16 +114,17 @@ impl Pacing {
                             }
                             _ => false,
                         };
-                        self.busy.store(used >= BUSY_CPU || machine_busy, Ordering::Relaxed);
-                        *sample = Some(current);
-                        self.sampled_at.store(now.max(1), Ordering::Relaxed);
-                    }
+                        used >= BUSY_CPU || machine_busy
+                    })
                 }
-                _ => {
-                    self.busy.store(true, Ordering::Relaxed);
-                    *sample = Some(current);
-                    self.sampled_at.store(now.max(1), Ordering::Relaxed);
-                }
+                // None yet, or one begun before a quiet stretch, which says nothing about now:
+                // measure from here on, and count the CPUs as busy meanwhile.
+                _ => Some(true),
+            };
+            if let Some(busy) = verdict {
+                self.busy.store(busy, Ordering::Relaxed);
+                *sample = Some(current);
+                self.sampled_at.store(now.max(1), Ordering::Relaxed);
             }
         }
         self.busy.load(Ordering::Relaxed)
