@@ -68,11 +68,12 @@ fn group_cap(pending: usize) -> usize {
 /// (or after `STAGE_HOLD`). Why: each direct write costs a fixed ~50-70 µs of CPU time on the
 /// virtual machines this runs on (measured: writing 1.2 GB took 0.43 s of system time in
 /// 288 KiB writes, 0.22 s in 1 MiB ones), and the workers need not wait for it: they have the
-/// events already (see `Writer::write_group`). 2 MiB rather than 1 halves the writes and
-/// fdatasyncs; the end-to-end persisted/memory ratio went from 0.849 to 0.865 (12 rounds, each
-/// persisted run after a memory run; larger pieces measured no better). A piece plus the group that
-/// completes it (at most `BACKLOG_GROUP_MAX_BYTES` of input) still fits the 4 MiB the buffer
-/// grows to, and one request of the block layer (`max_sectors_kb` is 4 MiB on virtio).
+/// events already (see `Writer::write_group`). 2 MiB rather than 1 cut the writes and
+/// fdatasyncs of the end-to-end benchmark by a third, and its persisted/memory ratio went from
+/// 0.849 to 0.865 (12 rounds, each persisted run after a memory run; larger pieces measured no
+/// better). A piece plus the group that completes it (at most `BACKLOG_GROUP_MAX_BYTES` of
+/// input) still fits the 4 MiB the buffer grows to, and one request of the block layer
+/// (`max_sectors_kb` is 4 MiB on virtio).
 const STAGE_BYTES: usize = 2 << 20;
 
 /// The longest staged frames wait for their write (`Settings::stage_hold`).
