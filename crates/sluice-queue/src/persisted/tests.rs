@@ -79,6 +79,14 @@ async fn drain(q: &PersistedQueue, n: usize, ack: bool) -> Vec<i64> {
     got
 }
 
+/// Opens the queue (again) with `s`, takes and acknowledges up to `n` events, and closes it.
+async fn drain_reopened(s: Settings, n: usize) -> Vec<i64> {
+    let q = open(s).await;
+    let got = drain(&q, n, true).await;
+    q.shutdown().await;
+    got
+}
+
 /// Waits until `done` holds, looking every few milliseconds; fails naming `what` after 5 s.
 async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -183,10 +191,8 @@ async fn unacked_events_come_back_after_restart() {
     tokio::time::sleep(Duration::from_millis(100)).await; // a checkpoint interval
     q.shutdown().await;
 
-    let q = open(settings(dir.path(), 1, 1 << 20)).await;
-    let got = drain(&q, 200, true).await;
+    let got = drain_reopened(settings(dir.path(), 1, 1 << 20), 200).await;
     assert_eq!(got, (100..300).collect::<Vec<_>>(), "everything after the acknowledged prefix, in order");
-    q.shutdown().await;
 }
 
 /// Pushes `batches` batches of 100 numbered events while a consumer takes them 100 at a time,
@@ -377,9 +383,11 @@ async fn a_checkpoint_that_cannot_be_written_retires_nothing_and_is_tried_again(
     eventually("segments never retired", || segments(dir.path()).len() <= 1).await;
     assert!(checkpoint::read(&shard_dir).unwrap().is_some());
     q.shutdown().await;
-    let q = open(settings(dir.path(), 1, 64 << 10)).await;
-    assert_eq!(drain(&q, 2100, true).await, Vec::<i64>::new(), "nothing completed is delivered again");
-    q.shutdown().await;
+    assert_eq!(
+        drain_reopened(settings(dir.path(), 1, 64 << 10), 2100).await,
+        Vec::<i64>::new(),
+        "nothing completed is delivered again"
+    );
 }
 
 /// Shutdown does not wait forever for a last checkpoint that cannot be written: the queue
@@ -393,9 +401,11 @@ async fn shutdown_ends_when_the_last_checkpoint_cannot_be_written() {
     assert_eq!(drain(&q, 100, true).await, (0..100).collect::<Vec<_>>());
     tokio::time::timeout(Duration::from_secs(10), q.shutdown()).await.expect("shutdown hung on the checkpoint");
     fs::remove_dir(dir.path().join("shard-0").join("checkpoint.tmp")).unwrap();
-    let q = open(settings(dir.path(), 1, 1 << 20)).await;
-    assert_eq!(drain(&q, 100, true).await, (0..100).collect::<Vec<_>>(), "delivered again, none lost");
-    q.shutdown().await;
+    assert_eq!(
+        drain_reopened(settings(dir.path(), 1, 1 << 20), 100).await,
+        (0..100).collect::<Vec<_>>(),
+        "delivered again, none lost"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -466,10 +476,8 @@ async fn a_zeroed_or_deleted_checkpoint_replays_from_the_segments() {
             "zero" => fs::write(&ckpt, [0u8; 28]).unwrap(),
             _ => fs::remove_file(&ckpt).unwrap(),
         }
-        let q = open(settings(dir.path(), 1, 1 << 20)).await;
-        let got = drain(&q, 40, true).await;
+        let got = drain_reopened(settings(dir.path(), 1, 1 << 20), 40).await;
         assert_eq!(got, (0..40).collect::<Vec<_>>(), "{damage}: everything replayed, nothing lost");
-        q.shutdown().await;
     }
 }
 
@@ -723,9 +731,11 @@ async fn workers_get_events_before_the_fdatasync_and_inputs_after_it() {
     let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
     assert_eq!(outcome, AckOutcome::Handled);
     q.shutdown().await;
-    let q = open(settings(dir.path(), 1, 1 << 20)).await;
-    assert_eq!(drain(&q, 10, true).await, Vec::<i64>::new(), "nothing completed is delivered again");
-    q.shutdown().await;
+    assert_eq!(
+        drain_reopened(settings(dir.path(), 1, 1 << 20), 10).await,
+        Vec::<i64>::new(),
+        "nothing completed is delivered again"
+    );
 }
 
 /// A failed fdatasync proves nothing about what it covered: those events are not acknowledged
@@ -757,9 +767,11 @@ async fn events_are_not_acknowledged_when_fdatasync_fails() {
     })
     .await;
     q.shutdown().await;
-    let q = open(settings(dir.path(), 1, 1 << 20)).await;
-    assert_eq!(drain(&q, 20, true).await, Vec::<i64>::new(), "nothing completed is delivered again");
-    q.shutdown().await;
+    assert_eq!(
+        drain_reopened(settings(dir.path(), 1, 1 << 20), 20).await,
+        Vec::<i64>::new(),
+        "nothing completed is delivered again"
+    );
 }
 
 /// One shard whose staged frames (direct I/O) wait for their write until something forces it:
@@ -786,9 +798,11 @@ async fn batches_nobody_waits_for_reach_the_workers_at_once_and_are_written_soon
     })
     .await;
     q.shutdown().await;
-    let q = open(settings(dir.path(), 1, 1 << 20)).await;
-    assert_eq!(drain(&q, 20, true).await, (0..20).collect::<Vec<_>>(), "not acknowledged: delivered again");
-    q.shutdown().await;
+    assert_eq!(
+        drain_reopened(settings(dir.path(), 1, 1 << 20), 20).await,
+        (0..20).collect::<Vec<_>>(),
+        "not acknowledged: delivered again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -834,9 +848,7 @@ async fn staged_frames_are_written_when_the_queue_closes_and_when_a_segment_is_s
     q.shutdown().await;
     let sealed = segments(dir.path()).len();
     assert!(sealed >= 3, "several segments were sealed: {sealed}");
-    let q = open(staging_settings(dir.path(), 64 << 10)).await;
-    assert_eq!(drain(&q, 2000, true).await, (0..2000).collect::<Vec<_>>());
-    q.shutdown().await;
+    assert_eq!(drain_reopened(staging_settings(dir.path(), 64 << 10), 2000).await, (0..2000).collect::<Vec<_>>());
 }
 
 /// A new segment that cannot be created (here its shard's directory is gone for a moment) holds
@@ -861,7 +873,9 @@ async fn a_segment_that_cannot_be_created_holds_its_group_until_it_can() {
     assert!(segments(dir.path()).len() >= 2, "the group went to a new segment");
     assert_eq!(drain(&q, 800, true).await, (0..800).collect::<Vec<_>>());
     q.shutdown().await;
-    let q = open(settings(dir.path(), 1, 64 << 10)).await;
-    assert_eq!(drain(&q, 800, true).await, Vec::<i64>::new(), "nothing completed is delivered again");
-    q.shutdown().await;
+    assert_eq!(
+        drain_reopened(settings(dir.path(), 1, 64 << 10), 800).await,
+        Vec::<i64>::new(),
+        "nothing completed is delivered again"
+    );
 }
