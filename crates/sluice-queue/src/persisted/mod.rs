@@ -180,6 +180,9 @@ pub(crate) struct Inner {
     pub not_empty: Notify,
     pub not_full: Notify,
     pub metrics: PersistedMetrics,
+    /// The next this many segment writes fail as on a full disk (tests of the writer's waiting).
+    #[cfg(test)]
+    pub fail_writes: std::sync::atomic::AtomicU32,
 }
 
 pub struct PersistedQueue {
@@ -208,6 +211,8 @@ impl PersistedQueue {
                 not_empty: Notify::new(),
                 not_full: Notify::new(),
                 metrics: PersistedMetrics::default(),
+                #[cfg(test)]
+                fail_writes: Default::default(),
             }),
             shards: std::sync::OnceLock::new(),
             writers: Mutex::new(Vec::new()),
@@ -314,6 +319,7 @@ impl PersistedQueue {
             // page: a full stage and a common group after it fit; a larger group grows it.
             buf: direct::StageBuf::with_capacity(2 << 20).unwrap_or_default(),
             direct_io: self.inner.config.direct_io,
+            gave_up: false,
             // The position the checkpoint on disk records, read before any worker can
             // complete anything.
             checkpoints: Arc::new(checkpointer::Checkpointer::new(

@@ -803,6 +803,9 @@ pub(crate) struct Writer {
     pub direct: Option<DirectFile>,
     /// False once direct I/O turned out not to work here (or when it is switched off).
     pub direct_io: bool,
+    /// A write was given up because the queue closed while the disk was full: later ones
+    /// during the same shutdown are given up after one failed try, not after the whole backoff.
+    pub gave_up: bool,
     /// Groups handed over, waiting to be written together (direct I/O).
     pub stage: Stage,
     /// Where groups are encoded, and written from (see `StageBuf`).
@@ -1322,26 +1325,9 @@ impl Writer {
         let mut logged = false;
         let mut since: Option<Instant> = None;
         loop {
-            let written = match self.direct_file(buf) {
-                Ok(Some(direct)) => match direct.write(buf, offset) {
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                        tracing::info!(shard = self.shard.id, error = %e,
-                            "direct I/O refused by the filesystem; the queue writes through the page cache");
-                        self.direct_io = false;
-                        self.direct = None;
-                        continue;
-                    }
-                    r => r,
-                },
-                Ok(None) => {
-                    let file = self.active.as_ref().expect("an active segment").0.clone();
-                    let written = buf.frames_with_marker().and_then(|bytes| file.write_all_at(bytes, offset));
-                    if written.is_ok() {
-                        buf.clear();
-                    }
-                    written
-                }
-                Err(e) => Err(e),
+            let written = match self.injected_failure() {
+                Some(e) => Err(e),
+                None => self.write_once(buf, offset),
             };
             let (file, _) = self.active.as_ref().expect("an active segment");
             match written {
@@ -1377,7 +1363,8 @@ impl Writer {
                     if let Err(e) = self.checkpoints.write(done, true) {
                         tracing::debug!(shard = self.shard.id, error = %e, "checkpoint while the disk is full");
                     }
-                    if self.shard.state.lock().stopping && pause >= Duration::from_secs(2) {
+                    if self.shard.state.lock().stopping && (self.gave_up || pause >= Duration::from_secs(2)) {
+                        self.gave_up = true;
                         return false;
                     }
                     std::thread::sleep(pause);
@@ -1385,6 +1372,40 @@ impl Writer {
                 }
             }
         }
+    }
+
+    /// One try at [`Writer::write_all`]'s write, direct where it can be; a filesystem that
+    /// refuses direct I/O is written through the page cache from then on.
+    fn write_once(&mut self, buf: &mut StageBuf, offset: u64) -> io::Result<()> {
+        loop {
+            return match self.direct_file(buf)? {
+                Some(direct) => match direct.write(buf, offset) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        tracing::info!(shard = self.shard.id, error = %e,
+                            "direct I/O refused by the filesystem; the queue writes through the page cache");
+                        self.direct_io = false;
+                        self.direct = None;
+                        continue;
+                    }
+                    r => r,
+                },
+                None => {
+                    let file = self.active.as_ref().expect("an active segment").0.clone();
+                    file.write_all_at(buf.frames_with_marker()?, offset)?;
+                    buf.clear();
+                    Ok(())
+                }
+            };
+        }
+    }
+
+    /// A write failure a test asked for (`Inner::fail_writes`); never outside tests.
+    fn injected_failure(&self) -> Option<io::Error> {
+        #[cfg(test)]
+        if self.inner.fail_writes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
+            return Some(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        None
     }
 }
 

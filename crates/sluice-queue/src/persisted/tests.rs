@@ -879,3 +879,47 @@ async fn a_segment_that_cannot_be_created_holds_its_group_until_it_can() {
         "nothing completed is delivered again"
     );
 }
+
+/// A full disk under staged writes (direct I/O, batches nobody waits for, then one an input
+/// waits for): the writer keeps the frames and tries again, the input hears nothing meanwhile
+/// and the stall shows; once writes succeed every frame is on disk, once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_frames_wait_out_a_full_disk_and_are_all_written_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(staging_settings(dir.path(), 1 << 20)).await;
+    // The next three writes fail, as on a full disk: about 0.7 s of backoff.
+    q.inner.fail_writes.store(3, Ordering::Relaxed);
+    push_untracked(&q, numbered(0, 100)).await;
+    let (acker, mut done) = Acker::with_notify(10);
+    q.push(Batch::new(numbered(100, 10), AckSet::single(acker, 10), 800)).await.unwrap();
+    eventually("the stall never showed", || q.stats().stalled_nanos > 0).await;
+    assert!(done.try_recv().is_err(), "acknowledged while nothing could be written");
+    let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
+    assert_eq!(outcome, AckOutcome::Handled);
+    assert_eq!(q.inner.fail_writes.load(Ordering::Relaxed), 0, "every failure was met");
+    assert_eq!(q.stats().unstored, 0);
+    q.shutdown().await;
+    assert_eq!(drain_reopened(staging_settings(dir.path(), 1 << 20), 110).await, (0..110).collect::<Vec<_>>());
+}
+
+/// The queue closing while the disk stays full gives up what it could not write: those events
+/// are counted as not stored, the input waiting for one of them is told (abandoned), nothing
+/// half-written is left, and the shutdown ends. (Only the first group waits out the backoff;
+/// later ones get one try. That is not timed here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_on_a_full_disk_gives_up_staged_and_pending_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(staging_settings(dir.path(), 1 << 20)).await;
+    q.inner.fail_writes.store(u32::MAX, Ordering::Relaxed);
+    push_untracked(&q, numbered(0, 50)).await;
+    let (acker, done) = Acker::with_notify(10);
+    q.push(Batch::new(numbered(50, 10), AckSet::single(acker, 10), 800)).await.unwrap();
+    eventually("the stall never showed", || q.stats().stalled_nanos > 0).await;
+    // Waits behind the stalled write: a second group, given up at shutdown too.
+    push_untracked(&q, numbered(60, 30)).await;
+    tokio::time::timeout(Duration::from_secs(30), q.shutdown()).await.expect("shutdown hung on a full disk");
+    assert_eq!(q.stats().unstored, 90, "every event not written is counted");
+    let outcome = tokio::time::timeout(Duration::from_secs(5), done).await.unwrap();
+    assert_ne!(outcome, Ok(AckOutcome::Handled), "an input told its unwritten batch was handled");
+    assert_eq!(drain_reopened(staging_settings(dir.path(), 1 << 20), 90).await, Vec::<i64>::new());
+}
