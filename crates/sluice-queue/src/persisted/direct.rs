@@ -56,7 +56,7 @@ struct Mapping {
 unsafe impl Send for Mapping {}
 
 /// Huge page size on x86-64 and aarch64 (with 4 KiB base pages).
-const HUGE: usize = 2 << 20;
+pub(crate) const HUGE: usize = 2 << 20;
 
 impl Mapping {
     fn new(len: usize) -> io::Result<Mapping> {

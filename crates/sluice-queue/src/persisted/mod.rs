@@ -316,8 +316,9 @@ impl PersistedQueue {
             syncer: Arc::new(syncer::Syncer::default()),
             stage: shard::Stage::default(),
             // Made (and faulted in) while the queue opens, not on its first write. One huge
-            // page: a full stage and a common group after it fit; a larger group grows it.
-            buf: direct::StageBuf::with_capacity(2 << 20).unwrap_or_default(),
+            // page; a shard busy enough to fill a stage (`STAGE_BYTES`) grows it to two. If the
+            // mapping fails here, it is made on the first write, which logs a failure.
+            buf: direct::StageBuf::with_capacity(direct::HUGE).unwrap_or_default(),
             direct_io: self.inner.config.direct_io,
             gave_up: false,
             // The position the checkpoint on disk records, read before any worker can

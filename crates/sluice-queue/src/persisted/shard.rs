@@ -124,9 +124,9 @@ pub(crate) struct SegInfo {
 
 pub(crate) enum Readable {
     /// Handed over and still in memory (written, or staged to be written: see `Stage`): the
-    /// events of one or more batches written one after the other, which stand for `bytes`. `ends[i]` is the LSN just past event `i`'s frame, so
-    /// any prefix can be acknowledged as exactly its own range. Both are taken from the front
-    /// a few at a time, hence the deques.
+    /// events of one or more batches written one after the other, which stand for `bytes`.
+    /// `ends[i]` is the LSN just past event `i`'s frame, so any prefix can be acknowledged as
+    /// exactly its own range. Both are taken from the front a few at a time, hence the deques.
     Mem { events: VecDeque<Event>, bytes: usize, start: u64, ends: VecDeque<u64> },
     /// Written, to be read back from disk: `[start, end)` in LSNs. `counted` of its events are
     /// already in the shard's event count (those written in this run); the rest, found at
