@@ -8,6 +8,7 @@ Run through bench/run.sh, which builds the release binaries first.
 """
 import argparse
 import json
+import mmap
 import shutil
 import os
 import signal
@@ -16,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -105,21 +107,69 @@ def config(tmp, api, inputs, processors, workers=2, queue=None, data_dir=None):
     return path
 
 
-def generator_blackhole(tmp, events, processors=(), name="generator -> blackhole", queue=None):
+# What the last persisted run (direct I/O) wrote to the disk, and in how long: the
+# `gen-json-beside` scenario writes as much at the same pace.
+LAST_PQ_WRITES = {}
+
+
+def generator_blackhole(tmp, events, processors=(), name="generator -> blackhole", queue=None, beside=None):
+    """The generator's pipeline; `beside`, if given, is (bytes, seconds): that many bytes are
+    written to a file at that pace while the pipeline runs (see `write_beside`)."""
     lines = os.path.join(tmp, "lines.json")
     json_lines_file(lines, 10_000)
     api = f"127.0.0.1:{free_port()}"
     cfg = config(tmp, api, [{"type": "generator", "count": events, "file": lines, "sequence": False}], list(processors),
                  queue=queue)
     shutil.rmtree(os.path.join(tmp, "data"), ignore_errors=True)
+    stop = threading.Event()
+    writer = None
+    if beside:
+        writer = threading.Thread(target=write_beside, args=(os.path.join(tmp, "beside.dat"), *beside, lines, stop))
     started = time.perf_counter()
     proc = subprocess.Popen([SLUICE, "run", "-c", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if writer:
+        writer.start()
     usage = finish(proc)
     secs = time.perf_counter() - started
+    stop.set()
+    if writer:
+        writer.join()
     err = proc.stderr.read().decode(errors="replace")
     if proc.returncode != 0 or f"out={events}" not in err:
         raise RuntimeError(f"{name}: unexpected end (exit {proc.returncode}):\n{err[-2000:]}")
+    if queue and queue.get("direct_io", True):
+        # Blocks written by the process, in 512-byte units (its write_bytes I/O accounting).
+        LAST_PQ_WRITES.update(bytes=usage.ru_oublock * 512, seconds=secs)
     return row(name, events, secs, usage)
+
+
+def write_beside(path, total, seconds, text_from, stop, piece=2 << 20, region=256 << 20):
+    """Writes `total` bytes to `path` evenly over `seconds` (or until `stop`), as the persisted
+    queue writes its segments: direct I/O pieces of 2 MiB, each followed by fdatasync, over a
+    new 256 MiB file that is then rewritten from its start (the queue starts 4 new 64 MiB
+    segment files and then reuses them). The bytes are JSON text, like the queue's frames."""
+    buf = mmap.mmap(-1, piece)  # page-aligned, as O_DIRECT needs
+    with open(text_from, "rb") as f:
+        text = f.read(piece)
+    buf.write((text * (piece // max(1, len(text)) + 1))[:piece])
+    if os.path.exists(path):
+        os.unlink(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:  # a filesystem without direct I/O (tmpfs): the queue falls back the same way
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        start, done = time.perf_counter(), 0
+        while done < total and not stop.is_set():
+            os.pwrite(fd, buf, done % region)
+            os.fdatasync(fd)
+            done += piece
+            ahead = start + seconds * done / total - time.perf_counter()
+            if ahead > 0:
+                stop.wait(ahead)
+    finally:
+        os.close(fd)
+        os.unlink(path)
 
 
 def tcp_blackhole(tmp, events, processors=(), name="tcp -> blackhole"):
@@ -246,6 +296,7 @@ SCENARIOS = {
                                                                "generator -> persisted (page cache) -> json -> bh",
                                                                queue={"type": "persisted", "sync": "commit",
                                                                       "direct_io": False}),
+    "gen-json-beside": lambda tmp, n: beside_scenario(tmp, n),
     "tcp": lambda tmp, n: tcp_blackhole(tmp, n),
     "tcp-json": lambda tmp, n: tcp_blackhole(tmp, n, [{"type": "json"}], "tcp -> json -> blackhole"),
     "file": lambda tmp, n: file_blackhole(tmp, n),
@@ -254,6 +305,16 @@ SCENARIOS = {
     "files-10k": lambda tmp, n: many_files(tmp, min(n, 2_000_000)),
     "files-10k-noreg": lambda tmp, n: many_files(tmp, min(n, 2_000_000), registry=False),
 }
+
+
+def beside_scenario(tmp, events):
+    """`gen-json` with the bytes of the last `gen-json-pq` run written beside it, by another
+    thread, at that run's pace: what writing the queue's bytes costs the memory pipeline on this
+    machine, whoever writes them."""
+    if not LAST_PQ_WRITES:
+        raise RuntimeError("gen-json-beside needs a gen-json-pq run before it (list gen-json-pq first)")
+    return generator_blackhole(tmp, events, [{"type": "json"}], "generator -> json -> bh, pq's bytes beside",
+                               beside=(LAST_PQ_WRITES["bytes"], LAST_PQ_WRITES["seconds"]))
 
 
 def ratio(rows, num, den, key):
@@ -287,6 +348,9 @@ def main():
     args = ap.parse_args()
     rows = []
     keys = list(args.only or SCENARIOS)
+    if "gen-json-beside" in keys and ("gen-json-pq" not in keys
+                                      or keys.index("gen-json-pq") > keys.index("gen-json-beside")):
+        ap.error("gen-json-beside writes what a gen-json-pq run wrote: list gen-json-pq before it")
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(max(1, args.repeat)):
             for key in (keys if rep % 2 == 0 else keys[::-1]):
@@ -303,6 +367,8 @@ def main():
                ratio(rows, "generator -> persisted -> json -> bh", mem, "events_per_s"))
     show_ratio("persisted (page cache) / memory throughput",
                ratio(rows, "generator -> persisted (page cache) -> json -> bh", mem, "events_per_s"))
+    show_ratio("memory with the persisted run's bytes written beside it / memory throughput",
+               ratio(rows, "generator -> json -> bh, pq's bytes beside", mem, "events_per_s"))
     on, off = "10000 files round-robin, registry on", "10000 files round-robin, registry off"
     show_ratio("10,000 files, registry on / off: throughput", ratio(rows, on, off, "events_per_s"))
     show_ratio("10,000 files, registry on / off: CPU per event", ratio(rows, on, off, "cpu_s_per_m"))
