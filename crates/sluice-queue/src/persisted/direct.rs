@@ -314,10 +314,10 @@ pub(crate) struct DirectFile {
     file: File,
     /// The segment this handle writes, to notice when the writer moved on to another.
     pub segment: u64,
-    /// Live bytes of the block that holds the end of the live frames, when opened.
-    tail: [u8; BLOCK],
-    /// How many of the block's bytes are live now.
-    tail_len: usize,
+    /// Live bytes of the block that held the end of the live frames when the file was opened
+    /// (the first `opening_len`). After that the writer's [`StageBuf`] keeps the live head.
+    opening: [u8; BLOCK],
+    opening_len: usize,
 }
 
 impl DirectFile {
@@ -331,16 +331,16 @@ impl DirectFile {
             Err(e) => return Err(e),
         };
         let block_start = live_len & !(BLOCK as u64 - 1);
-        let tail_len = (live_len - block_start) as usize;
-        let mut tail = [0u8; BLOCK];
-        buffered.read_exact_at(&mut tail[..tail_len], block_start)?;
-        Ok(Some(DirectFile { file, segment, tail, tail_len }))
+        let opening_len = (live_len - block_start) as usize;
+        let mut opening = [0u8; BLOCK];
+        buffered.read_exact_at(&mut opening[..opening_len], block_start)?;
+        Ok(Some(DirectFile { file, segment, opening, opening_len }))
     }
 
     /// The live bytes of the last block when the file was opened: the head a [`StageBuf`]
     /// needs before its first write here.
     pub fn opening_head(&self) -> &[u8] {
-        &self.tail[..self.tail_len]
+        &self.opening[..self.opening_len]
     }
 
     /// Writes a block-aligned buffer at a block-aligned offset, as it is.
@@ -352,18 +352,17 @@ impl DirectFile {
     /// marker; `stage`'s head must be the live bytes of `at`'s block. On success the stage
     /// keeps only the new head. EINVAL means the filesystem accepted the open but not the
     /// write: the caller falls back.
-    pub fn write(&mut self, stage: &mut StageBuf, at: u64) -> io::Result<()> {
+    pub fn write(&self, stage: &mut StageBuf, at: u64) -> io::Result<()> {
         let block_start = at & !(BLOCK as u64 - 1);
         let head = (at - block_start) as usize;
-        if head != self.tail_len || stage.head != head {
+        if stage.head != head {
             return Err(io::Error::other(format!(
-                "direct writer out of step: live end at block offset {head}, {} bytes held, {} staged before the frames",
-                self.tail_len, stage.head
+                "direct writer out of step: live end at block offset {head}, {} bytes staged before the frames",
+                stage.head
             )));
         }
         self.file.write_all_at(stage.blocks()?, block_start)?;
         stage.blocks_written();
-        self.tail_len = stage.head;
         Ok(())
     }
 }
@@ -392,7 +391,7 @@ mod tests {
         // Stale bytes beyond the live head, as in a reused segment file.
         std::fs::write(&path, vec![0xAAu8; 3 * BLOCK]).unwrap();
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&[7u8; 64], 0).unwrap();
-        let Some((mut d, mut stage)) = open(&path, 64) else {
+        let Some((d, mut stage)) = open(&path, 64) else {
             eprintln!("no O_DIRECT on this filesystem; nothing to test");
             return;
         };
@@ -428,7 +427,7 @@ mod tests {
         stage.set_head(&[9u8; 100]).unwrap();
         stage.extend_from_slice(b"next");
         let buffered = OpenOptions::new().read(true).write(true).open(&path).unwrap();
-        let Some(mut d) = DirectFile::open(&path, 1, existing.len() as u64, &buffered).unwrap() else { return };
+        let Some(d) = DirectFile::open(&path, 1, existing.len() as u64, &buffered).unwrap() else { return };
         stage.set_head(d.opening_head()).unwrap();
         assert_eq!(stage.frames(), b"next");
         d.write(&mut stage, existing.len() as u64).unwrap();
