@@ -183,6 +183,10 @@ pub(crate) struct Inner {
     /// The next this many segment writes fail as on a full disk (tests of the writer's waiting).
     #[cfg(test)]
     pub fail_writes: std::sync::atomic::AtomicU32,
+    /// The next this many direct writes are refused with EINVAL, as by a filesystem that takes
+    /// `O_DIRECT` opens but not the writes (tests of the fall-back to the page cache).
+    #[cfg(test)]
+    pub refuse_direct_writes: std::sync::atomic::AtomicU32,
 }
 
 pub struct PersistedQueue {
@@ -213,6 +217,8 @@ impl PersistedQueue {
                 metrics: PersistedMetrics::default(),
                 #[cfg(test)]
                 fail_writes: Default::default(),
+                #[cfg(test)]
+                refuse_direct_writes: Default::default(),
             }),
             shards: std::sync::OnceLock::new(),
             writers: Mutex::new(Vec::new()),

@@ -1378,8 +1378,9 @@ impl Writer {
     /// refuses direct I/O is written through the page cache from then on.
     fn write_once(&mut self, buf: &mut StageBuf, offset: u64) -> io::Result<()> {
         loop {
+            let refused = self.injected_refusal();
             return match self.direct_file(buf)? {
-                Some(direct) => match direct.write(buf, offset) {
+                Some(direct) => match refused.map_or_else(|| direct.write(buf, offset), Err) {
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                         tracing::info!(shard = self.shard.id, error = %e,
                             "direct I/O refused by the filesystem; the queue writes through the page cache");
@@ -1402,11 +1403,27 @@ impl Writer {
     /// A write failure a test asked for (`Inner::fail_writes`); never outside tests.
     fn injected_failure(&self) -> Option<io::Error> {
         #[cfg(test)]
-        if self.inner.fail_writes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
+        if take_one(&self.inner.fail_writes) {
             return Some(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         None
     }
+
+    /// A direct write a test asked to be refused (`Inner::refuse_direct_writes`); never outside
+    /// tests.
+    fn injected_refusal(&self) -> Option<io::Error> {
+        #[cfg(test)]
+        if take_one(&self.inner.refuse_direct_writes) {
+            return Some(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        None
+    }
+}
+
+/// Counts one off a test's count of failures to inject; false when none is left.
+#[cfg(test)]
+fn take_one(count: &std::sync::atomic::AtomicU32) -> bool {
+    count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
 }
 
 #[cfg(test)]

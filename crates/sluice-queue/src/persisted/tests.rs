@@ -923,3 +923,24 @@ async fn closing_on_a_full_disk_gives_up_staged_and_pending_events() {
     assert_ne!(outcome, Ok(AckOutcome::Handled), "an input told its unwritten batch was handled");
     assert_eq!(drain_reopened(staging_settings(dir.path(), 1 << 20), 90).await, Vec::<i64>::new());
 }
+
+/// A filesystem that takes `O_DIRECT` opens but refuses a direct write, in the middle of a
+/// segment: that write and every later one go through the page cache, and the frames before
+/// and after the switch are all on disk, in order, with nothing damaged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_write_refused_mid_segment_is_made_through_the_page_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    push_durable(&q, numbered(0, 10)).await;
+    q.inner.refuse_direct_writes.store(1, Ordering::Relaxed);
+    push_durable(&q, numbered(10, 10)).await;
+    assert_eq!(q.inner.refuse_direct_writes.load(Ordering::Relaxed), 0, "the refusal was met");
+    push_durable(&q, numbered(20, 10)).await;
+    assert_eq!(q.stats().unstored, 0);
+    assert_eq!(drain(&q, 30, false).await, (0..30).collect::<Vec<_>>());
+    q.shutdown().await;
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    assert_eq!(drain(&q, 30, true).await, (0..30).collect::<Vec<_>>(), "not acknowledged: all read back");
+    assert_eq!(q.stats().corrupt_frames, 0, "nothing damaged at the switch");
+    q.shutdown().await;
+}
