@@ -44,12 +44,17 @@ fn numbered(from: i64, n: i64) -> Vec<Event> {
         .collect()
 }
 
-/// Pushes with an acker and waits until the queue acknowledges (durable).
-async fn push_durable(q: &PersistedQueue, events: Vec<Event>) {
+/// Pushes a batch whose input waits for its acknowledgement; what the queue tells it.
+async fn push_awaited(q: &PersistedQueue, events: Vec<Event>) -> tokio::sync::oneshot::Receiver<AckOutcome> {
     let n = events.len();
     let (acker, done) = Acker::with_notify(n);
-    let bytes = n * 80;
-    q.push(Batch::new(events, AckSet::single(acker, n), bytes)).await.unwrap();
+    q.push(Batch::new(events, AckSet::single(acker, n), n * 80)).await.unwrap();
+    done
+}
+
+/// Pushes with an acker and waits until the queue acknowledges (durable).
+async fn push_durable(q: &PersistedQueue, events: Vec<Event>) {
+    let done = push_awaited(q, events).await;
     assert_eq!(tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap(), AckOutcome::Handled);
 }
 
@@ -85,6 +90,12 @@ async fn drain_reopened(s: Settings, n: usize) -> Vec<i64> {
     let got = drain(&q, n, true).await;
     q.shutdown().await;
     got
+}
+
+/// Reopens the queue with `s`: none of up to `n` events may come back, as every one was
+/// acknowledged before.
+async fn assert_nothing_delivered_again(s: Settings, n: usize) {
+    assert_eq!(drain_reopened(s, n).await, Vec::<i64>::new(), "nothing completed is delivered again");
 }
 
 /// Waits until `done` holds, looking every few milliseconds; fails naming `what` after 5 s.
@@ -272,8 +283,7 @@ async fn a_batch_taken_whole_from_memory_keeps_its_event_vector() {
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
     let events = numbered(0, 500);
     let vector = events.as_ptr();
-    let (acker, done) = Acker::with_notify(500);
-    q.push(Batch::new(events, AckSet::single(acker, 500), 500 * 80)).await.unwrap();
+    let done = push_awaited(&q, events).await;
     let b = q.pop(500, Duration::from_secs(5)).await.unwrap();
     assert_eq!(numbers(&b), (0..500).collect::<Vec<_>>());
     assert_eq!(b.events.as_ptr(), vector, "the events were copied on their way through the queue");
@@ -291,8 +301,7 @@ async fn single_event_batches_are_held_as_one_entry_and_taken_a_few_at_a_time() 
     // make one entry.
     let mut waits = Vec::new();
     for i in 0..400 {
-        let (acker, done) = Acker::with_notify(1);
-        q.push(Batch::new(numbered(i, 1), AckSet::single(acker, 1), 80)).await.unwrap();
+        let done = push_awaited(&q, numbered(i, 1)).await;
         waits.push(done);
     }
     for w in waits {
@@ -383,11 +392,7 @@ async fn a_checkpoint_that_cannot_be_written_retires_nothing_and_is_tried_again(
     eventually("segments never retired", || segments(dir.path()).len() <= 1).await;
     assert!(checkpoint::read(&shard_dir).unwrap().is_some());
     q.shutdown().await;
-    assert_eq!(
-        drain_reopened(settings(dir.path(), 1, 64 << 10), 2100).await,
-        Vec::<i64>::new(),
-        "nothing completed is delivered again"
-    );
+    assert_nothing_delivered_again(settings(dir.path(), 1, 64 << 10), 2100).await;
 }
 
 /// Shutdown does not wait forever for a last checkpoint that cannot be written: the queue
@@ -720,8 +725,7 @@ async fn workers_get_events_before_the_fdatasync_and_inputs_after_it() {
     let shard_dir = dir.path().join("shard-0");
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
     super::syncer::tests::hold_syncs(dir.path());
-    let (acker, mut done) = Acker::with_notify(10);
-    q.push(Batch::new(numbered(0, 10), AckSet::single(acker, 10), 800)).await.unwrap();
+    let mut done = push_awaited(&q, numbered(0, 10)).await;
     assert_eq!(drain(&q, 10, true).await, (0..10).collect::<Vec<_>>(), "delivered before the fdatasync");
     tokio::time::sleep(Duration::from_millis(150)).await; // several checkpoint intervals
     assert!(done.try_recv().is_err(), "the input is acknowledged before its events are durable");
@@ -731,11 +735,7 @@ async fn workers_get_events_before_the_fdatasync_and_inputs_after_it() {
     let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
     assert_eq!(outcome, AckOutcome::Handled);
     q.shutdown().await;
-    assert_eq!(
-        drain_reopened(settings(dir.path(), 1, 1 << 20), 10).await,
-        Vec::<i64>::new(),
-        "nothing completed is delivered again"
-    );
+    assert_nothing_delivered_again(settings(dir.path(), 1, 1 << 20), 10).await;
 }
 
 /// A failed fdatasync proves nothing about what it covered: those events are not acknowledged
@@ -747,8 +747,7 @@ async fn events_are_not_acknowledged_when_fdatasync_fails() {
     let shard_dir = dir.path().join("shard-0");
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
     super::syncer::tests::fail_next_syncs(dir.path(), 1);
-    let (acker, done) = Acker::with_notify(10);
-    q.push(Batch::new(numbered(0, 10), AckSet::single(acker, 10), 800)).await.unwrap();
+    let done = push_awaited(&q, numbered(0, 10)).await;
     let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
     assert_eq!(outcome, AckOutcome::Abandoned, "not acknowledged after a failed fdatasync");
     assert_eq!(q.stats().fsync_failures, 1, "the failure is counted");
@@ -767,11 +766,7 @@ async fn events_are_not_acknowledged_when_fdatasync_fails() {
     })
     .await;
     q.shutdown().await;
-    assert_eq!(
-        drain_reopened(settings(dir.path(), 1, 1 << 20), 20).await,
-        Vec::<i64>::new(),
-        "nothing completed is delivered again"
-    );
+    assert_nothing_delivered_again(settings(dir.path(), 1, 1 << 20), 20).await;
 }
 
 /// One shard whose staged frames (direct I/O) wait for their write until something forces it:
@@ -863,8 +858,7 @@ async fn a_segment_that_cannot_be_created_holds_its_group_until_it_can() {
     let (shard_dir, away) = (dir.path().join("shard-0"), dir.path().join("shard-0.away"));
     fs::rename(&shard_dir, &away).unwrap();
     // About 46 KB more: past the 64 KiB segment, so the writer needs a new one.
-    let (acker, mut done) = Acker::with_notify(400);
-    q.push(Batch::new(numbered(400, 400), AckSet::single(acker, 400), 400 * 80)).await.unwrap();
+    let mut done = push_awaited(&q, numbered(400, 400)).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(done.try_recv().is_err(), "acknowledged without a segment to hold it");
     fs::rename(&away, &shard_dir).unwrap();
@@ -873,11 +867,7 @@ async fn a_segment_that_cannot_be_created_holds_its_group_until_it_can() {
     assert!(segments(dir.path()).len() >= 2, "the group went to a new segment");
     assert_eq!(drain(&q, 800, true).await, (0..800).collect::<Vec<_>>());
     q.shutdown().await;
-    assert_eq!(
-        drain_reopened(settings(dir.path(), 1, 64 << 10), 800).await,
-        Vec::<i64>::new(),
-        "nothing completed is delivered again"
-    );
+    assert_nothing_delivered_again(settings(dir.path(), 1, 64 << 10), 800).await;
 }
 
 /// A full disk under staged writes (direct I/O, batches nobody waits for, then one an input
@@ -890,8 +880,7 @@ async fn staged_frames_wait_out_a_full_disk_and_are_all_written_after() {
     // The next three writes fail, as on a full disk: about 0.7 s of backoff.
     q.inner.fail_writes.store(3, Ordering::Relaxed);
     push_untracked(&q, numbered(0, 100)).await;
-    let (acker, mut done) = Acker::with_notify(10);
-    q.push(Batch::new(numbered(100, 10), AckSet::single(acker, 10), 800)).await.unwrap();
+    let mut done = push_awaited(&q, numbered(100, 10)).await;
     eventually("the stall never showed", || q.stats().stalled_nanos > 0).await;
     assert!(done.try_recv().is_err(), "acknowledged while nothing could be written");
     let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
@@ -912,8 +901,7 @@ async fn closing_on_a_full_disk_gives_up_staged_and_pending_events() {
     let q = open(staging_settings(dir.path(), 1 << 20)).await;
     q.inner.fail_writes.store(u32::MAX, Ordering::Relaxed);
     push_untracked(&q, numbered(0, 50)).await;
-    let (acker, done) = Acker::with_notify(10);
-    q.push(Batch::new(numbered(50, 10), AckSet::single(acker, 10), 800)).await.unwrap();
+    let done = push_awaited(&q, numbered(50, 10)).await;
     eventually("the stall never showed", || q.stats().stalled_nanos > 0).await;
     // Waits behind the stalled write: a second group, given up at shutdown too.
     push_untracked(&q, numbered(60, 30)).await;
