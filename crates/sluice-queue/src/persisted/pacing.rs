@@ -103,20 +103,7 @@ impl Pacing {
             && let Some(current) = CpuSample::take()
         {
             let verdict = match sample.as_ref() {
-                Some(last) if since <= 2 * CPU_SAMPLE.as_nanos() as u64 => {
-                    let wall = current.at.duration_since(last.at);
-                    (wall >= CPU_SAMPLE).then(|| {
-                        let used =
-                            current.cpu.saturating_sub(last.cpu).as_secs_f64() / (wall.as_secs_f64() * self.cpus);
-                        let machine_busy = match (&last.machine, &current.machine) {
-                            (Some(before), Some(after)) => {
-                                after.idle_since(before).is_some_and(|idle| idle < 1.0 - BUSY_CPU)
-                            }
-                            _ => false,
-                        };
-                        used >= BUSY_CPU || machine_busy
-                    })
-                }
+                Some(last) if since <= 2 * CPU_SAMPLE.as_nanos() as u64 => current.busy_since(last, self.cpus),
                 // None yet, or one begun before a quiet stretch, which says nothing about now:
                 // measure from here on, and count the CPUs as busy meanwhile.
                 _ => Some(true),
@@ -147,6 +134,21 @@ struct CpuSample {
 impl CpuSample {
     fn take() -> Option<CpuSample> {
         Some(CpuSample { cpu: process_cpu_time()?, at: Instant::now(), machine: MachineCpu::read() })
+    }
+
+    /// Whether the CPUs were busy between `last` and this sample (see the module comment);
+    /// `None` if less than [`CPU_SAMPLE`] lies between them.
+    fn busy_since(&self, last: &CpuSample, cpus: f64) -> Option<bool> {
+        let wall = self.at.duration_since(last.at);
+        if wall < CPU_SAMPLE {
+            return None;
+        }
+        let used = self.cpu.saturating_sub(last.cpu).as_secs_f64() / (wall.as_secs_f64() * cpus);
+        let machine_busy = match (&last.machine, &self.machine) {
+            (Some(before), Some(after)) => after.idle_since(before).is_some_and(|idle| idle < 1.0 - BUSY_CPU),
+            _ => false,
+        };
+        Some(used >= BUSY_CPU || machine_busy)
     }
 }
 
