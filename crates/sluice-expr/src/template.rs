@@ -116,6 +116,24 @@ impl Template {
         &self.source
     }
 
+    /// The literal text before the first `%{...}` part: the whole template when it is constant,
+    /// empty when it begins with a part. What no event can change (the file output confines
+    /// rendered paths to the directory this names).
+    pub fn literal_prefix(&self) -> &str {
+        match self.parts.first() {
+            Some(Part::Literal(s)) => s,
+            _ => "",
+        }
+    }
+
+    /// The first field the template names that `event` does not have; it renders as nothing.
+    pub fn missing_field(&self, event: &Event) -> Option<&FieldPath> {
+        self.parts.iter().find_map(|part| match part {
+            Part::Field(p) if event.get(p).is_none() => Some(p),
+            _ => None,
+        })
+    }
+
     /// True when the template has date parts (%{+...}) — the file output uses this.
     pub fn has_date_parts(&self) -> bool {
         self.parts.iter().any(|p| matches!(p, Part::Date(_)))
@@ -222,6 +240,24 @@ mod tests {
     fn missing_fields_render_empty() {
         assert_eq!(render("a%{/missing}b"), "ab");
         assert_eq!(render("%{/user/missing/x}"), "");
+    }
+
+    #[test]
+    fn literal_prefix_and_missing_field() {
+        let t = |src: &str| Template::parse(src).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t("/var/log/%{/host}/x.log").literal_prefix(), "/var/log/");
+        assert_eq!(t("out/app.log").literal_prefix(), "out/app.log");
+        assert_eq!(t("%{/dir}/x.log").literal_prefix(), "");
+        assert_eq!(t("%{+%Y}/x.log").literal_prefix(), "");
+        let e = ev();
+        assert_eq!(t("out/%{/host}-%{/service}.log").missing_field(&e), None);
+        assert_eq!(
+            t("out/%{/host}-%{/nope}-%{/gone}.log").missing_field(&e).map(|p| p.to_string()),
+            Some("/nope".into())
+        );
+        // A field that is present but null renders as nothing too, yet it is not missing.
+        assert_eq!(t("%{/nothing}").missing_field(&e), None);
+        assert_eq!(t("plain").missing_field(&e), None);
     }
 
     #[test]
