@@ -383,13 +383,18 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         }
     }
     type PickC = fn(&sluice_core::metrics::ComponentMetrics) -> u64;
-    let component_counters: [(&str, &str, PickC); 4] = [
+    let component_counters: [(&str, &str, PickC); 5] = [
         ("sluice_component_events_in_total", "Events a component received.", |c| c.events_in.get()),
         ("sluice_component_events_out_total", "Events a component passed on or delivered.", |c| c.events_out.get()),
         ("sluice_component_events_dropped_total", "Events a component dropped on purpose.", |c| c.dropped.get()),
         ("sluice_component_events_failed_total", "Events a component failed on (tagged, rejected, unparsable).", |c| {
             c.failed.get()
         }),
+        (
+            "sluice_component_retries_total",
+            "Output attempts that failed for a reason outside the events (disk full, peer down) and were retried.",
+            |c| c.retries.get(),
+        ),
     ];
     for (name, help, pick) in component_counters {
         counter(&mut out, name, help, &comps.iter().map(|(l, c)| (l.clone(), pick(c))).collect::<Vec<_>>());
@@ -475,6 +480,7 @@ pub fn render_stats(state: &ApiState) -> Json {
                 json!({
                     "id": c.id, "kind": c.kind, "type": c.type_name,
                     "events": {"in": c.events_in.get(), "out": c.events_out.get(), "dropped": c.dropped.get(), "failed": c.failed.get()},
+                    "retries": c.retries.get(),
                 })
             })
             .collect();

@@ -94,6 +94,9 @@ pub struct ComponentMetrics {
     pub dropped: Counter,
     /// Failed: rejected for good by an output, unparsable at an input, given up after retries.
     pub failed: Counter,
+    /// Outputs: attempts that failed for a reason outside the events (a full disk, a peer
+    /// down) and are tried again; rising while an output holds its pipeline back.
+    pub retries: Counter,
     /// Time spent per batch in this component.
     pub duration: Histogram,
 }
@@ -108,6 +111,7 @@ impl ComponentMetrics {
             events_out: Counter::default(),
             dropped: Counter::default(),
             failed: Counter::default(),
+            retries: Counter::default(),
             duration: Histogram::default(),
         }
     }
