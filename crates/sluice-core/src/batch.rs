@@ -2,6 +2,7 @@
 
 use crate::ack::AckSet;
 use crate::event::Event;
+use crate::memory::MemoryCharge;
 
 #[derive(Debug, Default)]
 pub struct Batch {
@@ -9,17 +10,26 @@ pub struct Batch {
     pub acks: AckSet,
     /// The bytes these events stand for (raw line lengths at the input), for queue limits.
     pub bytes: usize,
+    /// The memory these events hold in the node's budget, given back when the batch (or the
+    /// last piece of it) is dropped.
+    pub memory: MemoryCharge,
 }
 
 impl Batch {
     pub fn new(events: Vec<Event>, acks: AckSet, bytes: usize) -> Batch {
         debug_assert!(acks.is_empty() || acks.covered() == events.len());
-        Batch { events, acks, bytes }
+        Batch { events, acks, bytes, memory: MemoryCharge::none() }
     }
 
     /// A batch whose events nobody waits for.
     pub fn untracked(events: Vec<Event>, bytes: usize) -> Batch {
-        Batch { events, acks: AckSet::none(), bytes }
+        Batch { events, acks: AckSet::none(), bytes, memory: MemoryCharge::none() }
+    }
+
+    /// The batch with its memory charge attached.
+    pub fn with_memory(mut self, memory: MemoryCharge) -> Batch {
+        self.memory = memory;
+        self
     }
 
     pub fn len(&self) -> usize {
@@ -34,10 +44,11 @@ impl Batch {
     pub fn split_front(&mut self, n: usize) -> Batch {
         let n = n.min(self.events.len());
         let bytes = if self.events.is_empty() { 0 } else { self.bytes * n / self.events.len() };
+        let memory = self.memory.split_share(n, self.events.len());
         let rest = self.events.split_off(n);
         let front = std::mem::replace(&mut self.events, rest);
         self.bytes -= bytes;
-        Batch { events: front, acks: self.acks.split_front(n), bytes }
+        Batch { events: front, acks: self.acks.split_front(n), bytes, memory }
     }
 
     /// Appends another batch's events after ours.
@@ -49,6 +60,7 @@ impl Batch {
         }
         self.acks.append(other.acks);
         self.bytes += other.bytes;
+        self.memory.merge(std::mem::take(&mut other.memory));
     }
 
     /// Marks every event of the batch handled, releasing the inputs' acknowledgements.

@@ -120,6 +120,14 @@ impl Event {
         String::from_utf8(out).unwrap_or_default()
     }
 
+    /// What the event costs in memory, in bytes: its own struct, its maps, arrays and owned
+    /// strings, with the allocator's overhead per allocation. Slices of shared buffers count
+    /// nothing (the input that made the buffer charges it once), nor do shared maps. This is
+    /// what the node's [`crate::MemoryBudget`] is charged for decoded events.
+    pub fn memory_size(&self) -> usize {
+        size_of::<Event>() + self.fields.heap_bytes()
+    }
+
     /// A rough size in bytes, for queue accounting when no raw size is known.
     pub fn estimated_bytes(&self) -> usize {
         fn est(v: &Value) -> usize {
@@ -160,6 +168,23 @@ impl Serialize for Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_size_counts_what_the_event_holds() {
+        let small = Event::from_message_at("hi", 0);
+        // The struct and one allocation of four entries; inline strings cost nothing more.
+        assert_eq!(small.memory_size(), size_of::<Event>() + 4 * 56 + 16);
+        let long = "x".repeat(1000);
+        let big = Event::from_message_at(long.as_str(), 0);
+        assert!(big.memory_size() >= small.memory_size() + 1000);
+        let shared = crate::SharedText::new(format!("{long}\n").into_bytes());
+        let slice = Event::from_message_at(shared.slice(0..1000).unwrap(), 0);
+        assert_eq!(slice.memory_size(), small.memory_size(), "a shared buffer is counted by its maker");
+        let mut nested = Map::new();
+        nested.insert("a", Value::Array(vec![Value::Int(1); 10]));
+        let e = Event::new(nested);
+        assert!(e.memory_size() >= 10 * 32 + 56);
+    }
 
     #[test]
     fn metadata_is_not_written() {

@@ -9,6 +9,8 @@
 //! - [`Batch`]: events travel in batches; a batch carries the [`AckSet`] of the input batches its
 //!   events came from, so an acknowledgement costs one atomic operation per input batch, never one
 //!   per event.
+//! - [`MemoryBudget`]: the node's one budget for events in flight; a batch carries its
+//!   [`MemoryCharge`] and gives it back when dropped.
 //! - [`Queue`]: the interface between inputs and workers, implemented by the memory queue and the
 //!   persisted queue.
 //! - [`metrics`]: counters and histograms updated per batch, rendered at `/metrics` and `/stats`.
@@ -25,6 +27,7 @@ pub mod ack;
 pub mod batch;
 pub mod bus;
 pub mod event;
+pub mod memory;
 pub mod metrics;
 pub mod path;
 pub mod queue;
@@ -34,6 +37,7 @@ pub mod value;
 pub use ack::{AckSet, Acker};
 pub use batch::Batch;
 pub use event::Event;
+pub use memory::{ChargeError, MemoryBudget, MemoryCharge};
 pub use path::{FieldPath, PathError};
 pub use queue::{HistogramSnapshot, Queue, QueueClosed, QueueStats, ShardStats};
 pub use text::{SharedText, Str, TextPool};

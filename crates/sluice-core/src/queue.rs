@@ -45,6 +45,9 @@ pub struct QueueStats {
     pub events_read_back: u64,
     /// Persisted queues: frame bytes read back from the segments.
     pub bytes_read_back: u64,
+    /// Persisted queues: events the workers finished that no durable checkpoint records yet,
+    /// i.e. what a restart right now would deliver again (an upper bound).
+    pub checkpoint_lag_events: u64,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]

@@ -233,6 +233,15 @@ impl Str {
         matches!(&self.0, Repr::Own(s) if !s.is_heap_allocated())
     }
 
+    /// Heap bytes this string owns alone: its own copy, or nothing when inline or a slice of a
+    /// shared buffer (whose bytes are counted once, by whoever made the buffer).
+    pub fn heap_bytes(&self) -> usize {
+        match &self.0 {
+            Repr::Own(s) if s.is_heap_allocated() => s.capacity() + crate::value::ALLOCATION_OVERHEAD,
+            _ => 0,
+        }
+    }
+
     /// Whether this string points into a shared buffer.
     pub fn is_shared(&self) -> bool {
         matches!(self.0, Repr::Slice(_))

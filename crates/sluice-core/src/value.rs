@@ -30,7 +30,23 @@ pub enum Value {
     Object(Map),
 }
 
+/// What the allocator keeps beside each allocation, as counted by memory estimates.
+pub const ALLOCATION_OVERHEAD: usize = 16;
+
 impl Value {
+    /// Heap bytes this value owns beyond its own 32 bytes (see [`crate::Event::memory_size`]).
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            Value::String(s) => s.heap_bytes(),
+            Value::Array(a) => {
+                let own = if a.capacity() == 0 { 0 } else { a.capacity() * size_of::<Value>() + ALLOCATION_OVERHEAD };
+                own + a.iter().map(Value::heap_bytes).sum::<usize>()
+            }
+            Value::Object(m) => m.heap_bytes(),
+            _ => 0,
+        }
+    }
+
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Value::String(s) => Some(s.as_str()),
@@ -233,6 +249,19 @@ impl Default for Entries {
 }
 
 impl Map {
+    /// Heap bytes this map owns. A shared map (see [`Map::shared`]) counts nothing: its one copy
+    /// serves every event holding it.
+    pub fn heap_bytes(&self) -> usize {
+        match &self.entries {
+            Entries::Owned(v) => {
+                let own =
+                    if v.capacity() == 0 { 0 } else { v.capacity() * size_of::<(Str, Value)>() + ALLOCATION_OVERHEAD };
+                own + v.iter().map(|(k, v)| k.heap_bytes() + v.heap_bytes()).sum::<usize>()
+            }
+            Entries::Shared(_) => 0,
+        }
+    }
+
     pub fn new() -> Self {
         Map { entries: Entries::Owned(Vec::new()) }
     }

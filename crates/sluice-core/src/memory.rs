@@ -1,0 +1,440 @@
+//! The node's memory budget for events in flight.
+//!
+//! One budget per process, counted in what events really cost in memory (their maps, values
+//! and strings, as [`crate::Event::memory_size`] counts them) and not in the bytes they were
+//! decoded from: the two bytes `1 ` of a JSON body become an event of about 200 bytes. An
+//! input takes a [`MemoryCharge`] before it decodes more; the charge travels with the batch
+//! ([`crate::Batch::memory`]) through the queue and the workers, and is given back when the
+//! batch is dropped: after delivery with a memory queue, once written with a persisted one.
+//!
+//! Guarantees:
+//! - Waiters are served in arrival order, so a large charge is not starved by small ones.
+//! - A charge larger than the whole budget can never be granted and is refused at once
+//!   ([`ChargeError::NeverFits`]), so that a caller can answer "too large" instead of waiting.
+//! - [`MemoryBudget::force`] takes a charge without waiting, going over the budget if need be.
+//!   It is for events that are already in memory and were charged upstream (a `pipeline`
+//!   output feeding another pipeline), where waiting could deadlock the two pipelines. The
+//!   overdraft is repaid first when charges are given back.
+//! - Time spent waiting is counted while the wait lasts ([`MemoryBudget::wait_nanos`]), not
+//!   only when it ends, so a stall shows in the metrics while it goes on.
+//!
+//! Internally the budget is a fair semaphore whose permits are granules of 64 bytes, so that
+//! one permit count covers budgets far beyond 4 GiB.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use tokio::sync::Semaphore;
+
+/// Bytes per semaphore permit.
+const GRANULE: usize = 64;
+
+fn granules(bytes: usize) -> usize {
+    bytes.div_ceil(GRANULE)
+}
+
+/// Why a charge was not granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ChargeError {
+    #[error("needs {needed} bytes of memory, more than the whole budget of {limit} bytes")]
+    NeverFits { needed: usize, limit: usize },
+    #[error("no room in the memory budget before the deadline")]
+    TimedOut,
+}
+
+/// The budget. Share it as `Arc<MemoryBudget>`.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limit_granules: usize,
+    permits: Semaphore,
+    /// Granules granted by `force` beyond what the semaphore had.
+    overdraft: AtomicUsize,
+    epoch: Instant,
+    /// Waits in progress, and the sum of their start times (nanoseconds since `epoch`): the
+    /// time they have waited so far is `waiting × now − started_sum`.
+    waiting: AtomicU64,
+    waiting_started_sum: AtomicU64,
+    /// Time of the waits that have ended.
+    waited_nanos: AtomicU64,
+    waits: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl MemoryBudget {
+    /// The default budget: 256 MiB.
+    pub const DEFAULT_BYTES: usize = 256 << 20;
+
+    pub fn new(limit_bytes: usize) -> Arc<MemoryBudget> {
+        let limit_granules = granules(limit_bytes).clamp(1, Semaphore::MAX_PERMITS);
+        Arc::new(MemoryBudget {
+            limit_granules,
+            permits: Semaphore::new(limit_granules),
+            overdraft: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            waiting: AtomicU64::new(0),
+            waiting_started_sum: AtomicU64::new(0),
+            waited_nanos: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    /// A budget too large to ever be waited on, for tests and tools that run no inputs.
+    pub fn unlimited() -> Arc<MemoryBudget> {
+        MemoryBudget::new(usize::MAX)
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit_granules.saturating_mul(GRANULE)
+    }
+
+    /// Bytes charged now (over the limit when some charges were forced).
+    pub fn used(&self) -> usize {
+        let granted = self.limit_granules - self.permits.available_permits().min(self.limit_granules);
+        (granted + self.overdraft.load(Ordering::Relaxed)).saturating_mul(GRANULE)
+    }
+
+    /// Charges that are waiting now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Total time charges have waited, the waits still in progress included.
+    pub fn wait_nanos(&self) -> u64 {
+        let now = self.now_nanos();
+        let waiting = self.waiting.load(Ordering::Acquire);
+        let started = self.waiting_started_sum.load(Ordering::Acquire);
+        let ongoing = waiting.saturating_mul(now).saturating_sub(started);
+        self.waited_nanos.load(Ordering::Relaxed) + ongoing
+    }
+
+    /// Charges that had to wait (finished or not).
+    pub fn waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
+    }
+
+    /// Charges refused: larger than the budget, or not granted before their deadline.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    fn now_nanos(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// A charge that holds nothing, tied to this budget so that it can grow.
+    pub fn empty(self: &Arc<Self>) -> MemoryCharge {
+        MemoryCharge { budget: Some(self.clone()), granules: 0 }
+    }
+
+    /// Takes `bytes` now if they are free and nobody waits before us.
+    pub fn try_charge(self: &Arc<Self>, bytes: usize) -> Option<MemoryCharge> {
+        let n = granules(bytes);
+        if n == 0 {
+            return Some(self.empty());
+        }
+        let n32 = u32::try_from(n).ok()?;
+        let permit = self.permits.try_acquire_many(n32).ok()?;
+        permit.forget();
+        Some(MemoryCharge { budget: Some(self.clone()), granules: n })
+    }
+
+    /// Takes `bytes`, waiting (in arrival order) until they are free or `deadline` passes
+    /// (`None`: no deadline).
+    pub async fn charge(
+        self: &Arc<Self>,
+        bytes: usize,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<MemoryCharge, ChargeError> {
+        let n = granules(bytes);
+        if n > self.limit_granules || u32::try_from(n).is_err() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(ChargeError::NeverFits { needed: bytes, limit: self.limit() });
+        }
+        if let Some(c) = self.try_charge(bytes) {
+            return Ok(c);
+        }
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let _wait = WaitClock::start(self);
+        let acquire = self.permits.acquire_many(n as u32);
+        let permit = match deadline {
+            None => acquire.await,
+            Some(d) => match tokio::time::timeout_at(d, acquire).await {
+                Ok(p) => p,
+                Err(_) => {
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    return Err(ChargeError::TimedOut);
+                }
+            },
+        };
+        // The semaphore is never closed.
+        permit.expect("the memory budget's semaphore is never closed").forget();
+        Ok(MemoryCharge { budget: Some(self.clone()), granules: n })
+    }
+
+    /// Takes `bytes` without waiting, over the budget if need be (see the module comment).
+    pub fn force(self: &Arc<Self>, bytes: usize) -> MemoryCharge {
+        let n = granules(bytes);
+        let mut taken = 0;
+        while taken < n {
+            let free = self.permits.available_permits().min(n - taken).min(u32::MAX as usize);
+            if free == 0 {
+                break;
+            }
+            if let Ok(p) = self.permits.try_acquire_many(free as u32) {
+                p.forget();
+                taken += free;
+            } else {
+                // Someone waits in line, or took the permits first: the rest is overdraft.
+                break;
+            }
+        }
+        if taken < n {
+            self.overdraft.fetch_add(n - taken, Ordering::Relaxed);
+        }
+        MemoryCharge { budget: Some(self.clone()), granules: n }
+    }
+
+    fn release(&self, mut n: usize) {
+        let mut owed = self.overdraft.load(Ordering::Relaxed);
+        while owed > 0 && n > 0 {
+            let repay = owed.min(n);
+            match self.overdraft.compare_exchange_weak(owed, owed - repay, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => {
+                    n -= repay;
+                    break;
+                }
+                Err(now) => owed = now,
+            }
+        }
+        if n > 0 {
+            self.permits.add_permits(n);
+        }
+    }
+}
+
+/// Counts one wait in progress, and adds its time to the total when it ends (however it ends).
+struct WaitClock<'a> {
+    budget: &'a MemoryBudget,
+    started: u64,
+}
+
+impl<'a> WaitClock<'a> {
+    fn start(budget: &'a MemoryBudget) -> WaitClock<'a> {
+        let started = budget.now_nanos();
+        budget.waiting_started_sum.fetch_add(started, Ordering::AcqRel);
+        budget.waiting.fetch_add(1, Ordering::AcqRel);
+        WaitClock { budget, started }
+    }
+}
+
+impl Drop for WaitClock<'_> {
+    fn drop(&mut self) {
+        let b = self.budget;
+        let waited = b.now_nanos().saturating_sub(self.started);
+        // Add the finished wait before removing it from the ongoing ones, so that a reader in
+        // between sees it at most twice, never not at all.
+        b.waited_nanos.fetch_add(waited, Ordering::AcqRel);
+        b.waiting.fetch_sub(1, Ordering::AcqRel);
+        b.waiting_started_sum.fetch_sub(self.started, Ordering::AcqRel);
+    }
+}
+
+/// Memory taken from the budget; given back when dropped. A default charge holds nothing.
+#[derive(Default)]
+pub struct MemoryCharge {
+    budget: Option<Arc<MemoryBudget>>,
+    granules: usize,
+}
+
+impl std::fmt::Debug for MemoryCharge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemoryCharge({} bytes)", self.bytes())
+    }
+}
+
+impl MemoryCharge {
+    pub fn none() -> MemoryCharge {
+        MemoryCharge::default()
+    }
+
+    /// The bytes held (rounded up to the budget's granule).
+    pub fn bytes(&self) -> usize {
+        self.granules * GRANULE
+    }
+
+    /// Adds another charge's bytes to this one.
+    pub fn merge(&mut self, mut other: MemoryCharge) {
+        if other.granules == 0 {
+            return;
+        }
+        if self.budget.is_none() {
+            self.budget = other.budget.take();
+            self.granules = std::mem::take(&mut other.granules);
+            return;
+        }
+        debug_assert!(other.budget.as_ref().is_none_or(|b| Arc::ptr_eq(b, self.budget.as_ref().unwrap())));
+        self.granules += std::mem::take(&mut other.granules);
+    }
+
+    /// Splits off the share of `part` in `whole` (events of a batch, say); `self` keeps the rest.
+    pub fn split_share(&mut self, part: usize, whole: usize) -> MemoryCharge {
+        if self.granules == 0 || whole == 0 {
+            return MemoryCharge::none();
+        }
+        let n =
+            if part >= whole { self.granules } else { (self.granules as u128 * part as u128 / whole as u128) as usize };
+        self.granules -= n;
+        MemoryCharge { budget: self.budget.clone(), granules: n }
+    }
+
+    /// Gives back what is held beyond `bytes`.
+    pub fn shrink_to(&mut self, bytes: usize) {
+        let keep = granules(bytes);
+        if keep < self.granules {
+            if let Some(b) = &self.budget {
+                b.release(self.granules - keep);
+            }
+            self.granules = keep;
+        }
+    }
+
+    /// Makes the charge exactly `bytes` now: gives back the excess, or forces the shortfall
+    /// (for truing up an estimate after the events are decoded).
+    pub fn true_up(&mut self, bytes: usize) {
+        let want = granules(bytes);
+        if want <= self.granules {
+            self.shrink_to(bytes);
+        } else if let Some(b) = self.budget.clone() {
+            self.merge(b.force((want - self.granules) * GRANULE));
+        }
+    }
+
+    /// Adds `bytes`, waiting for them as [`MemoryBudget::charge`] does; `cap` bounds the total
+    /// this charge may reach (the caller's "can never fit" limit).
+    pub async fn grow(
+        &mut self,
+        bytes: usize,
+        cap: usize,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), ChargeError> {
+        let Some(budget) = self.budget.clone() else {
+            return Ok(());
+        };
+        let total = self.bytes() + bytes;
+        if total > cap {
+            budget.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(ChargeError::NeverFits { needed: total, limit: cap });
+        }
+        let more = budget.charge(bytes, deadline).await?;
+        self.merge(more);
+        Ok(())
+    }
+}
+
+impl Drop for MemoryCharge {
+    fn drop(&mut self) {
+        if self.granules > 0
+            && let Some(b) = &self.budget
+        {
+            b.release(self.granules);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn charges_wait_for_room_and_are_given_back_on_drop() {
+        let budget = MemoryBudget::new(1024);
+        let a = budget.charge(600, None).await.unwrap();
+        assert_eq!(budget.used(), 640);
+        assert!(budget.try_charge(600).is_none());
+        let b2 = budget.clone();
+        let waiter = tokio::spawn(async move { b2.charge(600, None).await.map(|c| c.bytes()) });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "granted while the budget was full");
+        assert_eq!(budget.waiting(), 1);
+        assert!(budget.wait_nanos() > 0, "a wait in progress is counted");
+        drop(a);
+        assert_eq!(waiter.await.unwrap(), Ok(640));
+        assert_eq!(budget.used(), 0);
+        assert_eq!((budget.waiting(), budget.waits()), (0, 1));
+    }
+
+    #[tokio::test]
+    async fn too_large_is_refused_at_once_and_deadlines_hold() {
+        let budget = MemoryBudget::new(1024);
+        assert_eq!(budget.charge(4096, None).await.unwrap_err(), ChargeError::NeverFits { needed: 4096, limit: 1024 });
+        let _held = budget.charge(1024, None).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(30);
+        assert_eq!(budget.charge(64, Some(deadline)).await.unwrap_err(), ChargeError::TimedOut);
+        assert_eq!(budget.refused(), 2);
+        assert_eq!(budget.waiting(), 0, "a timed-out wait is not left counted");
+    }
+
+    #[tokio::test]
+    async fn waiters_are_served_in_order() {
+        let budget = MemoryBudget::new(1024);
+        let a = budget.charge(512, None).await.unwrap();
+        let b = budget.charge(512, None).await.unwrap();
+        let b2 = budget.clone();
+        let big = tokio::spawn(async move { b2.charge(960, None).await.unwrap() });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(a);
+        // Half the budget is free, but it is the big waiter's: a small charge arriving after it
+        // does not jump the line.
+        assert!(budget.try_charge(64).is_none());
+        assert!(!big.is_finished());
+        drop(b);
+        assert_eq!(big.await.unwrap().bytes(), 960);
+        assert!(budget.try_charge(64).is_some());
+    }
+
+    #[test]
+    fn forced_overdraft_is_repaid_before_the_budget_refills() {
+        let budget = MemoryBudget::new(1024);
+        let a = budget.force(1024);
+        let b = budget.force(512);
+        assert_eq!(budget.used(), 1536);
+        drop(b);
+        assert_eq!(budget.used(), 1024);
+        assert!(budget.try_charge(64).is_none(), "the overdraft was repaid, nothing freed yet");
+        drop(a);
+        assert_eq!(budget.used(), 0);
+        assert!(budget.try_charge(1024).is_some());
+    }
+
+    #[test]
+    fn splitting_merging_and_truing_up() {
+        let budget = MemoryBudget::new(1 << 20);
+        let mut c = budget.try_charge(6400).unwrap();
+        let front = c.split_share(1, 4);
+        assert_eq!((front.bytes(), c.bytes()), (1600, 4800));
+        c.merge(front);
+        assert_eq!(c.bytes(), 6400);
+        c.true_up(100);
+        assert_eq!((c.bytes(), budget.used()), (128, 128));
+        c.true_up(10_000);
+        assert_eq!(budget.used(), c.bytes());
+        let mut none = MemoryCharge::none();
+        none.merge(c);
+        assert_eq!(budget.used(), none.bytes());
+        drop(none);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn grow_respects_the_cap() {
+        let budget = MemoryBudget::new(1 << 20);
+        let mut c = budget.empty();
+        c.grow(1000, 2000, None).await.unwrap();
+        assert!(matches!(c.grow(1500, 2000, None).await, Err(ChargeError::NeverFits { .. })));
+        assert_eq!(budget.used(), c.bytes());
+    }
+}
