@@ -1,4 +1,7 @@
 //! How a line becomes an event: as text in `message`, or as a JSON object.
+//!
+//! Nothing read is dropped: invalid UTF-8 becomes U+FFFD in both codecs (a JSON line is parsed
+//! after the replacement), and a line that is not a JSON object is kept as text and tagged.
 
 use serde::Deserialize;
 use sluice_core::{Event, Map, SharedText, Str, Value};
@@ -12,8 +15,9 @@ pub enum Codec {
     /// Each line is the `message` of an event.
     #[default]
     Lines,
-    /// Each line is a JSON object whose fields become the event; a line that is not a JSON
-    /// object is kept in `message` and tagged `_jsonparsefailure`.
+    /// Each line is a JSON object whose fields become the event; invalid UTF-8 is replaced
+    /// (U+FFFD) before parsing. A line that is not a JSON object is kept in `message` and
+    /// tagged `_jsonparsefailure`.
     JsonLines,
 }
 
@@ -48,9 +52,9 @@ impl Codec {
         let mut decoded = Decoded::Ok;
         let mut event = match self {
             Codec::Lines => Event::from_message_at(message.unwrap_or_else(|| text(line)), timestamp),
-            Codec::JsonLines => match serde_json::from_slice::<Map>(line) {
-                Ok(map) if !truncated => Event::from_object_at(map, timestamp),
-                _ => {
+            Codec::JsonLines => match (!truncated).then(|| json_object(line)).flatten() {
+                Some(map) => Event::from_object_at(map, timestamp),
+                None => {
                     decoded = Decoded::Failed;
                     let mut e = Event::from_message_at(text(line), timestamp);
                     e.add_tag(TAG_JSON_FAILURE);
@@ -62,6 +66,19 @@ impl Codec {
             event.add_tag(TAG_TRUNCATED);
         }
         (event, decoded)
+    }
+}
+
+/// A line as a JSON object, or `None` when it is not one. Invalid UTF-8 is replaced by U+FFFD
+/// first, as for a text line, so a log line with one bad byte in a string still parses; the
+/// replacement is tried only after a failed parse, so valid lines are read once.
+fn json_object(line: &[u8]) -> Option<Map> {
+    match serde_json::from_slice::<Map>(line) {
+        Ok(map) => Some(map),
+        Err(_) if simdutf8::basic::from_utf8(line).is_err() => {
+            serde_json::from_str::<Map>(&String::from_utf8_lossy(line)).ok()
+        }
+        Err(_) => None,
     }
 }
 
@@ -100,6 +117,39 @@ mod tests {
         assert_eq!(e.message(), Some("{broken"));
         let (_, d) = Codec::JsonLines.decode(b"[1,2]", false, 0);
         assert_eq!(d, Decoded::Failed);
+    }
+
+    #[test]
+    fn json_line_with_invalid_utf8_is_replaced_then_parsed() {
+        let (e, d) = Codec::JsonLines.decode(b"{\"msg\":\"caf\xe9 \xff\",\"n\":1}", false, 7);
+        assert_eq!(d, Decoded::Ok);
+        assert!(!e.has_tag(TAG_JSON_FAILURE));
+        assert_eq!(e.fields.get("msg"), Some(&Value::from("caf\u{fffd} \u{fffd}")));
+        assert_eq!(e.fields.get("n"), Some(&Value::Int(1)));
+        assert_eq!(e.timestamp_nanos(), Some(7));
+
+        // The same through `decode_in`, as the tcp and stdin inputs call it.
+        let text = SharedText::new(b"{\"k\xc3\":\"v\"}".to_vec());
+        let line = text.as_bytes();
+        let (e, d) = Codec::JsonLines.decode_in(&text, line, false, 0);
+        assert_eq!(d, Decoded::Ok);
+        assert_eq!(e.fields.get("k\u{fffd}"), Some(&Value::from("v")));
+    }
+
+    #[test]
+    fn json_line_with_invalid_utf8_that_is_still_not_json_is_kept_and_tagged() {
+        let (e, d) = Codec::JsonLines.decode(b"{\"a\":\xff", false, 0);
+        assert_eq!(d, Decoded::Failed);
+        assert!(e.has_tag(TAG_JSON_FAILURE));
+        assert_eq!(e.message(), Some("{\"a\":\u{fffd}"));
+        // A JSON value that is not an object stays a failure after the replacement too.
+        let (e, d) = Codec::JsonLines.decode(b"[\"\xff\"]", false, 0);
+        assert_eq!(d, Decoded::Failed);
+        assert_eq!(e.message(), Some("[\"\u{fffd}\"]"));
+        // A truncated line is never parsed, valid UTF-8 or not.
+        let (e, d) = Codec::JsonLines.decode(b"{\"a\":\"\xff\"}", true, 0);
+        assert_eq!(d, Decoded::Failed);
+        assert!(e.has_tag(TAG_TRUNCATED) && e.has_tag(TAG_JSON_FAILURE));
     }
 
     #[test]
