@@ -4,7 +4,8 @@
 //! line that spans two reads is assembled in a side buffer. A line longer than `max_line_bytes`
 //! is cut at that length, handed out flagged as truncated, and the rest of it is skipped up to
 //! the next newline: one huge line never stalls the stream or grows memory without bound.
-//! A trailing `\r` is removed, so CRLF text reads the same as LF text.
+//! A trailing `\r` is removed, so CRLF text reads the same as LF text, and it does not count
+//! toward the limit. Where the reads split the stream never changes the lines handed out.
 
 use memchr::memchr_iter;
 
@@ -52,9 +53,12 @@ impl LineFramer {
             return;
         }
         let room = self.max_line_bytes.saturating_sub(self.partial.len());
-        if rest.len() > room {
+        // A CR one byte past the limit may be the end of a CRLF line of exactly the limit,
+        // whose LF has not arrived yet: hold it (one byte over) until the next read tells.
+        let held_cr = self.partial.len() + rest.len() == self.max_line_bytes + 1 && rest.ends_with(b"\r");
+        if rest.len() > room && !held_cr {
             self.partial.extend_from_slice(&rest[..room]);
-            emit(Line { bytes: &self.partial, truncated: true });
+            emit(Line { bytes: &self.partial[..self.max_line_bytes], truncated: true });
             self.partial.clear();
             self.skipping = true;
         } else {
@@ -72,7 +76,8 @@ impl LineFramer {
         self.skipping = false;
     }
 
-    /// Bytes held for an unfinished line.
+    /// Bytes held for an unfinished line: at most `max_line_bytes`, plus one for a CR whose LF
+    /// may follow.
     pub fn pending(&self) -> usize {
         self.partial.len()
     }
@@ -121,5 +126,22 @@ mod tests {
     fn exactly_max_is_not_truncated() {
         let out = run(&[b"0123\n", b"45", b"67\n"], 4);
         assert_eq!(out, [("0123".into(), false), ("4567".into(), false)]);
+    }
+
+    #[test]
+    fn a_crlf_line_of_exactly_max_is_not_truncated_whatever_the_reads() {
+        let whole = run(&[b"0123\r\nok\n"], 4);
+        assert_eq!(whole, [("0123".into(), false), ("ok".into(), false)]);
+        // The read ends between the CR and the LF: the CR may still be the line's end.
+        assert_eq!(run(&[b"0123\r", b"\nok\n"], 4), whole);
+        assert_eq!(run(&[b"01", b"23\r", b"\nok\n"], 4), whole);
+        assert_eq!(run(&[b"0123", b"\r", b"\nok\n"], 4), whole);
+        // A CR followed by more text is part of an over-long line.
+        assert_eq!(run(&[b"0123\r", b"x\nok\n"], 4), run(&[b"0123\rx\nok\n"], 4));
+        assert_eq!(run(&[b"0123\r", b"x\nok\n"], 4), [("0123".into(), true), ("ok".into(), false)]);
+        assert_eq!(run(&[b"0123\r", b"\r\nok\n"], 4), [("0123".into(), true), ("ok".into(), false)]);
+        // At the end of the stream, a held CR is the line's last byte, stripped as usual.
+        assert_eq!(run(&[b"0123\r"], 4), [("0123".into(), false)]);
+        assert_eq!(run(&[b"0123", b"\r"], 4), [("0123".into(), false)]);
     }
 }
