@@ -30,5 +30,5 @@ mod units;
 
 pub use de::from_node;
 pub use error::{ConfigError, ConfigErrors};
-pub use node::{Mark, Node, NodeKind, parse_yaml};
+pub use node::{Mark, Node, NodeKind, parse_yaml, parse_yaml_with_env};
 pub use units::{ByteSize, HumanDuration};

@@ -108,6 +108,8 @@ pub fn parse_yaml(text: &str, file: &str) -> Result<Node, ConfigError> {
     parse_yaml_with_env(text, file, &|name| std::env::var(name).ok())
 }
 
+/// As [`parse_yaml`], with `lookup` answering `${VAR}` instead of the process environment
+/// (for tests and fuzzing, which need a fixed one).
 pub fn parse_yaml_with_env(
     text: &str,
     file: &str,
