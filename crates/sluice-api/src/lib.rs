@@ -301,6 +301,13 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         }
         gauge(
             &mut out,
+            "sluice_queue_checkpoint_lag_events",
+            "Events the workers finished that no durable checkpoint of a persisted queue records yet: what a \
+             restart now would deliver again.",
+            &persisted.iter().map(|(l, s)| (l.clone(), s.checkpoint_lag_events as f64)).collect::<Vec<_>>(),
+        );
+        gauge(
+            &mut out,
             "sluice_queue_stalled_seconds_total",
             "Time a persisted queue's writers waited on the disk (full or failing).",
             &persisted.iter().map(|(l, s)| (l.clone(), s.stalled_nanos as f64 / 1e9)).collect::<Vec<_>>(),

@@ -8,13 +8,19 @@
 //! a second). Here the writer asks, and a thread per shard writes the checkpoint.
 //!
 //! Guarantees:
-//! - checkpoints are written one at a time (the tmp → rename protocol of `checkpoint.rs` needs
-//!   it), and the position on disk never goes back;
+//! - checkpoints are written one at a time (a slot of `checkpoint.rs` is rewritten by one writer
+//!   at a time), and the position on disk never goes back;
+//! - a checkpoint needs no new disk space (see `checkpoint.rs`), so a full disk does not stop
+//!   them; a failed one (an I/O error) is a warning that counts the failures since the last
+//!   success (at most one line per `WARN_EVERY`), counted in `checkpoint_failures`, and tried
+//!   again with the next request;
+//! - the events the workers finished past the checkpoint on disk are counted per shard
+//!   (`ShardState::unrecorded_events`): what a restart right now would deliver again;
 //! - a checkpoint records at most what the writer asked for, which it took from
 //!   `ShardState::checkpointable` (acknowledged and synced);
 //! - a segment is kept for reuse or deleted only after a checkpoint past it is on disk (except
 //!   when the disk is full: see [`Checkpointer::write`]), and never the segment being written
-//!   (the last one);
+//!   (the last one); a deleted segment's read handle is closed at once, so its space returns;
 //! - at shutdown the writer stops the thread and writes the last checkpoint itself.
 
 use std::fs;
@@ -22,11 +28,23 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::checkpoint::{self, Checkpoint};
+use super::Inner;
+use super::checkpoint::{Checkpoint, CheckpointFile};
 use super::shard::{FREE_POOL, FREE_SUFFIX, Shard, segment_path};
+
+/// Failed checkpoints are logged at most this often (each line counts those since the last).
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Failed checkpoint writes since the last success, for the rate-limited warning.
+#[derive(Default)]
+struct Failures {
+    count: u64,
+    warned: Option<Instant>,
+}
 
 #[derive(Default)]
 struct Requests {
@@ -36,11 +54,13 @@ struct Requests {
 }
 
 pub(crate) struct Checkpointer {
+    inner: Arc<Inner>,
     shard: Arc<Shard>,
     /// Acknowledged segment files kept for reuse; the writer takes them for new segments.
     pub free: Mutex<Vec<PathBuf>>,
-    /// Held while a checkpoint is written.
-    writing: Mutex<()>,
+    /// The checkpoint file, locked while a checkpoint is written.
+    file: Mutex<CheckpointFile>,
+    failures: Mutex<Failures>,
     /// The position the checkpoint on disk records.
     written: AtomicU64,
     requests: Mutex<Requests>,
@@ -49,11 +69,19 @@ pub(crate) struct Checkpointer {
 
 impl Checkpointer {
     /// `written` is the position of the checkpoint found on disk; `free` the spare files found.
-    pub fn new(shard: Arc<Shard>, free: Vec<PathBuf>, written: u64) -> Checkpointer {
+    pub fn new(
+        inner: Arc<Inner>,
+        shard: Arc<Shard>,
+        file: CheckpointFile,
+        free: Vec<PathBuf>,
+        written: u64,
+    ) -> Checkpointer {
         Checkpointer {
+            inner,
             shard,
             free: Mutex::new(free),
-            writing: Mutex::new(()),
+            file: Mutex::new(file),
+            failures: Mutex::new(Failures::default()),
             written: AtomicU64::new(written),
             requests: Mutex::new(Requests::default()),
             wake: Condvar::new(),
@@ -90,11 +118,42 @@ impl Checkpointer {
                 }
                 r.wanted.take()
             };
-            if let Some(done_lsn) = wanted
-                && let Err(e) = self.write(done_lsn, false)
-            {
-                tracing::error!(shard = self.shard.id, error = %e, "cannot write the queue checkpoint");
+            if let Some(done_lsn) = wanted {
+                // A failure is logged and counted by `write`; the next request tries again.
+                let _ = self.write(done_lsn, false);
             }
+        }
+    }
+
+    /// Writes the checkpoint file, or fails as a test asked (`Inner::fail_checkpoints`).
+    fn record(&self, file: &mut CheckpointFile, point: &Checkpoint) -> io::Result<()> {
+        #[cfg(test)]
+        if self.inner.fail_checkpoints.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
+        {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        file.write(&self.shard.dir, point)
+    }
+
+    /// Counts a failed checkpoint and warns, at most once per `WARN_EVERY`.
+    fn failed(&self, e: &io::Error) {
+        self.inner.metrics.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+        let mut f = self.failures.lock();
+        f.count += 1;
+        if f.warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+            f.warned = Some(Instant::now());
+            let unrecorded = self.shard.state.lock().unrecorded_events();
+            tracing::warn!(shard = self.shard.id, dir = %self.shard.dir.display(), error = %e,
+                failures = f.count, unrecorded_events = unrecorded,
+                "cannot write the queue checkpoint (will retry); a restart now would deliver the unrecorded events again");
+        }
+    }
+
+    fn succeeded(&self) {
+        let mut f = self.failures.lock();
+        if f.count > 0 {
+            tracing::info!(shard = self.shard.id, failures = f.count, "queue checkpoint written again");
+            *f = Failures::default();
         }
     }
 
@@ -104,7 +163,7 @@ impl Checkpointer {
     /// checkpoint could not be written: every event in them is acknowledged, so recovery
     /// starting from an older position brings duplicates, never loss.
     pub fn write(&self, done_lsn: u64, free_space: bool) -> io::Result<()> {
-        let _writing = self.writing.lock();
+        let mut file = self.file.lock();
         if done_lsn <= self.written() && !free_space {
             return Ok(());
         }
@@ -120,7 +179,14 @@ impl Checkpointer {
                 .collect();
             (Checkpoint { segment: seg.id, offset: done_lsn - seg.base }, doomed)
         };
-        let written = checkpoint::write(&self.shard.dir, &point);
+        let written = self.record(&mut file, &point);
+        match &written {
+            Ok(()) => {
+                self.succeeded();
+                self.shard.state.lock().recorded(done_lsn);
+            }
+            Err(e) => self.failed(e),
+        }
         if free_space {
             for spare in self.free.lock().drain(..) {
                 let _ = fs::remove_file(spare);
@@ -145,6 +211,9 @@ impl Checkpointer {
                 } else {
                     fs::remove_file(path)?;
                 }
+                // Gone from the directory, nobody opens it again: a handle kept for reading
+                // would keep a deleted file's blocks.
+                self.shard.close_segment(*id);
             }
             self.shard.state.lock().segments.retain(|g| !doomed.contains(&g.id));
         }

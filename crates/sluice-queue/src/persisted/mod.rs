@@ -154,6 +154,10 @@ pub struct PersistedMetrics {
     pub commit_latency: Histogram,
     pub corrupt_frames: AtomicU64,
     pub torn_tails: AtomicU64,
+    /// Events lost with the torn tails cut at start-up (the frames in the cut bytes).
+    pub torn_tail_events: AtomicU64,
+    /// Checkpoint writes that failed (each one logged; see `checkpointer.rs`).
+    pub checkpoint_failures: AtomicU64,
     pub checkpoint_rebuilds: AtomicU64,
     /// Events the queue accepted but could not store: refused by the encoder, or still unwritten
     /// when shutdown came during a full disk. Logged, and counted here so no drop is silent.
@@ -187,6 +191,9 @@ pub(crate) struct Inner {
     /// `O_DIRECT` opens but not the writes (tests of the fall-back to the page cache).
     #[cfg(test)]
     pub refuse_direct_writes: std::sync::atomic::AtomicU32,
+    /// The next this many checkpoint writes fail with EIO (tests of the checkpointer).
+    #[cfg(test)]
+    pub fail_checkpoints: std::sync::atomic::AtomicU32,
 }
 
 pub struct PersistedQueue {
@@ -219,6 +226,8 @@ impl PersistedQueue {
                 fail_writes: Default::default(),
                 #[cfg(test)]
                 refuse_direct_writes: Default::default(),
+                #[cfg(test)]
+                fail_checkpoints: Default::default(),
             }),
             shards: std::sync::OnceLock::new(),
             writers: Mutex::new(Vec::new()),
@@ -330,7 +339,9 @@ impl PersistedQueue {
             // The position the checkpoint on disk records, read before any worker can
             // complete anything.
             checkpoints: Arc::new(checkpointer::Checkpointer::new(
+                self.inner.clone(),
                 shard.clone(),
+                recovered.checkpoint,
                 recovered.free,
                 shard.state.lock().done_lsn,
             )),
@@ -572,6 +583,7 @@ impl Queue for PersistedQueue {
     fn stats(&self) -> QueueStats {
         let mut events = 0;
         let mut stalling_now = 0u64;
+        let mut unrecorded = 0u64;
         let shards = self
             .shards()
             .iter()
@@ -580,6 +592,7 @@ impl Queue for PersistedQueue {
                 let pending: u64 = s.pending.iter().map(|b| b.len() as u64).sum();
                 events += s.events + pending;
                 stalling_now += s.stalled_since.map_or(0, |t| t.elapsed().as_nanos() as u64);
+                unrecorded += s.unrecorded_events();
                 sluice_core::ShardStats {
                     shard: sh.id,
                     events: s.events + pending,
@@ -608,6 +621,7 @@ impl Queue for PersistedQueue {
             events_from_memory: m.events_from_memory.load(Ordering::Relaxed),
             events_read_back: m.events_read_back.load(Ordering::Relaxed),
             bytes_read_back: m.bytes_read_back.load(Ordering::Relaxed),
+            checkpoint_lag_events: unrecorded,
         }
     }
 }

@@ -32,7 +32,7 @@ use sluice_segment::{
     encode_event, try_append_frame,
 };
 
-use super::checkpoint;
+use super::checkpoint::{self, CheckpointFile};
 use super::checkpointer::Checkpointer;
 use super::direct::{AlignedBuf, BLOCK, DirectFile, StageBuf};
 use super::syncer::{BatchFrames, Syncer, Unsynced, Written, acknowledge, hand_over};
@@ -79,8 +79,9 @@ const STAGE_BYTES: usize = 2 << 20;
 /// The longest staged frames wait for their write (`Settings::stage_hold`).
 pub(crate) const STAGE_HOLD: Duration = Duration::from_millis(5);
 
-/// Groups handed to the workers but not yet written (direct I/O only). Their frames are the
-/// writer's buffer.
+/// Groups no input waits for, handed to the workers but not yet written (direct I/O only).
+/// Their frames are the writer's buffer. A group an input waits for is never staged: it is
+/// written (with the staged frames before it) and only then handed over.
 #[derive(Default)]
 pub(crate) struct Stage {
     /// Their batches, emptied, whose acknowledgements wait for the write (and its fdatasync).
@@ -88,8 +89,6 @@ pub(crate) struct Stage {
     events: u64,
     /// When the first of them was staged.
     since: Option<Instant>,
-    /// An input waits for one of them: it is written at once.
-    awaited: bool,
 }
 
 /// The first pending batches up to `max` bytes (at least one batch), in order.
@@ -156,12 +155,26 @@ pub(crate) struct ShardState {
     pub stalled: Option<String>,
     /// Since when the writer has been waiting on the disk, while it is.
     pub stalled_since: Option<Instant>,
+    /// Ranges the workers finished past the checkpoint on disk: their end LSN → their events.
+    unrecorded: BTreeMap<u64, u64>,
 }
 
 impl ShardState {
     /// How far the checkpoint may go: the completed prefix, as far as it is durable.
     pub fn checkpointable(&self) -> u64 {
         self.done_lsn.min(self.synced_lsn)
+    }
+
+    /// Events the workers finished that the checkpoint on disk does not record: what a restart
+    /// now would deliver again. An upper bound: a range the checkpoint ends inside counts whole.
+    pub fn unrecorded_events(&self) -> u64 {
+        self.unrecorded.values().sum()
+    }
+
+    /// A checkpoint at `lsn` is on disk: the ranges ending there or before are recorded.
+    pub fn recorded(&mut self, lsn: u64) {
+        let later = self.unrecorded.split_off(&(lsn + 1));
+        self.unrecorded = later;
     }
 
     fn mark_done(&mut self, start: u64, end: u64) {
@@ -370,6 +383,7 @@ pub(crate) struct Recovered {
     pub active: Option<(Arc<File>, SegInfo)>,
     /// Acknowledged segment files kept for reuse.
     pub free: Vec<PathBuf>,
+    pub checkpoint: CheckpointFile,
 }
 
 pub(crate) const FREE_SUFFIX: &str = ".free";
@@ -387,15 +401,24 @@ impl Shard {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.to_str().is_some_and(|n| n.ends_with(FREE_SUFFIX)))
             .collect();
-        let ckpt = match checkpoint::read(&dir) {
-            Ok(c) => c,
+        let found = match checkpoint::load(&dir) {
+            Ok(found) => {
+                if let Some(reason) = &found.torn_slot {
+                    tracing::info!(shard = %dir.display(), %reason,
+                        "one checkpoint slot did not verify (a write cut short); using the other");
+                }
+                found
+            }
             Err(reason) => {
                 tracing::warn!(shard = %dir.display(), %reason,
                     "queue checkpoint is damaged; replaying the shard from its oldest segment (events may repeat)");
                 inner.metrics.checkpoint_rebuilds.fetch_add(1, Ordering::Relaxed);
-                None
+                // Made anew by the first checkpoint written.
+                checkpoint::Found { checkpoint: None, seq: 0, slotted: false, torn_slot: None }
             }
         };
+        let ckpt = found.checkpoint;
+        let checkpoint_file = CheckpointFile::open(&dir, &found)?;
         // Segments wholly before the checkpoint's segment are acknowledged.
         let (start_id, start_offset) = match ckpt {
             Some(c) => (c.segment, c.offset),
@@ -471,11 +494,25 @@ impl Shard {
                 writer_finished: false,
                 stalled: None,
                 stalled_since: None,
+                unrecorded: BTreeMap::new(),
             }),
             wake: Condvar::new(),
             reader: Mutex::new(ReadCache::new(inner.config.direct_io)),
         });
-        Ok((shard, Recovered { next_seq, active, free }))
+        Ok((shard, Recovered { next_seq, active, free, checkpoint: checkpoint_file }))
+    }
+
+    /// Closes the read handle on segment `id` if the reader holds one (the segment was deleted
+    /// or renamed for reuse: an open handle would keep a deleted file's space).
+    pub fn close_segment(&self, id: u64) {
+        let mut cache = self.reader.lock();
+        if cache.file.as_ref().is_some_and(|(open, _)| *open == id) {
+            cache.file = None;
+        }
+        if cache.segment == id {
+            cache.segment = u64::MAX;
+            cache.text = None;
+        }
     }
 
     /// Marks `[start, end)` handled and advances the acknowledged prefix.
@@ -483,6 +520,9 @@ impl Shard {
         {
             let mut s = self.state.lock();
             s.mark_done(start, end);
+            if events > 0 {
+                *s.unrecorded.entry(end).or_default() += events;
+            }
             s.bytes = s.bytes.saturating_sub(end - start);
             s.events = s.events.saturating_sub(events);
         }
@@ -773,9 +813,11 @@ fn recover_tail(inner: &Inner, path: &Path, seg_id: u64) -> io::Result<(u64, Opt
         if unused && header.is_some() {
             tracing::debug!(segment = %path.display(), valid_bytes = valid, "segment has unused space after its last frame");
         } else {
-            tracing::warn!(segment = %path.display(), valid_bytes = valid, file_bytes = bytes.len(),
+            let events_lost = frames_from(&bytes, valid);
+            tracing::warn!(segment = %path.display(), valid_bytes = valid, file_bytes = bytes.len(), events_lost,
                 "persisted queue segment ends in a torn frame (a crash mid-write); cutting it there");
             inner.metrics.torn_tails.fetch_add(1, Ordering::Relaxed);
+            inner.metrics.torn_tail_events.fetch_add(events_lost, Ordering::Relaxed);
         }
         let f = OpenOptions::new().write(true).open(path)?;
         if header.is_none() {
@@ -791,6 +833,26 @@ fn recover_tail(inner: &Inner, path: &Path, seg_id: u64) -> io::Result<(u64, Opt
         f.sync_all()?;
     }
     Ok((valid as u64, last_seq))
+}
+
+/// How many events the frames from `from` on held: whole frames (damaged or not) and a torn
+/// last one; zeros after them are unused space, not events.
+fn frames_from(bytes: &[u8], from: usize) -> u64 {
+    let mut cursor = FrameCursor::new(bytes, from);
+    let mut events = 0;
+    loop {
+        match cursor.next_frame() {
+            FrameResult::Frame { .. } | FrameResult::Corrupt { .. } => events += 1,
+            FrameResult::Garbage { .. } => {}
+            FrameResult::Torn { offset } => {
+                if bytes[offset..].iter().take(4).any(|b| *b != 0) {
+                    events += 1;
+                }
+                return events;
+            }
+            FrameResult::End => return events,
+        }
+    }
 }
 
 /// The writer thread of one shard.
@@ -1022,22 +1084,24 @@ impl Writer {
         let base = seg.base + seg.len + origin as u64;
         let budget = self.inner.config.memory_bytes as u64;
         let in_memory = self.inner.mem_bytes.load(Ordering::Relaxed);
-        if self.staging() && in_memory + estimate as u64 <= budget {
-            // Every event stays in memory, so the workers need not wait for the write: they get
-            // the group now, and its acknowledgements wait for the write and the fdatasync.
+        // A group an input waits for is written at once, and handed to the workers only then:
+        // were the write never made (the queue closing on a full disk), its input hears "not
+        // stored" and sends again, which must not duplicate events already delivered.
+        let awaited = work.iter().any(|b| !b.acks.is_empty());
+        if self.staging() && !awaited && in_memory + estimate as u64 <= budget {
+            // Every event stays in memory and no input waits for them, so the workers need not
+            // wait for the write: they get the group now.
             self.inner.mem_bytes.fetch_add(estimate as u64, Ordering::Relaxed);
             self.inner.unwritten_bytes.fetch_sub(estimate as u64, Ordering::Relaxed);
             let events = event_ends.len() as u64;
-            let awaited = work.iter().any(|b| !b.acks.is_empty());
             let group =
                 Written { work, ranges, event_ends, base, written: group_len as u64, estimate: estimate as u64 };
             let acks = hand_over(&self.inner, &self.shard, group);
             let stage = &mut self.stage;
             stage.acks.extend(acks);
             stage.events += events;
-            stage.awaited |= awaited;
             stage.since.get_or_insert_with(Instant::now);
-            if stage.awaited || buf.len() >= STAGE_BYTES {
+            if buf.len() >= STAGE_BYTES {
                 self.flush_stage(buf, policy, unsynced);
             }
             return;

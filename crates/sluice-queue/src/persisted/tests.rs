@@ -374,8 +374,7 @@ async fn a_checkpoint_that_cannot_be_written_retires_nothing_and_is_tried_again(
     let dir = tempfile::tempdir().unwrap();
     let shard_dir = dir.path().join("shard-0");
     let q = open(settings(dir.path(), 1, 64 << 10)).await;
-    let blocker = shard_dir.join("checkpoint.tmp");
-    fs::create_dir(&blocker).unwrap();
+    q.inner.fail_checkpoints.store(u32::MAX, Ordering::Relaxed);
     for i in 0..20 {
         push_durable(&q, numbered(i * 100, 100)).await;
     }
@@ -388,7 +387,7 @@ async fn a_checkpoint_that_cannot_be_written_retires_nothing_and_is_tried_again(
     push_durable(&q, numbered(2000, 100)).await;
     assert_eq!(drain(&q, 100, true).await, (2000..2100).collect::<Vec<_>>());
     // Once the checkpoint can be written, it is, and the acknowledged segments go.
-    fs::remove_dir(&blocker).unwrap();
+    q.inner.fail_checkpoints.store(0, Ordering::Relaxed);
     eventually("segments never retired", || segments(dir.path()).len() <= 1).await;
     assert!(checkpoint::read(&shard_dir).unwrap().is_some());
     q.shutdown().await;
@@ -401,11 +400,10 @@ async fn a_checkpoint_that_cannot_be_written_retires_nothing_and_is_tried_again(
 async fn shutdown_ends_when_the_last_checkpoint_cannot_be_written() {
     let dir = tempfile::tempdir().unwrap();
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
-    fs::create_dir(dir.path().join("shard-0").join("checkpoint.tmp")).unwrap();
+    q.inner.fail_checkpoints.store(u32::MAX, Ordering::Relaxed);
     push_durable(&q, numbered(0, 100)).await;
     assert_eq!(drain(&q, 100, true).await, (0..100).collect::<Vec<_>>());
     tokio::time::timeout(Duration::from_secs(10), q.shutdown()).await.expect("shutdown hung on the checkpoint");
-    fs::remove_dir(dir.path().join("shard-0").join("checkpoint.tmp")).unwrap();
     assert_eq!(
         drain_reopened(settings(dir.path(), 1, 1 << 20), 100).await,
         (0..100).collect::<Vec<_>>(),
@@ -931,4 +929,237 @@ async fn a_direct_write_refused_mid_segment_is_made_through_the_page_cache() {
     assert_eq!(drain(&q, 30, true).await, (0..30).collect::<Vec<_>>(), "not acknowledged: all read back");
     assert_eq!(q.stats().corrupt_frames, 0, "nothing damaged at the switch");
     q.shutdown().await;
+}
+
+/// A small tmpfs, unmounted when dropped: a real file system that fills up. `None` (with the
+/// reason printed) where this process may not mount one.
+struct SmallTmpfs {
+    dir: Option<tempfile::TempDir>,
+}
+
+impl SmallTmpfs {
+    fn mount(size: &str) -> Option<SmallTmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match mounted {
+            Ok(out) if out.status.success() => Some(SmallTmpfs { dir: Some(dir) }),
+            Ok(out) => {
+                eprintln!("skipped: cannot mount a tmpfs: {}", String::from_utf8_lossy(&out.stderr).trim());
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.as_ref().unwrap().path()
+    }
+
+    /// Writes a file until the file system refuses more: the disk is full.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.path().join("ballast");
+        let mut f = fs::File::create(&path).unwrap();
+        let chunk = vec![0xa5u8; 4096];
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "filling the disk: {e}");
+                    break;
+                }
+            }
+        }
+        // Whatever the last partial write left: the file system has no page left.
+        let _ = f.sync_all();
+        path
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let path = self.path().to_path_buf();
+        let ok = std::process::Command::new("umount").arg(&path).status().is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&path).status();
+        }
+    }
+}
+
+/// The disk fills while events are delivered: the progress is still recorded (the checkpoint
+/// is rewritten in place, it needs no new space), the last checkpoint at shutdown too, and a
+/// restart on the still-full disk delivers none of the delivered events again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_still_records_progress_and_a_restart_delivers_nothing_again() {
+    let Some(disk) = SmallTmpfs::mount("4m") else { return };
+    let path = disk.path().join("queue");
+    let s = || Settings { max_bytes: 1 << 20, ..settings(&path, 1, 256 << 10) };
+    let q = open(s()).await;
+    push_durable(&q, numbered(0, 1000)).await;
+    disk.fill();
+    assert_eq!(drain(&q, 1000, true).await, (0..1000).collect::<Vec<_>>());
+    let shard_dir = path.join("shard-0");
+    eventually("delivered events were never recorded", || q.stats().checkpoint_lag_events == 0).await;
+    q.shutdown().await;
+    assert!(checkpoint::read(&shard_dir).unwrap().is_some());
+    assert_nothing_delivered_again(s(), 1000).await;
+}
+
+/// Checkpoints that fail (an I/O error): the lag shows the events delivered and not recorded,
+/// each failure is counted, and once a checkpoint succeeds the lag is back to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checkpoint_lag_counts_what_a_restart_would_deliver_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    push_durable(&q, numbered(0, 100)).await;
+    assert_eq!(drain(&q, 100, true).await, (0..100).collect::<Vec<_>>());
+    eventually("the lag never came back to zero", || q.stats().checkpoint_lag_events == 0).await;
+    q.inner.fail_checkpoints.store(u32::MAX, Ordering::Relaxed);
+    push_durable(&q, numbered(100, 300)).await;
+    assert_eq!(drain(&q, 300, true).await, (100..400).collect::<Vec<_>>());
+    eventually("no checkpoint failed", || q.metrics().checkpoint_failures.load(Ordering::Relaxed) >= 2).await;
+    assert_eq!(q.stats().checkpoint_lag_events, 300, "delivered, not recorded");
+    q.inner.fail_checkpoints.store(0, Ordering::Relaxed);
+    eventually("the lag never came back to zero", || q.stats().checkpoint_lag_events == 0).await;
+    q.shutdown().await;
+    assert_nothing_delivered_again(settings(dir.path(), 1, 1 << 20), 400).await;
+}
+
+/// Paths of the files this process holds open under `dir` that were deleted.
+fn deleted_but_open(dir: &Path) -> Vec<String> {
+    let dir = dir.to_string_lossy().to_string();
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .map(|p| p.to_string_lossy().to_string())
+        .filter(|p| p.starts_with(&dir) && p.ends_with("(deleted)"))
+        .collect()
+}
+
+/// Frames in a segment file (walked by their length fields).
+fn frames_in(path: &Path) -> usize {
+    let bytes = fs::read(path).unwrap();
+    let (mut at, mut n) = (64, 0);
+    while at + 4 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        if len == 0 || at + len + 12 > bytes.len() {
+            break;
+        }
+        at += len + 12;
+        n += 1;
+    }
+    n
+}
+
+/// Segments read back and acknowledged are deleted once the spare pool is full, the last one
+/// read among them: no handle of the process keeps a deleted segment's space.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_segment_is_not_held_open() {
+    for direct_io in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Settings { memory_bytes: 0, direct_io, ..settings(dir.path(), 1, 64 << 10) };
+        let q = open(s).await;
+        for i in 0..60 {
+            push_durable(&q, numbered(i * 100, 100)).await;
+        }
+        let files = segments(dir.path());
+        assert!(files.len() > 4, "several segments to retire");
+        // Everything but the segment being written: the reader's last file is a sealed one.
+        let unread = frames_in(files.last().unwrap()) as i64;
+        let read = 6000 - unread;
+        let mut got = Vec::new();
+        while got.len() < read as usize {
+            let b = q.pop(1000.min(read as usize - got.len()), Duration::ZERO).await.unwrap();
+            got.extend(numbers(&b));
+            b.complete();
+        }
+        assert!(got == (0..read).collect::<Vec<_>>(), "the sealed segments, in order");
+        eventually("segments never retired", || segments(dir.path()).len() <= 1 && spares(dir.path()) == 2).await;
+        assert_eq!(deleted_but_open(dir.path()), Vec::<String>::new(), "direct_io {direct_io}");
+        assert!(drain(&q, unread as usize, true).await == (read..6000).collect::<Vec<_>>(), "the rest");
+        q.shutdown().await;
+    }
+}
+
+/// A segment whose end was torn by a crash: the cut is counted in events, and a damaged header
+/// (the whole segment cut) counts every event that was in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_tail_counts_the_events_it_cuts() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    push_durable(&q, numbered(0, 50)).await;
+    q.shutdown().await;
+    let seg = segments(dir.path()).pop().unwrap();
+    let bytes = fs::read(&seg).unwrap();
+    let live = live_end(&bytes) as usize;
+    // The last frame loses its last 10 bytes.
+    fs::write(&seg, &bytes[..live - 10]).unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    assert_eq!(q.metrics().torn_tails.load(Ordering::Relaxed), 1);
+    assert_eq!(q.metrics().torn_tail_events.load(Ordering::Relaxed), 1, "one event cut");
+    assert_eq!(drain(&q, 50, false).await, (0..49).collect::<Vec<_>>());
+    q.shutdown().await;
+
+    let mut bytes = fs::read(&seg).unwrap();
+    bytes[0] ^= 0xff;
+    fs::write(&seg, &bytes).unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    assert_eq!(q.metrics().torn_tail_events.load(Ordering::Relaxed), 49, "the whole segment cut");
+    q.shutdown().await;
+}
+
+/// With direct I/O, a group an input waits for reaches the workers only once it is written:
+/// while the disk refuses the write, the workers see nothing of it, so a stop during a full
+/// disk never answers "not stored" for events already delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_an_input_waits_for_reaches_the_workers_only_once_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    q.inner.fail_writes.store(3, Ordering::Relaxed);
+    let done = push_awaited(&q, numbered(0, 10)).await;
+    eventually("the stall never showed", || q.stats().stalled_nanos > 0).await;
+    let early = tokio::time::timeout(Duration::from_millis(100), q.pop(100, Duration::ZERO)).await;
+    assert!(
+        early.is_err() || early.as_ref().unwrap().is_none(),
+        "delivered before its write: {:?}",
+        early.ok().flatten().map(|b| numbers(&b))
+    );
+    assert_eq!(drain(&q, 10, true).await, (0..10).collect::<Vec<_>>());
+    let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
+    assert_eq!(outcome, AckOutcome::Handled);
+    q.shutdown().await;
+}
+
+/// A queue whose checkpoint is in the old release's format (a 28-byte file) opens where that
+/// checkpoint says, and its first checkpoint after the start replaces the file with the slot
+/// format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_of_the_old_format_is_read_and_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard_dir = dir.path().join("shard-0");
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    push_durable(&q, numbered(0, 40)).await;
+    let first = q.pop(20, Duration::ZERO).await.unwrap();
+    assert_eq!(numbers(&first), (0..20).collect::<Vec<_>>());
+    first.complete();
+    eventually("the lag never came back to zero", || q.stats().checkpoint_lag_events == 0).await;
+    q.shutdown().await;
+    let at = checkpoint::read(&shard_dir).unwrap().expect("a checkpoint");
+    fs::remove_file(shard_dir.join(checkpoint::FILE)).unwrap();
+    checkpoint::write_legacy(&shard_dir, &at).unwrap();
+
+    let q = open(settings(dir.path(), 1, 1 << 20)).await;
+    assert_eq!(drain(&q, 20, true).await, (20..40).collect::<Vec<_>>(), "resumed where the old checkpoint says");
+    eventually("the lag never came back to zero", || q.stats().checkpoint_lag_events == 0).await;
+    q.shutdown().await;
+    let len = fs::metadata(shard_dir.join(checkpoint::FILE)).unwrap().len();
+    assert_eq!(len, checkpoint::FILE_LEN as u64, "migrated to the slot format");
+    assert_nothing_delivered_again(settings(dir.path(), 1, 1 << 20), 40).await;
 }
