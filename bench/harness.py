@@ -1,0 +1,193 @@
+"""Shared pieces of the fault and hostile-input benchmarks (bench/kill.py, bench/hostile.py).
+
+Standard library only. It finds the release binary, writes configs (JSON, which is YAML),
+starts `sluice run` with its log in a file, waits for the monitoring API, reads /stats, asks
+`sluice validate` whether config keys are known, and makes sure that every process a script
+started is gone when it ends, also on Ctrl-C, SIGTERM or an exception.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+DEFAULT_SLUICE = os.path.join(TARGET, "release", "sluice")
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+class BenchError(Exception):
+    """A run that cannot go on: the message says why."""
+
+
+def die(message, code=2):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def sluice_binary(path):
+    """The binary to run, checked: a clear message rather than a traceback when it is missing."""
+    path = os.path.abspath(path or DEFAULT_SLUICE)
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        die(f"no sluice binary at {path}: build it with `cargo build --release -p sluice`, "
+            f"or pass --sluice PATH")
+    return path
+
+
+def on_signals_exit():
+    """SIGTERM (and SIGHUP) raise SystemExit, so that `finally` blocks stop the processes and remove
+    the temp dirs as Ctrl-C (KeyboardInterrupt) does."""
+    def handler(signum, _frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path, doc):
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)  # JSON is YAML
+    return path
+
+
+def stats(api, timeout=5):
+    with urllib.request.urlopen(f"http://{api}/stats", timeout=timeout) as r:
+        return json.load(r)
+
+
+def load_average():
+    return os.getloadavg()
+
+
+class Sluice:
+    """One `sluice run` process, its stderr in a log file."""
+
+    def __init__(self, binary, config, log_path, api, env=None):
+        self.api = api
+        self.log_path = log_path
+        self.log = open(log_path, "ab")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen([binary, "run", "-c", config], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=self.log, env=env)
+        self.pid = self.proc.pid
+        self.usage = None
+
+    def log_tail(self, chars=3000):
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - chars))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def wait_api(self, timeout=30):
+        """Waits until /stats answers; fails loudly if the process exits first or it never does."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise BenchError(f"sluice exited early (status {self.proc.returncode}); its log ends:\n"
+                                 + self.log_tail())
+            try:
+                return stats(self.api)
+            except OSError:
+                time.sleep(0.05)
+        raise BenchError(f"the monitoring API at {self.api} did not answer within {timeout}s; the log ends:\n"
+                         + self.log_tail())
+
+    def wait_port(self, port, timeout=30):
+        """Waits until something accepts connections on 127.0.0.1:port (an input came up)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise BenchError(f"sluice exited early (status {self.proc.returncode}); its log ends:\n"
+                                 + self.log_tail())
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise BenchError(f"nothing listens on 127.0.0.1:{port} after {timeout}s; the log ends:\n" + self.log_tail())
+
+    def _reap(self, timeout):
+        """Waits up to `timeout` for the process to exit and keeps its rusage; True if it did."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                self.usage = usage
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def kill(self):
+        """SIGKILL and reap."""
+        if self.proc.returncode is None:
+            try:
+                self.proc.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._reap(30)
+        self.log.close()
+
+    def terminate(self, timeout):
+        """SIGTERM, wait up to `timeout` (a drain), then SIGKILL. Returns the exit status, or None
+        if it had to be killed."""
+        if self.proc.returncode is not None:
+            self.log.close()
+            return self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        if self._reap(timeout):
+            self.log.close()
+            return self.proc.returncode
+        self.kill()
+        return None
+
+    def close(self):
+        """Whatever happened, the process is gone afterwards."""
+        if self.proc.returncode is None:
+            self.kill()
+        elif not self.log.closed:
+            self.log.close()
+
+
+def accepted_keys(binary, tmp, doc):
+    """Runs `sluice validate` on `doc`. Returns (True, "") if it is accepted, (False, reasons) if
+    the only complaints are unknown keys, and raises for any other refusal."""
+    path = write_config(os.path.join(tmp, "probe.yml"), doc)
+    r = subprocess.run([binary, "validate", "-c", path], capture_output=True, text=True, timeout=60)
+    if r.returncode == 0:
+        return True, ""
+    text = (r.stdout + r.stderr).strip()
+    if r.returncode == 2 and "unknown" in text.lower():
+        return False, text
+    raise BenchError(f"`sluice validate` refused the bench config (exit {r.returncode}):\n{text}")
+
+
+def percentile(values, p):
+    """Nearest-rank percentile of a list (None when empty)."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, int(round(p / 100 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+def fmt_s(v):
+    return "-" if v is None else f"{v:.3f}"
