@@ -707,6 +707,7 @@ mod tests {
             assert_eq!(r.totals.unacked_events, 410);
             assert_eq!(r.totals.frames, 600 - deleted);
             let text = r.to_string();
+            assert!(text.ends_with(" bytes\n") && !text.ends_with("\n\n"), "the last line ends once: {text:?}");
             assert!(text.contains(&format!("acked {} events", 190 - deleted)), "{text}");
             assert!(text.contains("unacked 410 events"), "{text}");
             let json = serde_json::to_value(&r).unwrap();
@@ -758,6 +759,11 @@ mod tests {
             "{r}"
         );
         assert_eq!(r.totals.damaged, 2);
+        // `sluice queue verify` prints this as it is: every line, the last one too, ends in a
+        // newline.
+        let text = r.to_string();
+        assert!(text.ends_with('\n') && !text.ends_with("\n\n"), "{text:?}");
+        assert!(text.lines().last().unwrap().contains(&format!("{} offset ", flipped_file.display())), "{text}");
         let corrupt = r.damage().find(|d| d.kind == DamageKind::Corrupt).unwrap();
         assert!(corrupt.reason.contains("checksum mismatch"), "{}", corrupt.reason);
         assert_eq!(corrupt.bytes, flipped.1 as u64);
