@@ -3,14 +3,23 @@
 //! One output instance serves every worker of its pipeline, so `send` takes `&self` and an
 //! output serialises internally only what must be serialised (a file handle, a socket).
 //! `send` returns once the events are delivered — or rejected for good, each with a reason,
-//! which the worker counts. A rejection is either *permanent* — the destination refused the event
-//! itself (an HTTP 4xx other than 429, a file path the event renders to that cannot be used), so
-//! sending it again would fail again; the worker hands those to the pipeline's dead letter queue
-//! when it has one — or the output *gave up* on a retriable failure (timeouts, refused
-//! connections, HTTP 429 and 5xx) after its configured retry limit; those are counted as failed
-//! and never go to the dead letter queue, since the event is not at fault. Retriable failures are
-//! retried inside the output with exponential backoff until that limit. [`Aborted`] means shutdown cut the
-//! send short: those events were not delivered and are not acknowledged.
+//! which the worker counts.
+//!
+//! Every failure is either the event's fault or the environment's:
+//! - The **event's fault**: the destination refused the event itself (an HTTP 400, a file path
+//!   the event renders to that can never be used: outside its root, too long, a directory), so
+//!   sending it again would fail again. It is rejected *permanent* at once, and the worker hands
+//!   it to the pipeline's dead letter queue when it has one; the rest of the batch goes on.
+//! - The **environment's fault** (a full disk, a permission, a peer down or overloaded: timeouts,
+//!   refused connections, HTTP 429 and 5xx): retried inside the output with exponential backoff,
+//!   which holds the pipeline back (backpressure), counted in the component's `retries` and
+//!   logged at warn at most once per interval ([`retry::StallLog`]); delivery resumes by itself
+//!   when the failure clears. Only with a `retry.max_retries` limit does the output *give up*:
+//!   those events are counted as failed and never go to the dead letter queue, since they are
+//!   not at fault.
+//!
+//! [`Aborted`] means shutdown cut the send short: those events were not delivered and are not
+//! acknowledged.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,6 +122,14 @@ pub fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>
             "unknown output type `{other}`, expected one of {}",
             TYPES.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
         ))),
+    }
+}
+
+/// What `sluice validate` should warn about in an output's config (it builds either way).
+pub fn warnings(spec: &ComponentSpec) -> Vec<ConfigError> {
+    match spec.type_name.as_str() {
+        "file" => file::warnings(spec),
+        _ => Vec::new(),
     }
 }
 

@@ -1,6 +1,13 @@
-//! Exponential backoff for outputs that talk to servers.
+//! Exponential backoff for outputs that retry, and the rate limit on what they log about it.
+//!
+//! A failure that is not the events' fault (a full disk, a peer down) is retried until it
+//! clears, which holds the pipeline back. [`StallLog`] keeps that from flooding the log: one warn
+//! line per [`STALL_LOG_INTERVAL`] per output (with the count of attempts held back since the
+//! last one), and one info line when delivery resumes.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use serde::Deserialize;
 use sluice_config::HumanDuration;
@@ -46,6 +53,12 @@ impl Backoff {
         self.attempt
     }
 
+    /// True when the failure just seen is the last one allowed: [`Backoff::retry`] will give
+    /// up instead of retrying.
+    pub fn exhausted_after_this(&self) -> bool {
+        self.config.max_retries.is_some_and(|max| self.attempt >= max)
+    }
+
     /// After a failure: false when the retry limit is reached; otherwise sleeps the backoff
     /// (or fails with [`Aborted`] if shutdown comes first) and returns true.
     pub async fn retry(&mut self, abort: &CancellationToken) -> Result<bool, Aborted> {
@@ -62,9 +75,70 @@ impl Backoff {
     }
 }
 
+/// The shortest time between two warn lines about one output's failing attempts.
+pub const STALL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Whether an output's failing attempts are due a log line, shared by its workers.
+#[derive(Debug, Default)]
+pub struct StallLog {
+    state: Mutex<StallState>,
+}
+
+#[derive(Debug, Default)]
+struct StallState {
+    last_logged: Option<Instant>,
+    held_back: u64,
+    /// Failed attempts since the last success.
+    failures: u64,
+}
+
+impl StallLog {
+    /// After a failed attempt: `Some(held back)` when a warn line is due (the first failure,
+    /// then at most once per [`STALL_LOG_INTERVAL`]), with the failures not logged since the
+    /// last line; `None` when this one should stay quiet.
+    pub fn failed(&self) -> Option<u64> {
+        let mut s = self.state.lock();
+        s.failures += 1;
+        let due = s.last_logged.is_none_or(|at| at.elapsed() >= STALL_LOG_INTERVAL);
+        if due {
+            s.last_logged = Some(Instant::now());
+            Some(std::mem::take(&mut s.held_back))
+        } else {
+            s.held_back += 1;
+            None
+        }
+    }
+
+    /// After a successful attempt: the failures since the last success when there were any
+    /// (delivery resumed: worth one info line), else `None`.
+    pub fn succeeded(&self) -> Option<u64> {
+        let mut s = self.state.lock();
+        if s.failures == 0 {
+            return None;
+        }
+        let failures = std::mem::take(&mut s.failures);
+        s.held_back = 0;
+        s.last_logged = None;
+        Some(failures)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stall_log_speaks_first_then_holds_back_then_reports_the_recovery() {
+        let log = StallLog::default();
+        assert_eq!(log.succeeded(), None, "nothing failed");
+        assert_eq!(log.failed(), Some(0));
+        assert_eq!(log.failed(), None);
+        assert_eq!(log.failed(), None);
+        assert_eq!(log.succeeded(), Some(3));
+        assert_eq!(log.succeeded(), None);
+        // A new stall is logged at once again.
+        assert_eq!(log.failed(), Some(0));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn doubles_up_to_the_cap_and_stops_at_the_limit() {
@@ -76,10 +150,12 @@ mod tests {
         let mut b = Backoff::new(config);
         let token = CancellationToken::new();
         let start = tokio::time::Instant::now();
-        assert!(b.retry(&token).await.unwrap());
-        assert!(b.retry(&token).await.unwrap());
-        assert!(b.retry(&token).await.unwrap());
+        for _ in 0..3 {
+            assert!(!b.exhausted_after_this());
+            assert!(b.retry(&token).await.unwrap());
+        }
         assert_eq!(start.elapsed(), Duration::from_millis(100 + 200 + 250));
+        assert!(b.exhausted_after_this());
         assert!(!b.retry(&token).await.unwrap());
     }
 

@@ -1,0 +1,133 @@
+//! Faults the file system would have to be broken to show: a write that fails part-way (ENOSPC,
+//! EIO), a rollback that fails, a permission refused on open. Injected through `Files::injected`.
+
+use std::sync::Arc;
+
+use sluice_core::bus::PipelineBus;
+use sluice_core::metrics::{ComponentKind, ComponentMetrics};
+use sluice_core::{Map, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+
+fn output(yaml: &str) -> FileOutput {
+    let text = format!("pipelines:\n  p:\n    inputs: [{{type: stdin}}]\n    outputs:\n      - {yaml}\n");
+    let root = sluice_config::model::load_str(&text, "test.yml").unwrap_or_else(|e| panic!("{e}"));
+    let spec = root.pipelines.into_iter().next().unwrap().outputs.remove(0);
+    let ctx = OutputContext {
+        pipeline: "test".into(),
+        id: "out".into(),
+        metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "file")),
+        bus: Arc::new(PipelineBus::default()),
+        abort: CancellationToken::new(),
+    };
+    build_file(&spec, ctx).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn quick(dir: &Path, retry: &str) -> FileOutput {
+    output(&format!("{{type: file, path: '{}/%{{/k}}.log', codec: text, retry: {retry}}}", dir.display()))
+}
+
+const FAST: &str = "{initial_backoff: 1ms, max_backoff: 1ms}";
+
+fn events(k: &str, messages: &[&str]) -> Vec<Event> {
+    messages
+        .iter()
+        .map(|m| {
+            let mut fields = Map::default();
+            fields.insert("k", Value::from(k));
+            fields.insert("message", Value::from(*m));
+            Event::from_object_at(fields, 1_700_000_000_000_000_000)
+        })
+        .collect()
+}
+
+async fn send_all(out: &FileOutput, events: &[Event]) -> Delivery {
+    let refs: Vec<&Event> = events.iter().collect();
+    tokio::time::timeout(std::time::Duration::from_secs(20), out.send(&refs)).await.unwrap().unwrap()
+}
+
+fn inject(out: &FileOutput, faults: &[Injected]) {
+    out.files.injected.lock().extend(faults.iter().copied());
+}
+
+async fn a_write_failing_part_way_is_rolled_back_and_written_whole(errno: i32) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = quick(dir.path(), FAST);
+    assert!(send_all(&out, &events("a", &["zero"])).await.rejected.is_empty());
+    // The failure comes in the middle of the second line of the append.
+    inject(&out, &[Injected::Write { after: 9, errno }]);
+    let d = send_all(&out, &events("a", &["one", "two", "three"])).await;
+    assert!(d.rejected.is_empty(), "{:?}", d.rejected);
+    assert_eq!(std::fs::read_to_string(dir.path().join("a.log")).unwrap(), "zero\none\ntwo\nthree\n");
+    assert_eq!(out.ctx.metrics.retries.get(), 1);
+    assert!(out.files.injected.lock().is_empty(), "the fault was used");
+}
+
+#[tokio::test]
+async fn enospc_in_the_middle_of_an_append_leaves_no_broken_line() {
+    a_write_failing_part_way_is_rolled_back_and_written_whole(libc::ENOSPC).await;
+}
+
+#[tokio::test]
+async fn eio_in_the_middle_of_an_append_leaves_no_broken_line() {
+    a_write_failing_part_way_is_rolled_back_and_written_whole(libc::EIO).await;
+}
+
+#[tokio::test]
+async fn a_rollback_that_fails_leaves_one_broken_line_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = quick(dir.path(), FAST);
+    assert!(send_all(&out, &events("a", &["zero"])).await.rejected.is_empty());
+    inject(&out, &[Injected::Write { after: 6, errno: libc::ENOSPC }, Injected::Truncate(libc::EIO)]);
+    let d = send_all(&out, &events("a", &["one", "two"])).await;
+    assert!(d.rejected.is_empty(), "{:?}", d.rejected);
+    // The fragment `one\ntw` stays; the reopen ends it with a newline; the group follows whole.
+    assert_eq!(std::fs::read_to_string(dir.path().join("a.log")).unwrap(), "zero\none\ntw\none\ntwo\n");
+}
+
+#[tokio::test]
+async fn a_permission_refused_on_open_is_retried_until_it_clears() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = quick(dir.path(), FAST);
+    inject(&out, &[Injected::Open(libc::EACCES), Injected::Open(libc::EACCES), Injected::Open(libc::EROFS)]);
+    let d = send_all(&out, &events("a", &["one"])).await;
+    assert!(d.rejected.is_empty(), "{:?}", d.rejected);
+    assert_eq!(out.ctx.metrics.retries.get(), 3);
+    assert_eq!(std::fs::read_to_string(dir.path().join("a.log")).unwrap(), "one\n");
+}
+
+#[tokio::test]
+async fn environment_faults_give_up_only_at_max_retries_and_not_as_the_events_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = quick(dir.path(), "{max_retries: 1, initial_backoff: 1ms}");
+    inject(&out, &[Injected::Open(libc::EACCES), Injected::Open(libc::EDQUOT)]);
+    let d = send_all(&out, &events("a", &["one", "two"])).await;
+    assert_eq!(d.rejected.len(), 2);
+    assert!(d.rejected.iter().all(|r| !r.permanent && r.attempts == 2), "{:?}", d.rejected);
+    assert!(d.rejected[0].reason.contains("EDQUOT"), "{}", d.rejected[0].reason);
+    assert_eq!(out.ctx.metrics.retries.get(), 1, "one retry, then it gave up");
+}
+
+#[tokio::test]
+async fn open_errors_by_the_form_of_the_path_are_the_events_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = quick(dir.path(), FAST);
+    inject(&out, &[Injected::Open(libc::EINVAL), Injected::Open(libc::EILSEQ)]);
+    let mut batch = events("bad", &["x"]);
+    batch.extend(events("worse", &["y"]));
+    batch.extend(events("fine", &["z"]));
+    let d = send_all(&out, &batch).await;
+    assert_eq!(d.rejected.iter().map(|r| (r.index, r.permanent)).collect::<Vec<_>>(), [(0, true), (1, true)]);
+    assert!(d.rejected[0].reason.contains("EINVAL") && d.rejected[1].reason.contains("EILSEQ"), "{:?}", d.rejected);
+    assert_eq!(out.ctx.metrics.retries.get(), 0);
+    assert_eq!(std::fs::read_to_string(dir.path().join("fine.log")).unwrap(), "z\n");
+}
+
+#[test]
+fn the_template_file_name_skips_slashes_inside_fields() {
+    assert_eq!(template_file_name("/var/log/.%{/a}%{/b/c}-x.log"), ".%{/a}%{/b/c}-x.log");
+    assert_eq!(template_file_name("out/%{/svc}/app.log"), "app.log");
+    assert_eq!(template_file_name("%{/dir}"), "%{/dir}");
+    assert_eq!(template_file_name("a/%{unterminated/b"), "b");
+}
