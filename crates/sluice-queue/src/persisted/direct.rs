@@ -18,8 +18,9 @@
 //! hypervisor exit, pinning the buffer's pages), so the writer stages groups no input waits
 //! for and writes them together (see `shard::Stage`).
 //!
-//! Where the filesystem refuses `O_DIRECT` (tmpfs, some network filesystems), the writer keeps
-//! using buffered writes: [`DirectFile::open`] returns `None`.
+//! Where the filesystem refuses `O_DIRECT` (some network filesystems; tmpfs before Linux 6.6,
+//! which takes it since), the writer keeps using buffered writes: [`DirectFile::open`] returns
+//! `None`. A filesystem that takes the open but refuses a write is noticed there too (EINVAL).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -413,6 +414,52 @@ mod tests {
         // A write that does not start at the live end is refused, not misplaced.
         stage.extend_from_slice(b"x");
         assert!(d.write(&mut stage, at + 1).is_err());
+    }
+
+    /// A writable tmpfs mount point, from `/proc/mounts`.
+    fn tmpfs_mount() -> Option<std::path::PathBuf> {
+        let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+        mounts
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let (_, at, kind, opts) = (f.next()?, f.next()?, f.next()?, f.next()?);
+                (kind == "tmpfs" && opts.split(',').any(|o| o == "rw")).then(|| std::path::PathBuf::from(at))
+            })
+            .find(|at| tempfile::tempdir_in(at).is_ok())
+    }
+
+    /// What the docs say about tmpfs: it takes `O_DIRECT` (Linux 6.6 and later; earlier kernels
+    /// refuse the open with EINVAL), and a segment there is written directly, in place. Where it
+    /// is refused, `DirectFile::open` says so with `None` and the queue uses the page cache.
+    #[test]
+    fn tmpfs_and_o_direct() {
+        let Some(mount) = tmpfs_mount() else {
+            eprintln!("skipped: no writable tmpfs is mounted here");
+            return;
+        };
+        let dir = tempfile::tempdir_in(&mount).unwrap();
+        let path = dir.path().join("seg");
+        std::fs::write(&path, vec![0u8; 2 * BLOCK]).unwrap();
+        let kernel_accepts = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path);
+        let buffered = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let opened = DirectFile::open(&path, 1, 0, &buffered).unwrap();
+        match kernel_accepts {
+            Ok(_) => {
+                eprintln!("tmpfs at {} accepts O_DIRECT", mount.display());
+                let d = opened.expect("the kernel accepts O_DIRECT here, so the queue writes directly");
+                let mut stage = StageBuf::with_capacity(BLOCK).unwrap();
+                stage.set_head(d.opening_head()).unwrap();
+                stage.extend_from_slice(b"frames");
+                d.write(&mut stage, 0).unwrap();
+                assert_eq!(&live(&path)[..6], b"frames");
+            }
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+                eprintln!("tmpfs at {} refuses O_DIRECT (EINVAL)", mount.display());
+                assert!(opened.is_none(), "refused: the queue falls back to the page cache");
+            }
+        }
     }
 
     #[test]
