@@ -55,6 +55,11 @@ fn main() {
     put("queue_dir", "no-checkpoint", &join(&[b"", &event_segment, &second]));
     put("queue_dir", "checkpoint-past-end", &join(&[&checkpoint(7, 1 << 20), &event_segment, b""]));
     put("queue_dir", "damaged", &join(&[&checkpoint(9, 64)[..20], &corrupt, &event_segment[..80]]));
+    let slots = checkpoint_slots(&[(4, 7, frame_end), (5, 7 + events.len() as u64, 64)]);
+    put("queue_dir", "slots", &join(&[&slots, &event_segment, &second]));
+    let mut torn_slot = slots.clone();
+    torn_slot[4096 + 20] ^= 1;
+    put("queue_dir", "slots-one-torn", &join(&[&torn_slot, &event_segment, &second]));
 
     for (name, compact) in [("log", u64::MAX), ("compacted", 1)] {
         let (snapshot, log) = registry_files(compact);
@@ -162,7 +167,7 @@ fn segment(codec: u8, first_seq: u64, bodies: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-/// A queue checkpoint as the persisted queue writes it (format version 1).
+/// A queue checkpoint as format version 1 wrote it (still read).
 fn checkpoint(segment: u64, offset: u64) -> Vec<u8> {
     let mut b = b"SLQCKPT1".to_vec();
     b.extend_from_slice(&segment.to_le_bytes());
@@ -170,6 +175,22 @@ fn checkpoint(segment: u64, offset: u64) -> Vec<u8> {
     let crc = crc32c(&b);
     b.extend_from_slice(&crc.to_le_bytes());
     b
+}
+
+/// A queue checkpoint file as format version 2 writes it: two 4 KiB slots, each `SLQCKPT2`,
+/// a slot sequence number, the segment and the offset (u64 LE), then CRC32C of those 32 bytes.
+fn checkpoint_slots(slots: &[(u64, u64, u64)]) -> Vec<u8> {
+    let mut file = vec![0u8; 2 * 4096];
+    for (i, &(seq, segment, offset)) in slots.iter().enumerate() {
+        let mut b = b"SLQCKPT2".to_vec();
+        for n in [seq, segment, offset] {
+            b.extend_from_slice(&n.to_le_bytes());
+        }
+        let crc = crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        file[i * 4096..i * 4096 + b.len()].copy_from_slice(&b);
+    }
+    file
 }
 
 fn crc32c(bytes: &[u8]) -> u32 {
