@@ -35,7 +35,7 @@ fn main() {
     let mut value = Vec::new();
     encode_value(&Value::Array(vec![Value::Int(-1), Value::Float(0.5), Value::from("é")]), &mut value).unwrap();
     let batch_segment = segment(CODEC_BATCH, 100, &[batch.clone(), batch[..1].to_vec(), batch.clone()]);
-    let event_segment = segment(CODEC_EVENT, 7, &events.iter().map(|e| body(e)).collect::<Vec<_>>());
+    let event_segment = segment(CODEC_EVENT, 7, &events.iter().map(body).collect::<Vec<_>>());
     put("segment_codec", "event-body", &one);
     put("segment_codec", "batch-body", &batch);
     put("segment_codec", "value", &value);
@@ -49,7 +49,7 @@ fn main() {
     garbage[64] ^= 0x7f;
     put("segment_codec", "bad-length", &garbage);
 
-    let second = segment(CODEC_EVENT, 7 + events.len() as u64, &events.iter().map(|e| body(e)).collect::<Vec<_>>());
+    let second = segment(CODEC_EVENT, 7 + events.len() as u64, &events.iter().map(body).collect::<Vec<_>>());
     let frame_end = 64 + 12 + 8 + body(&events[0]).len() as u64;
     put("queue_dir", "acked-first-frame", &join(&[&checkpoint(7, frame_end), &event_segment, &second]));
     put("queue_dir", "no-checkpoint", &join(&[b"", &event_segment, &second]));
