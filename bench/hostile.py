@@ -25,6 +25,10 @@ Loopback only; every loop is bounded in time; the processes and temp dirs are cl
 Usage: bench/hostile.py --memory [--seconds 60] [--shape both|spaces|array] [--json]
        bench/hostile.py --slow [--slow-clients 5000] [--json]
 """
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ beside the scripts
+
 import argparse
 import errno
 import json
@@ -33,7 +37,6 @@ import resource
 import selectors
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time

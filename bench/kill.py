@@ -13,13 +13,16 @@ same run wrote twice). Loopback only; the data dir lives in a temp dir that is r
 
 Usage: bench/kill.py [--cycles 100] [--clients 4] [--events-per-request 50] [--sluice PATH] [--json]
 """
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ beside the scripts
+
 import argparse
 import http.client
 import json
 import os
 import random
 import re
-import sys
 import tempfile
 import threading
 import time
