@@ -430,6 +430,40 @@ pub(crate) fn replace_file(dir: &Path, tmp_name: &str, name: &str, contents: &[u
     sync_dir(dir)
 }
 
+/// Reserves blocks for `len` bytes of `file` without changing its size (`FALLOC_FL_KEEP_SIZE`),
+/// so that appends up to there need no new space. `Ok(false)` where the filesystem cannot
+/// reserve (the appends then take space as they go).
+pub(crate) fn reserve(file: &File, len: u64) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fallocate on a file descriptor we own; no memory is involved.
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, len as libc::off_t) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Makes `dir/LOG_TMP`: a log header of `generation`, with `reserve` bytes reserved (see
+/// [`reserve`]), fsynced. With `need_reserve`, a reservation the disk cannot make fails it.
+pub(crate) fn prepare_log(dir: &Path, generation: u64, reserve_len: u64, need_reserve: bool) -> io::Result<File> {
+    let tmp = dir.join(LOG_TMP);
+    let mut f = File::options().read(true).write(true).create(true).truncate(true).open(&tmp)?;
+    f.write_all(&log_header(generation))?;
+    match reserve(&f, reserve_len) {
+        Ok(_) => {}
+        Err(e) if need_reserve => return Err(e),
+        Err(e) => {
+            tracing::warn!(file = %tmp.display(), error = %e, "cannot reserve space for the registry op log");
+        }
+    }
+    f.sync_all()?;
+    Ok(f)
+}
+
 /// Encodes a whole snapshot of `state` with `generation`.
 pub(crate) fn encode_snapshot(state: &State, generation: u64) -> Vec<u8> {
     let mut buf = Vec::with_capacity(HEADER_LEN + state.len() * 64);

@@ -9,8 +9,18 @@
 //! the interval is zero). When the log grows past `compact_after_bytes` the writer compacts it
 //! into a snapshot (tmp → fsync → rename → fsync dir), again off the ack path.
 //!
+//! Disk space: the op log has room reserved up front (`fallocate` with `FALLOC_FL_KEEP_SIZE`,
+//! twice the size that triggers compaction) when it is made, and at open for a log of an older
+//! release. Reserved rather than preallocated slots because its records vary in size and
+//! number: the reservation keeps plain appends (and the format) while the appends need no new
+//! blocks, so a full disk does not stop them. Compaction needs new files; when it cannot make
+//! them it changes nothing, warns (counted), and the log goes on in its reserved room. A failed
+//! append (ENOSPC past the reservation, EIO) keeps everything in memory, warns with a count at
+//! most every 10 s, and writes the same records again, at the same place, with the next flush.
+//!
 //! Guarantees: after a crash, every offset committed more than one flush interval (plus the time
-//! of one write and fsync) before it is recovered; newer ones may be lost, so at most about one
+//! of one write and fsync, and while writes succeed) before it is recovered; a restart never
+//! resumes from a record older than the last one written; newer ones may be lost, so at most about one
 //! flush interval of input is read again. [`Registry::close`] (also run on drop) writes
 //! everything pending. Start-up recovers the snapshot and the op log up to the first bad record,
 //! names the file and offset of any damage, and survives a crash at any step of compaction
@@ -36,7 +46,8 @@ mod format;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
-use std::io::{self, Seek, SeekFrom, Write};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -154,9 +165,12 @@ struct Shared {
     memory_only: bool,
     warned_memory_only: std::sync::atomic::AtomicBool,
     stats: Arc<RegistryMetrics>,
-    /// Test support: the number of upcoming file writes to fail.
+    /// Test support: the number of upcoming file writes to fail, and with what errno (0: a
+    /// plain error).
     #[cfg(test)]
     fail_writes: Arc<std::sync::atomic::AtomicU32>,
+    #[cfg(test)]
+    fail_errno: Arc<std::sync::atomic::AtomicI32>,
 }
 
 impl Shared {
@@ -330,20 +344,30 @@ impl Registry {
             needs_rewrite: false,
             opts: opts.clone(),
             buf: Vec::new(),
+            unwritten: Vec::new(),
+            unwritten_records: 0,
+            compaction_failures: 0,
             batch: Vec::new(),
             #[cfg(test)]
             fail_writes: Default::default(),
+            #[cfg(test)]
+            fail_errno: Default::default(),
         };
         match rec.log_generation {
             Some(generation) if !rec.needs_rewrite => {
-                let mut log = File::options().read(true).write(true).open(dir.join(format::LOG)).map_err(io_err)?;
+                let log = File::options().read(true).write(true).open(dir.join(format::LOG)).map_err(io_err)?;
                 if rec.log_good_len < rec.log_len {
                     log.set_len(rec.log_good_len).map_err(io_err)?;
                     log.sync_all().map_err(io_err)?;
                     tracing::warn!(file = %dir.join(format::LOG).display(), offset = rec.log_good_len,
                         "truncated the registry op log at its first bad record");
                 }
-                log.seek(SeekFrom::Start(rec.log_good_len)).map_err(io_err)?;
+                // A log of an older release, or one just cut back (which gives up its blocks):
+                // reserve its room now, where the disk allows.
+                if let Err(e) = format::reserve(&log, writer.log_reserve()) {
+                    tracing::warn!(file = %dir.join(format::LOG).display(), error = %e,
+                        "cannot reserve space for the registry op log; appends take space as they go");
+                }
                 writer.generation = generation;
                 writer.log = Some(log);
                 writer.log_len = rec.log_good_len;
@@ -385,6 +409,8 @@ impl Registry {
             stats: Arc::default(),
             #[cfg(test)]
             fail_writes: writer.fail_writes.clone(),
+            #[cfg(test)]
+            fail_errno: writer.fail_errno.clone(),
         });
         shared.stats.log_bytes.store(writer.log_len, Ordering::Relaxed);
         shared.stats.keys.store(writer.state.len() as u64, Ordering::Relaxed);
@@ -414,6 +440,8 @@ impl Registry {
             stats: Arc::default(),
             #[cfg(test)]
             fail_writes: Default::default(),
+            #[cfg(test)]
+            fail_errno: Default::default(),
         });
         Arc::new(Registry { shared, writer: Mutex::new(None), _lock: None })
     }
@@ -619,17 +647,33 @@ struct Writer {
     needs_rewrite: bool,
     opts: RegistryOptions,
     buf: Vec<u8>,
+    /// Records of an append that failed, written again (at the same place) before the next
+    /// ones: they are in `state` and in memory, not yet on disk.
+    unwritten: Vec<u8>,
+    unwritten_records: u64,
+    /// Compactions that failed since the last one that succeeded (a full disk): the log goes
+    /// on taking records in its reserved room meanwhile.
+    compaction_failures: u64,
     batch: Vec<PendingOp>,
     #[cfg(test)]
     fail_writes: Arc<std::sync::atomic::AtomicU32>,
+    #[cfg(test)]
+    fail_errno: Arc<std::sync::atomic::AtomicI32>,
 }
 
+/// A failed write is logged at most this often; each line counts the failures since the last.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
 impl Writer {
-    /// Test support: fails this write if failures were asked for.
+    /// Test support: fails this write if failures were asked for, with the errno asked for
+    /// (`fail_errno`, e.g. ENOSPC or EIO) or a plain "injected write failure".
     fn injected_failure(&self) -> io::Result<()> {
         #[cfg(test)]
         if self.fail_writes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-            return Err(io::Error::other("injected write failure"));
+            return Err(match self.fail_errno.load(Ordering::SeqCst) {
+                0 => io::Error::other("injected write failure"),
+                errno => io::Error::from_raw_os_error(errno),
+            });
         }
         Ok(())
     }
@@ -641,6 +685,9 @@ impl Writer {
         let interval = if self.opts.flush_interval.is_zero() { IDLE_WAKE } else { self.opts.flush_interval };
         let mut next_flush = Instant::now() + interval;
         let mut retry_at: Option<Instant> = None;
+        // Failed cycles since the last that succeeded, and when that was last logged.
+        let mut failures = 0u64;
+        let mut warned: Option<Instant> = None;
         loop {
             let (ticket, stop) = {
                 let mut c = shared.control.lock();
@@ -664,10 +711,22 @@ impl Writer {
             next_flush = Instant::now() + interval;
             let result = self.cycle(shared);
             retry_at = match &result {
-                Ok(()) => None,
+                Ok(()) => {
+                    if failures > 0 {
+                        tracing::info!(dir = %self.dir.display(), failures, "registry written again");
+                    }
+                    failures = 0;
+                    None
+                }
                 Err(e) => {
                     shared.stats.write_errors.add(1);
-                    tracing::error!(dir = %self.dir.display(), "registry write failed (retrying): {e}");
+                    failures += 1;
+                    if warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+                        warned = Some(Instant::now());
+                        tracing::warn!(dir = %self.dir.display(), failures, unwritten_records = self.unwritten_records,
+                            "registry write failed (retrying; positions are kept in memory, a restart now resumes \
+                             from the last written ones): {e}");
+                    }
                     Some(Instant::now() + self.opts.flush_interval.max(Duration::from_secs(1)))
                 }
             };
@@ -754,14 +813,44 @@ impl Writer {
             shared.stats.compactions.add(1);
             return Ok(());
         }
-        if !self.buf.is_empty() {
+        if !self.buf.is_empty() || !self.unwritten.is_empty() {
             self.append(shared, records)?;
         }
-        if self.log_len >= self.opts.compact_after_bytes.max(self.snapshot_len) {
-            self.compact()?;
-            shared.stats.compactions.add(1);
+        if self.log_len >= self.compact_at() {
+            match self.compact() {
+                Ok(()) => {
+                    shared.stats.compactions.add(1);
+                    if self.compaction_failures > 0 {
+                        tracing::info!(dir = %self.dir.display(), failures = self.compaction_failures,
+                            "registry compacted again");
+                    }
+                    self.compaction_failures = 0;
+                }
+                // The records are in the log already; it goes on within its reserved room, and
+                // compaction is tried again with the next flush.
+                Err(e) if self.log.is_some() => {
+                    self.compaction_failures += 1;
+                    if self.compaction_failures == 1 || self.compaction_failures.is_multiple_of(100) {
+                        tracing::warn!(dir = %self.dir.display(), failures = self.compaction_failures,
+                            log_bytes = self.log_len, reserved_bytes = self.log_reserve(),
+                            "cannot compact the registry (retrying with each flush); the op log goes on: {e}");
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
+    }
+
+    /// The log size that triggers compaction.
+    fn compact_at(&self) -> u64 {
+        self.opts.compact_after_bytes.max(self.snapshot_len)
+    }
+
+    /// The room reserved for the log: twice the size that triggers compaction, so that while
+    /// compaction cannot be written (a full disk) the log takes as much again.
+    fn log_reserve(&self) -> u64 {
+        2 * self.compact_at()
     }
 
     fn append(&mut self, shared: &Shared, records: u64) -> io::Result<()> {
@@ -769,11 +858,21 @@ impl Writer {
             self.needs_rewrite = true;
             return self.compact();
         }
-        let result = self.injected_failure().and_then(|()| {
-            let log = self.log.as_mut().expect("checked above");
-            log.write_all(&self.buf)?;
-            log.sync_data()
-        });
+        let mut records = records;
+        if !self.unwritten.is_empty() {
+            let mut all = std::mem::take(&mut self.unwritten);
+            all.extend_from_slice(&self.buf);
+            self.buf = all;
+            records += std::mem::take(&mut self.unwritten_records);
+        }
+        // Written at the end of the good records, not at the file's end: a failed attempt may
+        // have left part of these same records there, which this write covers whole.
+        let log = self.log.as_ref().expect("checked above");
+        let result = match self.injected_failure() {
+            // As a real failure may: part of the records reached the file.
+            Err(e) => log.write_all_at(&self.buf[..self.buf.len() / 2], self.log_len).and(Err(e)),
+            Ok(()) => log.write_all_at(&self.buf, self.log_len).and_then(|()| log.sync_data()),
+        };
         match result {
             Ok(()) => {
                 self.log_len += self.buf.len() as u64;
@@ -785,10 +884,12 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
-                // The log may now hold a partial batch, or (after a failed fsync) pages the kernel
-                // dropped: the state is rewritten as a fresh snapshot and log on the next cycle.
-                self.needs_rewrite = true;
-                self.log = None;
+                // Nothing after `log_len` counts: the records are written again there with the
+                // next flush (a failed fsync may have lost their pages; writing them again makes
+                // them dirty again, and the records before were fsynced already). A crash
+                // meanwhile leaves at most a torn tail, which recovery cuts.
+                self.unwritten = std::mem::take(&mut self.buf);
+                self.unwritten_records = records;
                 Err(e)
             }
         }
@@ -797,21 +898,44 @@ impl Writer {
     /// Writes the whole state as a snapshot of the next generation, then a fresh empty log of
     /// that generation. Each step is atomic (tmp, fsync, rename, fsync dir) and every state
     /// between them recovers (see the `format` module).
+    ///
+    /// Until the new snapshot is in place the old log stays in use: a compaction that fails
+    /// before (no room for the new files on a full disk) costs nothing, and the log goes on.
+    /// The new log has its room reserved before it replaces the old one; where the disk cannot
+    /// give it, the compaction fails unless the old log is unusable anyway.
     fn compact(&mut self) -> io::Result<()> {
         let generation = self.generation + 1;
         let snapshot = format::encode_snapshot(&self.state, generation);
+        self.injected_failure()?;
+        let reserve = 2 * self.opts.compact_after_bytes.max(snapshot.len() as u64);
+        let keep_old = self.log.is_some() && !self.needs_rewrite;
+        let prepared = format::prepare_log(&self.dir, generation, reserve, keep_old).and_then(|log| {
+            format::replace_file(&self.dir, format::SNAPSHOT_TMP, format::SNAPSHOT, &snapshot)?;
+            Ok(log)
+        });
+        let log = match prepared {
+            Ok(log) => log,
+            Err(e) => {
+                // Half-made files would hold space a full disk needs.
+                for tmp in [format::LOG_TMP, format::SNAPSHOT_TMP] {
+                    let _ = fs::remove_file(self.dir.join(tmp));
+                }
+                return Err(e);
+            }
+        };
+        // The old log now predates the snapshot: recovery ignores it, so nothing more goes there.
         self.log = None;
         self.needs_rewrite = true;
-        self.injected_failure()?;
-        format::replace_file(&self.dir, format::SNAPSHOT_TMP, format::SNAPSHOT, &snapshot)?;
-        format::replace_file(&self.dir, format::LOG_TMP, format::LOG, &format::log_header(generation))?;
-        let mut log = File::options().append(true).open(self.dir.join(format::LOG))?;
-        log.seek(SeekFrom::End(0))?;
+        fs::rename(self.dir.join(format::LOG_TMP), self.dir.join(format::LOG))?;
+        format::sync_dir(&self.dir)?;
         self.generation = generation;
         self.snapshot_len = snapshot.len() as u64;
         self.log_len = format::HEADER_LEN as u64;
         self.log = Some(log);
         self.needs_rewrite = false;
+        // The snapshot holds every record of a failed append.
+        self.unwritten.clear();
+        self.unwritten_records = 0;
         tracing::debug!(dir = %self.dir.display(), generation, keys = self.state.len(), "registry compacted");
         Ok(())
     }

@@ -580,7 +580,7 @@ fn a_failed_write_is_reported_and_retried_by_rewriting() {
     let e = r.flush().unwrap_err();
     assert!(e.to_string().contains("injected write failure") && e.to_string().contains("registry"), "{e}");
     assert_eq!(r.stats().write_errors, 1);
-    // The next flush rewrites snapshot and log with everything, including the failed batch.
+    // The next flush writes the failed batch again, with what came since.
     r.flush().unwrap();
     assert_eq!(Registry::read(dir.path()).unwrap().entries.len(), 2);
 
@@ -704,5 +704,131 @@ proptest! {
         drop(r);
         let r = Registry::open(dir.path(), opts).unwrap();
         check(&r, &model)?;
+    }
+}
+
+/// A small tmpfs, unmounted when dropped: a real file system that fills up. `None` (with the
+/// reason printed) where this process may not mount one.
+struct SmallTmpfs(Option<tempfile::TempDir>);
+
+impl SmallTmpfs {
+    fn mount(size: &str) -> Option<SmallTmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match out {
+            Ok(out) if out.status.success() => Some(SmallTmpfs(Some(dir))),
+            Ok(out) => {
+                eprintln!("skipped: cannot mount a tmpfs: {}", String::from_utf8_lossy(&out.stderr).trim());
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.0.as_ref().unwrap().path()
+    }
+
+    /// Writes a file until the file system refuses more; returns its path.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let path = self.path().join("ballast");
+        let mut f = File::create(&path).unwrap();
+        let chunk = vec![0xa5u8; 4096];
+        while let Ok(n) = f.write(&chunk) {
+            if n == 0 {
+                break;
+            }
+        }
+        path
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let path = self.path().to_path_buf();
+        let ok = std::process::Command::new("umount").arg(&path).status().is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&path).status();
+        }
+    }
+}
+
+/// The disk fills: every flush still writes (the op log's room is reserved), compaction that
+/// cannot make its files changes nothing, and a restart on the still-full disk resumes from the
+/// last offset written. Once space returns, compaction runs again.
+#[test]
+fn a_full_disk_does_not_stop_the_op_log() {
+    let Some(disk) = SmallTmpfs::mount("1m") else { return };
+    let dir = disk.path().join("registry");
+    let opts = RegistryOptions { flush_interval: Duration::from_secs(3600), compact_after_bytes: 8 << 10 };
+    let r = Registry::open(&dir, opts.clone()).unwrap();
+    r.cursor("a").commit(1);
+    r.flush().unwrap();
+    let ballast = disk.fill();
+    let cursor = r.cursor("file:2049:131");
+    // About 15 KB of records: past a page, and past the size that triggers compaction.
+    for i in 1..=300u64 {
+        cursor.commit(i * 100);
+        r.flush().unwrap_or_else(|e| panic!("flush {i} on a full disk: {e}"));
+    }
+    assert_eq!(r.stats().write_errors, 0);
+    assert_eq!(r.stats().compactions, 0, "no room for a snapshot");
+    r.close().unwrap();
+    drop(r);
+    let r = Registry::open(&dir, opts.clone()).unwrap();
+    assert_eq!(offsets(&r), pairs(&[("a", 1), ("file:2049:131", 30_000)]));
+    fs::remove_file(ballast).unwrap();
+    r.cursor("a").commit(2);
+    r.flush().unwrap();
+    assert!(r.stats().compactions > 0, "compacted once space returned");
+    r.close().unwrap();
+    drop(r);
+    let r = Registry::open(&dir, opts).unwrap();
+    assert_eq!(offsets(&r), pairs(&[("a", 2), ("file:2049:131", 30_000)]));
+}
+
+/// ENOSPC and EIO on the op log (part of the records reaching the file): the registry keeps the
+/// offsets in memory and reports each failure; the next flush writes them again; a restart while
+/// the failures last resumes from the last offsets written, never from earlier ones.
+#[test]
+fn failed_appends_keep_offsets_in_memory_and_restarts_resume_from_the_last_written() {
+    for errno in [libc::ENOSPC, libc::EIO] {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Registry::open(dir.path(), manual()).unwrap();
+        r.cursor("a").commit(1);
+        r.cursor("b").commit(1);
+        r.flush().unwrap();
+        r.cursor("a").commit(2);
+        r.flush().unwrap();
+        r.shared.fail_errno.store(errno, Ordering::SeqCst);
+        r.shared.fail_writes.store(1, Ordering::SeqCst);
+        r.cursor("a").commit(3);
+        r.cursor("c").commit(7);
+        let e = r.flush().unwrap_err();
+        assert!(e.to_string().contains(&io::Error::from_raw_os_error(errno).to_string()), "{e}");
+        assert_eq!(offsets(&r), pairs(&[("a", 3), ("b", 1), ("c", 7)]), "kept in memory");
+        r.cursor("b").commit(4);
+        r.flush().unwrap();
+        assert_eq!(r.stats().write_errors, 1);
+        let view = Registry::read(dir.path()).unwrap();
+        assert!(view.warnings.is_empty(), "{:?}", view.warnings);
+        let on_disk: Vec<(String, u64)> = view.entries.iter().map(|e| (e.key.clone(), e.offset)).collect();
+        assert_eq!(on_disk, pairs(&[("a", 3), ("b", 4), ("c", 7)]), "written again, whole");
+
+        // Failures that last until the process ends.
+        r.shared.fail_writes.store(u32::MAX, Ordering::SeqCst);
+        r.cursor("a").commit(9);
+        assert!(r.flush().is_err());
+        assert!(r.close().is_err());
+        drop(r);
+        let r = Registry::open(dir.path(), manual()).unwrap();
+        assert_eq!(offsets(&r), pairs(&[("a", 3), ("b", 4), ("c", 7)]), "the last written, not earlier");
     }
 }
