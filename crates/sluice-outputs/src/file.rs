@@ -225,6 +225,9 @@ fn build_file(spec: &ComponentSpec, ctx: OutputContext) -> Result<FileOutput, Co
                 return Err(spec.key_error("root", format!("`{}` must not contain `..` components", root.display())));
             }
             let absolute = normalise(&cwd.join(root));
+            // A template that starts with a field has no directory of its own: the root alone
+            // says where its events may go.
+            let literal_abs = if literal.is_empty() { absolute.clone() } else { literal_abs };
             if !absolute.starts_with(&literal_abs) && !literal_abs.starts_with(&absolute) {
                 return Err(spec.key_error(
                     "root",

@@ -250,3 +250,15 @@ async fn the_literal_directory_replaced_by_a_file_is_retried_even_with_create_di
     assert!(d.rejected[0].reason.contains("ENOTDIR"), "{}", d.rejected[0].reason);
     assert_eq!(metrics.retries.get(), 2);
 }
+
+#[tokio::test]
+async fn a_template_starting_with_a_field_goes_where_the_root_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().display();
+    let out = build(&format!("{{type: file, root: '{base}/logs', path: '%{{/dir}}/x.log'}}"));
+    let events = vec![event(json!({"dir": format!("{base}/logs/a")})), event(json!({"dir": format!("{base}/b")}))];
+    let d = send(&*out, &events).await;
+    assert_eq!(d.rejected.iter().map(|r| r.index).collect::<Vec<_>>(), [1]);
+    assert!(dir.path().join("logs/a/x.log").exists());
+    assert!(!dir.path().join("b").exists());
+}

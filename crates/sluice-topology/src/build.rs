@@ -290,6 +290,12 @@ pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigEr
     errors.into_result(())
 }
 
+/// What `sluice validate` warns about without failing: settings that build but are risky (a
+/// `file` output whose events choose the directory).
+pub fn warnings(config: &RootConfig) -> Vec<ConfigError> {
+    config.pipelines.iter().flat_map(|p| p.outputs.iter()).flat_map(sluice_outputs::warnings).collect()
+}
+
 /// Builds every pipeline of a config, or lists every error.
 pub fn build_all(config: &RootConfig, bus: &Arc<PipelineBus>) -> Result<Vec<BuiltPipeline>, ConfigErrors> {
     let mut errors = ConfigErrors::default();

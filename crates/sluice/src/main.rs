@@ -165,6 +165,9 @@ fn validate(path: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for warning in sluice_topology::build::warnings(&config) {
+        eprintln!("warning: {warning}");
+    }
     // Building the outputs needs a runtime (HTTP clients); nothing is started or bound.
     let checked = match runtime() {
         Ok(rt) => rt.block_on(async { Engine::validate(&config) }),
