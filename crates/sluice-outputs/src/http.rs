@@ -2,16 +2,19 @@
 //!
 //! A worker's batch is sent in requests of at most `batch_max_events` events, one after the
 //! other; each body is encoded (and compressed) once and reused for every attempt. The server's
-//! answer decides each request's fate:
+//! answer decides each request's fate, split by whose fault it is:
 //! - 2xx: delivered.
-//! - 429, 5xx, a timeout or a connection error: retried with exponential backoff (`retry`),
-//!   logged at warn with the attempt count. When `retry.max_retries` is reached, every event of
-//!   the request is rejected with the last error. Without a limit the output retries until the
-//!   server takes the events, which holds the pipeline back (backpressure).
-//! - Any other status (400, 404, 413, ...): the server refused the events for good; all of them
-//!   are rejected as permanent with `HTTP <status>: <start of the response body>` and the number
-//!   of attempts made, and one error is logged for the request. With a dead letter queue they go
-//!   there. Events given up after `max_retries` are not permanent: they are counted as failed.
+//! - The environment's fault — a timeout, a connection error, 5xx, 429, an answer about the
+//!   endpoint or the credentials rather than the body (401, 403, 404, 405, 407, 408, 410, 421,
+//!   425), or any other answer that is neither 2xx nor 4xx: retried with exponential backoff
+//!   (`retry`), which holds the pipeline back, counted in the output's `retries`, logged at warn
+//!   at most once per interval with the URL and the error, and an info line when it resumes. When
+//!   `retry.max_retries` is reached every event of the request is given up with the last error
+//!   (counted as failed, not to the dead letter queue).
+//! - The events' fault — any other 4xx (400, 409, 413, 415, 422, ...): the server refused the
+//!   body for good; all events of the request are rejected as permanent with `HTTP <status>:
+//!   <start of the response body>` and the number of attempts made, and one error is logged for
+//!   the request. With a dead letter queue they go there.
 //!
 //! Delivery is at-least-once: a request that timed out may have been processed and is sent
 //! again. Shutdown's abort stops waiting for a request or a backoff at once.
@@ -29,7 +32,7 @@ use sluice_config::model::ComponentSpec;
 use sluice_config::{ConfigError, HumanDuration};
 use sluice_core::Event;
 
-use crate::retry::{Backoff, RetryConfig};
+use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, Rejected, encode_json_lines};
 
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
@@ -94,6 +97,7 @@ struct HttpOutput {
     compression: Compression,
     batch_max_events: usize,
     retry: RetryConfig,
+    stall: StallLog,
     ctx: OutputContext,
 }
 
@@ -153,6 +157,7 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
         compression: c.compression,
         batch_max_events: c.batch_max_events,
         retry: c.retry,
+        stall: StallLog::default(),
         ctx,
     }))
 }
@@ -209,11 +214,7 @@ impl HttpOutput {
             return Attempt::Delivered;
         }
         let reason = format!("HTTP {}: {}", status.as_u16(), excerpt(response).await);
-        if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-            Attempt::Retriable(reason)
-        } else {
-            Attempt::Refused(reason)
-        }
+        if events_at_fault(status) { Attempt::Refused(reason) } else { Attempt::Retriable(reason) }
     }
 
     /// Sends one request's events until delivered, refused, or out of retries.
@@ -231,7 +232,13 @@ impl HttpOutput {
                 _ = self.ctx.abort.cancelled() => return Err(Aborted),
             };
             match outcome {
-                Attempt::Delivered => return Ok(()),
+                Attempt::Delivered => {
+                    if let Some(failures) = self.stall.succeeded() {
+                        tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
+                            failed_attempts = failures, "http output delivers again");
+                    }
+                    return Ok(());
+                }
                 Attempt::Refused(reason) => {
                     tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
                         events = events.len(), reason = %reason, "the server refused the events; they are rejected");
@@ -240,8 +247,14 @@ impl HttpOutput {
                     return Ok(());
                 }
                 Attempt::Retriable(reason) => {
-                    tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
-                        attempt = backoff.failures() + 1, error = %reason, "http request failed; retrying");
+                    if !backoff.exhausted_after_this() {
+                        self.ctx.metrics.retries.add(1);
+                    }
+                    if let Some(held_back) = self.stall.failed() {
+                        tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
+                            attempt = backoff.failures() + 1, error = %reason, also_failed_since_last_log = held_back,
+                            "http request failed; retrying (the pipeline waits)");
+                    }
                     if !backoff.retry(&self.ctx.abort).await? {
                         tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
                             events = events.len(), attempts = backoff.failures(), error = %reason,
@@ -255,6 +268,13 @@ impl HttpOutput {
             }
         }
     }
+}
+
+/// True when a non-2xx answer refuses the body itself, so sending the same events again would
+/// fail again. Answers about the endpoint, the credentials or the server's state are not the
+/// events' fault: the same request may succeed once the operator or the server fixes them.
+fn events_at_fault(status: StatusCode) -> bool {
+    status.is_client_error() && !matches!(status.as_u16(), 401 | 403 | 404 | 405 | 407 | 408 | 410 | 421 | 425 | 429)
 }
 
 /// A reqwest error with its causes, which name the actual problem (refused, reset, timeout).

@@ -135,13 +135,37 @@ async fn gives_up_after_max_retries() {
 
 #[tokio::test]
 async fn a_400_after_retries_counts_every_attempt() {
-    let (addr, _srv) = server(vec![answer(503, "busy"), answer(404, "no such index")]).await;
+    let (addr, _srv) = server(vec![answer(503, "busy"), answer(422, "bad mapping")]).await;
     let out = build(&format!("{{type: http, url: 'http://{addr}/', {FAST_RETRY}}}"));
     let events = numbered(2);
     let d = bounded(out.send(&refs(&events))).await.unwrap();
     assert_eq!(d.rejected.len(), 2);
     assert!(d.rejected.iter().all(|r| r.permanent && r.attempts == 2), "{:?}", d.rejected);
-    assert_eq!(d.rejected[1].reason, "HTTP 404: no such index");
+    assert_eq!(d.rejected[1].reason, "HTTP 422: bad mapping");
+}
+
+#[tokio::test]
+async fn answers_about_the_endpoint_or_credentials_are_retried_not_blamed_on_the_events() {
+    for code in [401, 403, 404, 405, 407, 408, 410, 421, 425] {
+        let (addr, srv) = server(vec![answer(code, "not the events")]).await;
+        let ctx = context();
+        let metrics = ctx.metrics.clone();
+        let out = build_with(&format!("{{type: http, url: 'http://{addr}/', {FAST_RETRY}}}"), ctx);
+        let events = numbered(2);
+        let d = bounded(out.send(&refs(&events))).await.unwrap();
+        assert!(d.rejected.is_empty(), "{code}: retried until the server took them: {:?}", d.rejected);
+        assert_eq!(srv.lock().seen.len(), 2, "{code}");
+        assert_eq!(metrics.retries.get(), 1, "{code}");
+    }
+    // With a limit they are given up, not sent to the dead letter queue.
+    let (addr, _srv) = server(vec![answer(401, "bad token"); 3]).await;
+    let out = build(&format!(
+        "{{type: http, url: 'http://{addr}/', retry: {{max_retries: 1, initial_backoff: 5ms, max_backoff: 5ms}}}}"
+    ));
+    let events = numbered(1);
+    let d = bounded(out.send(&refs(&events))).await.unwrap();
+    assert_eq!(d.rejected.len(), 1);
+    assert!(!d.rejected[0].permanent && d.rejected[0].reason == "HTTP 401: bad token", "{:?}", d.rejected);
 }
 
 #[tokio::test]
