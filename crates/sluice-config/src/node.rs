@@ -1,4 +1,8 @@
 //! The YAML document as a tree of nodes that remember where they were written.
+//!
+//! Aliases copy their anchor's value, at most `MAX_ALIAS_VALUES` values per file in all, so a
+//! small file cannot expand into a tree that exhausts memory; past that the file is refused
+//! with an error at the alias.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -116,8 +120,15 @@ pub fn parse_yaml_with_env(
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Node, ConfigError> {
     let file: Arc<str> = Arc::from(file);
-    let mut builder =
-        Builder { file: file.clone(), stack: Vec::new(), anchors: HashMap::new(), root: None, error: None, lookup };
+    let mut builder = Builder {
+        file: file.clone(),
+        stack: Vec::new(),
+        anchors: HashMap::new(),
+        alias_values: 0,
+        root: None,
+        error: None,
+        lookup,
+    };
     let mut parser = Parser::new_from_str(text);
     if let Err(e) = parser.load(&mut builder, false) {
         let mark = Mark { file, line: e.marker().line(), column: e.marker().col() + 1 };
@@ -135,15 +146,24 @@ pub fn parse_yaml_with_env(
         .unwrap_or(Node { kind: NodeKind::Map(Vec::new()), mark: Mark { file: builder.file, line: 1, column: 1 } }))
 }
 
+/// The most values that aliases may copy into one document. An alias copies its anchor's
+/// value, so nested aliases multiply: 250 bytes of YAML can name hundreds of millions of
+/// values (the "billion laughs"). Real configs copy a few dozen.
+const MAX_ALIAS_VALUES: usize = 100_000;
+
+/// A collection being read; `size` counts the values in it so far, itself included.
 enum Open {
-    Seq { items: Vec<Node>, mark: Mark, anchor: usize },
-    Map { entries: Vec<(Node, Node)>, pending_key: Option<Node>, mark: Mark, anchor: usize },
+    Seq { items: Vec<Node>, mark: Mark, anchor: usize, size: usize },
+    Map { entries: Vec<(Node, Node)>, pending_key: Option<Node>, mark: Mark, anchor: usize, size: usize },
 }
 
 struct Builder<'a> {
     file: Arc<str>,
     stack: Vec<Open>,
-    anchors: HashMap<usize, Node>,
+    /// Each anchor's value and how many values it holds.
+    anchors: HashMap<usize, (Node, usize)>,
+    /// Values copied by aliases so far.
+    alias_values: usize,
     root: Option<Node>,
     error: Option<ConfigError>,
     lookup: &'a dyn Fn(&str) -> Option<String>,
@@ -160,9 +180,13 @@ impl Builder<'_> {
         }
     }
 
-    fn finish(&mut self, node: Node, anchor: usize) {
+    /// Adds a finished value of `size` values to the collection being read.
+    fn finish(&mut self, node: Node, anchor: usize, size: usize) {
         if anchor != 0 {
-            self.anchors.insert(anchor, node.clone());
+            self.anchors.insert(anchor, (node.clone(), size));
+        }
+        if let Some(Open::Seq { size: total, .. } | Open::Map { size: total, .. }) = self.stack.last_mut() {
+            *total += size;
         }
         match self.stack.last_mut() {
             None => {
@@ -212,25 +236,39 @@ impl MarkedEventReceiver for Builder<'_> {
                     }
                 };
                 let plain = style == TScalarStyle::Plain;
-                self.finish(Node { kind: NodeKind::Scalar { value, plain }, mark }, anchor);
+                self.finish(Node { kind: NodeKind::Scalar { value, plain }, mark }, anchor, 1);
             }
-            Event::SequenceStart(anchor, _) => self.stack.push(Open::Seq { items: Vec::new(), mark, anchor }),
+            Event::SequenceStart(anchor, _) => self.stack.push(Open::Seq { items: Vec::new(), mark, anchor, size: 1 }),
             Event::MappingStart(anchor, _) => {
-                self.stack.push(Open::Map { entries: Vec::new(), pending_key: None, mark, anchor })
+                self.stack.push(Open::Map { entries: Vec::new(), pending_key: None, mark, anchor, size: 1 })
             }
             Event::SequenceEnd | Event::MappingEnd => match self.stack.pop() {
-                Some(Open::Seq { items, mark, anchor }) => {
-                    self.finish(Node { kind: NodeKind::Seq(items), mark }, anchor)
+                Some(Open::Seq { items, mark, anchor, size }) => {
+                    self.finish(Node { kind: NodeKind::Seq(items), mark }, anchor, size)
                 }
-                Some(Open::Map { entries, mark, anchor, .. }) => {
-                    self.finish(Node { kind: NodeKind::Map(entries), mark }, anchor)
+                Some(Open::Map { entries, mark, anchor, size, .. }) => {
+                    self.finish(Node { kind: NodeKind::Map(entries), mark }, anchor, size)
                 }
                 None => {}
             },
-            Event::Alias(id) => match self.anchors.get(&id).cloned() {
-                Some(node) => self.finish(node, 0),
-                None => self.fail(ConfigError::at("alias to an unknown anchor", "", mark)),
-            },
+            Event::Alias(id) => {
+                let Some(&(_, size)) = self.anchors.get(&id) else {
+                    self.fail(ConfigError::at("alias to an unknown anchor", "", mark));
+                    return;
+                };
+                // Counted before the copy is made, so a bomb is refused without building it.
+                self.alias_values = self.alias_values.saturating_add(size);
+                if self.alias_values > MAX_ALIAS_VALUES {
+                    let msg = format!(
+                        "aliases copy more than {MAX_ALIAS_VALUES} values into this file (nested aliases multiply); \
+                         write the repeated parts out or use fewer levels of aliases"
+                    );
+                    self.fail(ConfigError::at(msg, "", mark));
+                    return;
+                }
+                let node = self.anchors[&id].0.clone();
+                self.finish(node, 0, size);
+            }
             Event::Nothing | Event::StreamStart | Event::StreamEnd | Event::DocumentStart | Event::DocumentEnd => {}
         }
     }
@@ -275,6 +313,36 @@ mod tests {
         let e = parse_yaml_with_env("a: [1, 2\nb: 3\n", "f.yml", &env).unwrap_err();
         assert!(e.to_string().starts_with("f.yml:"), "{e}");
         assert!(e.message.starts_with("invalid YAML"));
+    }
+
+    #[test]
+    fn aliases_that_expand_without_bound_are_refused() {
+        // Nine levels of nine aliases each: 9^9 (387 million) scalars from 250 bytes of text.
+        let mut text = String::from("l0: &l0 [x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..=9 {
+            let prev = format!("*l{}", level - 1);
+            text.push_str(&format!("l{level}: &l{level} [{}]\n", [prev.as_str(); 9].join(", ")));
+        }
+        let e = parse_yaml_with_env(&text, "f.yml", &env).unwrap_err();
+        assert!(e.message.contains("aliases"), "{e}");
+        assert!(e.to_string().starts_with("f.yml:"), "{e}");
+        // A reasonable reuse of anchors still loads.
+        let mut text = String::from("l0: &l0 [x, x, x]\n");
+        for level in 1..=4 {
+            text.push_str(&format!("l{level}: &l{level} [*l{0}, *l{0}, *l{0}]\n", level - 1));
+        }
+        let n = parse_yaml_with_env(&text, "f.yml", &env).unwrap();
+        assert_eq!(n.get("l4").unwrap().as_seq().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        for (open, close) in [("[", "]"), ("{a: ", "}")] {
+            let depth = 200_000;
+            let text = format!("{}1{}", open.repeat(depth), close.repeat(depth));
+            let e = parse_yaml_with_env(&text, "f.yml", &env).unwrap_err();
+            assert!(e.to_string().starts_with("f.yml:"), "{e}");
+        }
     }
 
     #[test]
