@@ -6,6 +6,12 @@
 //! it reconnects with exponential backoff (`retry`) and writes the whole batch again; when
 //! `retry.max_retries` is reached the batch is rejected with the last error.
 //!
+//! Every failure here is the environment's (the peer is down, refuses, resets or is slow to
+//! accept): no event's content can make a write fail. So nothing is ever rejected as permanent;
+//! failed attempts are counted in the output's `retries`, logged at warn at most once per
+//! interval with the address and the error (and an info line when sending resumes), and hold
+//! the pipeline back until the peer takes the batch or `max_retries` runs out.
+//!
 //! Delivery is at-least-once and no more: a batch that failed part-way is sent again in full, so
 //! its first lines can arrive twice. TCP itself has no acknowledgement of what the server read,
 //! so lines written just before a server dies can be lost without any error being seen.
@@ -21,7 +27,7 @@ use sluice_core::Event;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::retry::{Backoff, RetryConfig};
+use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext};
 
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
@@ -56,6 +62,7 @@ struct TcpOutput {
     connect_timeout: Duration,
     retry: RetryConfig,
     conn: tokio::sync::Mutex<Option<TcpStream>>,
+    stall: StallLog,
     ctx: OutputContext,
 }
 
@@ -76,6 +83,7 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
         connect_timeout: c.connect_timeout.0,
         retry: c.retry,
         conn: tokio::sync::Mutex::new(None),
+        stall: StallLog::default(),
         ctx,
     }))
 }
@@ -162,11 +170,23 @@ impl Output for TcpOutput {
                 }
             };
             let reason = match attempt {
-                Ok(()) => return Ok(Delivery::all_delivered()),
+                Ok(()) => {
+                    if let Some(failures) = self.stall.succeeded() {
+                        tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address = %self.address,
+                            failed_attempts = failures, "tcp output sends again");
+                    }
+                    return Ok(Delivery::all_delivered());
+                }
                 Err(reason) => reason,
             };
-            tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, attempt = backoff.failures() + 1,
-                error = %reason, "tcp output failed; reconnecting and sending the batch again");
+            if !backoff.exhausted_after_this() {
+                self.ctx.metrics.retries.add(1);
+            }
+            if let Some(held_back) = self.stall.failed() {
+                tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address = %self.address,
+                    attempt = backoff.failures() + 1, error = %reason, also_failed_since_last_log = held_back,
+                    "tcp output failed; reconnecting and sending the batch again (the pipeline waits)");
+            }
             if !backoff.retry(&self.ctx.abort).await? {
                 tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, events = events.len(),
                     error = %reason, "tcp output gave up after max_retries; the events are rejected");

@@ -5,7 +5,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{build, build_err, numbered, refs};
+use common::{build, build_err, build_with, context, numbered, refs};
 use sluice_core::Event;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -122,6 +122,34 @@ async fn gives_up_after_max_retries_when_nothing_listens() {
     let d = bounded(out.send(&refs(&events))).await.unwrap();
     assert_eq!(d.rejected.len(), 2);
     assert!(d.rejected[0].reason.contains("cannot connect"), "{}", d.rejected[0].reason);
+}
+
+#[tokio::test]
+async fn a_peer_down_holds_the_batch_until_it_listens_counting_retries() {
+    // Take a free port, then leave it closed until the output has retried a few times.
+    let address = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let ctx = context();
+    let metrics = ctx.metrics.clone();
+    let out = build_with(
+        &format!("{{type: tcp, address: '{address}', retry: {{initial_backoff: 5ms, max_backoff: 20ms}}}}"),
+        ctx,
+    );
+    let sending = tokio::spawn(async move {
+        let events = numbered(2);
+        out.send(&refs(&events)).await
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while metrics.retries.get() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "the output never retried");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!sending.is_finished(), "the batch waits for the peer");
+    let listener = TcpListener::bind(address).await.unwrap();
+    let (mut peer, _) = bounded(listener.accept()).await.unwrap();
+    let lines = bounded(read_lines(&mut peer, 2)).await;
+    assert_eq!(lines.len(), 2);
+    let d = bounded(sending).await.unwrap().unwrap();
+    assert!(d.rejected.is_empty(), "{:?}", d.rejected);
 }
 
 #[test]
