@@ -79,6 +79,22 @@
 //!   logged at most once per [`DROP_LOG_INTERVAL`], never once per entry.
 //! - A [`Position`] is the point just after an entry; reading from it resumes exactly at the
 //!   next entry, including across seals, restarts and deleted segments.
+//! - A write that fails (ENOSPC, EIO) fails whole, naming the segment: the bytes it wrote are
+//!   cut off again (the file is shortened to its last whole entry, which needs no space), its
+//!   entries are not counted as written, and the caller gets the error; the pipeline counts
+//!   them as lost (`sluice_dlq_lost_total`) and logs it. It is counted loss, not backpressure:
+//!   the events were rejected for good, and holding the pipeline for them would stop every
+//!   other event. Earlier entries are never touched, and the next write goes on in the same
+//!   segment once space returns (tested on a full tmpfs and with injected ENOSPC and EIO).
+//!   After a failed fsync the entries were written but are not known to be durable: the
+//!   write is reported failed, yet they stay in the file and are read back.
+//! - Progress and index records need no new space: the index is in memory, rebuilt from file
+//!   names; a sealed segment's summary is its name, given by a rename (no data block); the
+//!   highest id is the name of an empty file, moved by a rename. A reader's progress is kept in
+//!   the registry, whose op log has its room reserved (see `sluice-registry`).
+//! - A segment deleted by retention or `drop_older` wakes the readers: one following at the end
+//!   of it closes it at once, so its space returns. (A reader nobody is reading from holds the
+//!   segment it is in until its next read.)
 
 mod entry;
 pub mod inspect;

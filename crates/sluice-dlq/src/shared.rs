@@ -127,6 +127,15 @@ pub(crate) struct Shared {
     pub counters: Counters,
     /// Bumped after every write and seal: readers wait on it.
     pub changed: watch::Sender<u64>,
+    /// Test support: the next this many segment writes (`fail_writes`) or fsyncs
+    /// (`fail_syncs`) fail with `fail_errno`; a failed write stores half its bytes first, as a
+    /// real one may.
+    #[cfg(test)]
+    pub fail_writes: std::sync::atomic::AtomicU32,
+    #[cfg(test)]
+    pub fail_syncs: std::sync::atomic::AtomicU32,
+    #[cfg(test)]
+    pub fail_errno: std::sync::atomic::AtomicI32,
 }
 
 impl Shared {
@@ -180,6 +189,12 @@ pub(crate) fn shared_for(dir: &Path) -> io::Result<Arc<Shared>> {
         index: Mutex::new(Index::default()),
         counters: Counters::default(),
         changed: watch::Sender::new(0),
+        #[cfg(test)]
+        fail_writes: Default::default(),
+        #[cfg(test)]
+        fail_syncs: Default::default(),
+        #[cfg(test)]
+        fail_errno: Default::default(),
     });
     reg.insert(canonical, Arc::downgrade(&shared));
     Ok(shared)

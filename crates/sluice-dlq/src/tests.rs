@@ -619,3 +619,162 @@ async fn recovery_rewrites_a_damaged_header_and_sets_aside_a_file_with_no_entry(
     assert_eq!(ns(&reader.next_batch(100, false).await.unwrap()), vec![10, 11, 12, 13]);
     assert_eq!(reader.damaged_frames(), 0);
 }
+
+/// ENOSPC or EIO while entries are written (part of the group reaching the file, or the fsync
+/// failing): that write fails naming the segment, and its entries are not counted as written;
+/// earlier entries are untouched, later writes go on, and everything reads back undamaged.
+#[tokio::test]
+async fn a_failed_write_costs_its_own_entries_and_never_earlier_ones() {
+    // Linux's numbers (this crate does not link libc).
+    const ENOSPC: i32 = 28;
+    const EIO: i32 = 5;
+    for (errno, failing) in [(ENOSPC, "write"), (EIO, "write"), (EIO, "fsync")] {
+        let dir = tempfile::tempdir().unwrap();
+        let q = DeadLetterQueue::open(dir.path(), DlqOptions { sync: DlqSync::Commit, ..opts() }).unwrap();
+        q.write(letters(0..10)).await.unwrap();
+        let shared = shared::shared_for(dir.path()).unwrap();
+        shared.fail_errno.store(errno, std::sync::atomic::Ordering::SeqCst);
+        let at_fsync = failing == "fsync";
+        let counter = if at_fsync { &shared.fail_syncs } else { &shared.fail_writes };
+        counter.store(1, std::sync::atomic::Ordering::SeqCst);
+        let first_lost = 10;
+        let e = q.write(letters(first_lost..first_lost + 5)).await.unwrap_err();
+        let message = e.to_string();
+        assert!(message.contains(".open"), "names the segment: {message}");
+        assert!(message.contains(&std::io::Error::from_raw_os_error(errno).to_string()), "{message}");
+        q.write(letters(100..103)).await.unwrap();
+        let stats = q.stats();
+        q.close().unwrap();
+        let got = read_all(dir.path(), ReadFrom::Beginning).await;
+        let mut expected: Vec<i64> = (0..first_lost as i64).collect();
+        if at_fsync {
+            // Written, not known durable: reported as failed, yet in the file (read back, and a
+            // duplicate if the caller wrote them again).
+            expected.extend(10..15);
+        }
+        expected.extend(100..103);
+        assert_eq!(ns(&got), expected, "{errno} at {failing}");
+        assert_eq!(inspect::stats(dir.path()).unwrap().entries, expected.len() as u64);
+        let damaged = inspect::entries(dir.path(), ReadFrom::Beginning)
+            .unwrap()
+            .filter(|i| matches!(i, Ok(Item::Damaged { .. })))
+            .count();
+        assert_eq!(damaged, 0, "nothing damaged ({errno} at {failing})");
+        assert_eq!(stats.written, expected.len() as u64, "{errno} at {failing}");
+    }
+}
+
+/// A small tmpfs, unmounted when dropped. `None` (with the reason printed) where this process
+/// may not mount one.
+struct SmallTmpfs(Option<tempfile::TempDir>);
+
+impl SmallTmpfs {
+    fn mount(size: &str) -> Option<SmallTmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match out {
+            Ok(out) if out.status.success() => Some(SmallTmpfs(Some(dir))),
+            Ok(out) => {
+                eprintln!("skipped: cannot mount a tmpfs: {}", String::from_utf8_lossy(&out.stderr).trim());
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.0.as_ref().unwrap().path()
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let path = self.path().to_path_buf();
+        let ok = std::process::Command::new("umount").arg(&path).status().is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&path).status();
+        }
+    }
+}
+
+/// A real full disk under the writer: writes fail (ENOSPC, naming the segment) and count as
+/// not written, what was written before reads back whole, and once space returns writing goes
+/// on in the same segment.
+#[tokio::test]
+async fn a_full_disk_fails_writes_without_damaging_what_was_written() {
+    let Some(disk) = SmallTmpfs::mount("256k") else { return };
+    let dir = disk.path().join("dlq");
+    let ballast = disk.path().join("ballast");
+    fs::write(&ballast, vec![0xa5u8; 64 << 10]).unwrap();
+    let q = DeadLetterQueue::open(&dir, DlqOptions { sync: DlqSync::Commit, ..opts() }).unwrap();
+    // About 400 bytes each: the disk is full after some hundreds.
+    let mut written = 0u64;
+    let mut failed = None;
+    for i in 0..2000u64 {
+        match q.write(letters(i..i + 1)).await {
+            Ok(o) => written += o.written as u64,
+            Err(e) => {
+                failed = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let message = failed.expect("the disk never filled");
+    assert!(message.contains("No space left") && message.contains(".open"), "{message}");
+    assert_eq!(q.stats().written, written);
+    assert!(q.write(letters(5000..5001)).await.is_err(), "the disk is still full");
+    fs::remove_file(&ballast).unwrap();
+    q.write(letters(5000..5003)).await.expect("space returned");
+    q.close().unwrap();
+    let got = read_all(&dir, ReadFrom::Beginning).await;
+    let expected: Vec<i64> = (0..written as i64).chain(5000..5003).collect();
+    assert_eq!(ns(&got), expected, "everything written, in order, nothing of the failed writes");
+    let damaged =
+        inspect::entries(&dir, ReadFrom::Beginning).unwrap().filter(|i| matches!(i, Ok(Item::Damaged { .. }))).count();
+    assert_eq!(damaged, 0);
+}
+
+/// Paths of the files this process holds open under `dir` that were deleted.
+fn deleted_but_open(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap().to_string_lossy().to_string();
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .map(|p| p.to_string_lossy().to_string())
+        .filter(|p| p.starts_with(&dir) && p.ends_with("(deleted)"))
+        .collect()
+}
+
+/// A following reader at the end of a segment that retention then deletes lets the file go,
+/// so its space returns.
+#[tokio::test]
+async fn a_following_reader_lets_a_deleted_segment_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = DeadLetterQueue::open(
+        dir.path(),
+        DlqOptions { retain_age: Some(Duration::from_secs(3600)), seal_idle: Duration::from_millis(20), ..opts() },
+    )
+    .unwrap();
+    let now = sluice_core::value::now_nanos();
+    let two_hours = 2 * 3600 * 1_000_000_000;
+    q.write((10..13).map(|i| letter(i, now - two_hours)).collect()).await.unwrap();
+    let mut reader = DlqReader::open(dir.path(), ReadFrom::Beginning).unwrap();
+    let follower = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while got.len() < 5 {
+            got.extend(reader.next_batch(100, true).await.unwrap());
+        }
+        got
+    });
+    wait_until("the expiry", || q.stats().expired == 3).await;
+    wait_until("the deleted segment is let go", || deleted_but_open(dir.path()).is_empty()).await;
+    q.write((13..15).map(|i| letter(i, now)).collect()).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(20), follower).await.unwrap().unwrap();
+    assert_eq!(ns(&got), vec![10, 11, 12, 13, 14]);
+}

@@ -605,7 +605,9 @@ impl Writer {
     fn delete_file(&self, id: u64, info: &SegInfo) {
         let path = self.shared.path_of(id, info);
         match fs::remove_file(&path) {
-            Ok(()) => {}
+            // A reader following at the end of this segment holds it open: woken now, it finds
+            // the segment gone from the index and closes it, so its space returns at once.
+            Ok(()) => self.shared.bump(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 tracing::warn!(segment = %path.display(), "dead letter segment was already deleted");
             }
@@ -661,9 +663,14 @@ impl Writer {
         if self.buf.is_empty() {
             return Ok(());
         }
+        let injected = self.injected_failure(false);
         let Some(open) = self.open.as_mut() else { return Ok(()) };
         let path = self.shared.dir.join(naming::open_name(open.id));
-        if let Err(e) = open.file.write_all_at(&self.buf, open.info.bytes) {
+        let written = match injected {
+            Some(e) => open.file.write_all_at(&self.buf[..self.buf.len() / 2], open.info.bytes).and(Err(e)),
+            None => open.file.write_all_at(&self.buf, open.info.bytes),
+        };
+        if let Err(e) = written {
             // Never leave a partial frame behind.
             let _ = open.file.set_len(open.info.bytes);
             return Err(DlqError::io(path, e));
@@ -685,6 +692,23 @@ impl Writer {
         Ok(())
     }
 
+    /// A failure a test asked for (`Shared::fail_writes`, or `fail_syncs` for an fsync); never
+    /// outside tests.
+    fn injected_failure(&self, sync: bool) -> Option<io::Error> {
+        #[cfg(test)]
+        {
+            use std::sync::atomic::Ordering;
+            let s = &self.shared;
+            let count = if sync { &s.fail_syncs } else { &s.fail_writes };
+            if count.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                return Some(io::Error::from_raw_os_error(s.fail_errno.load(Ordering::SeqCst)));
+            }
+        }
+        #[cfg(not(test))]
+        let _ = sync;
+        None
+    }
+
     fn discard_buffer(&mut self) {
         self.buf.clear();
         if let Some(open) = self.open.as_mut() {
@@ -700,7 +724,11 @@ impl Writer {
             return Ok(());
         }
         if let Some(open) = &self.open {
-            open.file.sync_data().map_err(|e| DlqError::io(self.dir().join(naming::open_name(open.id)), e))?;
+            let synced = match self.injected_failure(true) {
+                Some(e) => Err(e),
+                None => open.file.sync_data(),
+            };
+            synced.map_err(|e| DlqError::io(self.dir().join(naming::open_name(open.id)), e))?;
         }
         self.unsynced = false;
         Ok(())
