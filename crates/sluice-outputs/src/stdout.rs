@@ -1,4 +1,16 @@
 //! `stdout`: events on standard output, as JSON lines or as their `message` text.
+//!
+//! Each batch is written and flushed before `send` returns, so a write error is seen by the
+//! batch it belongs to. Every error is the environment's — no event's content can make a write
+//! fail — and is handled by what it means:
+//! - `EPIPE` (the reader of a pipe went away): it cannot come back, so the batch is given up at
+//!   once (counted as failed, logged), rather than holding the pipeline until shutdown.
+//! - Anything else (`ENOSPC` or `EIO` when stdout is redirected to a file, ...): retried with
+//!   backoff as `retry` says, which holds the pipeline back, counted in `retries`, logged at
+//!   warn at most once per interval, with an info line when writing resumes.
+//!
+//! A batch that failed part-way is written again in full: its first lines can appear twice
+//! (at-least-once), as with the `tcp` output.
 
 use std::sync::Arc;
 
@@ -7,8 +19,9 @@ use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::Event;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, encode_json_lines};
 
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
@@ -26,22 +39,31 @@ pub enum StdoutCodec {
 struct StdoutConfig {
     #[serde(default)]
     codec: StdoutCodec,
+    #[serde(default)]
+    retry: RetryConfig,
 }
+
+type Sink = Box<dyn AsyncWrite + Send + Unpin>;
 
 struct Stdout {
     codec: StdoutCodec,
-    out: tokio::sync::Mutex<tokio::io::Stdout>,
+    retry: RetryConfig,
+    out: tokio::sync::Mutex<Sink>,
+    stall: StallLog,
     ctx: OutputContext,
 }
 
 pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
-    let c: StdoutConfig = spec.settings()?;
-    Ok(Arc::new(Stdout { codec: c.codec, out: tokio::sync::Mutex::new(tokio::io::stdout()), ctx }))
+    Ok(Arc::new(build_with(spec, ctx, Box::new(tokio::io::stdout()))?))
 }
 
-#[async_trait]
-impl Output for Stdout {
-    async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
+fn build_with(spec: &ComponentSpec, ctx: OutputContext, sink: Sink) -> Result<Stdout, ConfigError> {
+    let c: StdoutConfig = spec.settings()?;
+    Ok(Stdout { codec: c.codec, retry: c.retry, out: tokio::sync::Mutex::new(sink), stall: StallLog::default(), ctx })
+}
+
+impl Stdout {
+    fn encode(&self, events: &[&Event]) -> Vec<u8> {
         let mut buf = Vec::with_capacity(events.len() * 256);
         match self.codec {
             StdoutCodec::Json => encode_json_lines(events, &mut buf),
@@ -55,18 +77,145 @@ impl Output for Stdout {
                 }
             }
         }
-        let mut out = self.out.lock().await;
-        match out.write_all(&buf).await {
-            Ok(()) => Ok(Delivery::all_delivered()),
-            Err(e) => {
-                // A closed stdout (a pipe whose reader left) will not come back.
-                tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, error = %e, "cannot write to stdout");
-                Ok(Delivery::all_gave_up(events.len(), &format!("cannot write to stdout: {e}"), 1))
+        buf
+    }
+}
+
+#[async_trait]
+impl Output for Stdout {
+    async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
+        let buf = self.encode(events);
+        let mut backoff = Backoff::new(self.retry);
+        let mut out = tokio::select! {
+            o = self.out.lock() => o,
+            _ = self.ctx.abort.cancelled() => return Err(Aborted),
+        };
+        loop {
+            let written = tokio::select! {
+                r = async { out.write_all(&buf).await?; out.flush().await } => r,
+                _ = self.ctx.abort.cancelled() => return Err(Aborted),
+            };
+            let e = match written {
+                Ok(()) => {
+                    if let Some(failures) = self.stall.succeeded() {
+                        tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, failed_attempts = failures,
+                            "stdout output writes again");
+                    }
+                    return Ok(Delivery::all_delivered());
+                }
+                Err(e) => e,
+            };
+            let reason = format!("cannot write to stdout: {e}");
+            let gone = e.kind() == std::io::ErrorKind::BrokenPipe;
+            if gone || backoff.exhausted_after_this() {
+                tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, events = events.len(), error = %e,
+                    "cannot write to stdout; the events are given up");
+                return Ok(Delivery::all_gave_up(events.len(), &reason, backoff.failures() + 1));
             }
+            self.ctx.metrics.retries.add(1);
+            if let Some(held_back) = self.stall.failed() {
+                tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, error = %e,
+                    attempt = backoff.failures() + 1, also_failed_since_last_log = held_back,
+                    "cannot write to stdout; retrying (the pipeline waits)");
+            }
+            backoff.retry(&self.ctx.abort).await?;
         }
     }
 
     async fn close(&self) {
         let _ = self.out.lock().await.flush().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::ErrorKind;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use parking_lot::Mutex;
+    use sluice_core::bus::PipelineBus;
+    use sluice_core::metrics::{ComponentKind, ComponentMetrics};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+
+    /// A sink that fails its first writes with the given errors, then keeps what it is given.
+    struct Flaky {
+        failures: Vec<ErrorKind>,
+        kept: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl AsyncWrite for Flaky {
+        fn poll_write(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+            if !self.failures.is_empty() {
+                return Poll::Ready(Err(self.failures.remove(0).into()));
+            }
+            self.kept.lock().extend_from_slice(buf);
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn output(yaml: &str, failures: Vec<ErrorKind>) -> (Stdout, Arc<Mutex<Vec<u8>>>) {
+        let text = format!("pipelines:\n  p:\n    inputs: [{{type: stdin}}]\n    outputs:\n      - {yaml}\n");
+        let root = sluice_config::model::load_str(&text, "test.yml").unwrap_or_else(|e| panic!("{e}"));
+        let spec = root.pipelines.into_iter().next().unwrap().outputs.remove(0);
+        let ctx = OutputContext {
+            pipeline: "test".into(),
+            id: "out".into(),
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "stdout")),
+            bus: Arc::new(PipelineBus::default()),
+            abort: CancellationToken::new(),
+        };
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let sink = Box::new(Flaky { failures, kept: kept.clone() });
+        (build_with(&spec, ctx, sink).unwrap_or_else(|e| panic!("{e}")), kept)
+    }
+
+    fn events() -> Vec<Event> {
+        (0..2).map(|i| Event::from_message_at(format!("line {i}"), 0)).collect()
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_under_a_redirected_stdout_is_retried_until_it_clears() {
+        let (out, kept) = output(
+            "{type: stdout, codec: text, retry: {initial_backoff: 1ms, max_backoff: 1ms}}",
+            vec![ErrorKind::StorageFull, ErrorKind::StorageFull],
+        );
+        let events = events();
+        let d = out.send(&events.iter().collect::<Vec<_>>()).await.unwrap();
+        assert!(d.rejected.is_empty(), "{:?}", d.rejected);
+        assert_eq!(String::from_utf8(kept.lock().clone()).unwrap(), "line 0\nline 1\n");
+        assert_eq!(out.ctx.metrics.retries.get(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_reader_gone_gives_the_batch_up_at_once() {
+        let (out, kept) = output("{type: stdout}", vec![ErrorKind::BrokenPipe]);
+        let events = events();
+        let d = out.send(&events.iter().collect::<Vec<_>>()).await.unwrap();
+        assert_eq!(d.rejected.len(), 2);
+        assert!(d.rejected.iter().all(|r| !r.permanent && r.attempts == 1), "{:?}", d.rejected);
+        assert!(kept.lock().is_empty());
+        assert_eq!(out.ctx.metrics.retries.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn max_retries_bounds_the_wait() {
+        let (out, _) = output(
+            "{type: stdout, retry: {max_retries: 1, initial_backoff: 1ms}}",
+            vec![ErrorKind::StorageFull, ErrorKind::Other, ErrorKind::StorageFull],
+        );
+        let events = events();
+        let d = out.send(&events.iter().collect::<Vec<_>>()).await.unwrap();
+        assert_eq!(d.rejected.len(), 2);
+        assert!(d.rejected.iter().all(|r| !r.permanent && r.attempts == 2), "{:?}", d.rejected);
+        assert_eq!(out.ctx.metrics.retries.get(), 1);
     }
 }
