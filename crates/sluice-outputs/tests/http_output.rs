@@ -108,7 +108,7 @@ async fn retries_a_500_then_delivers() {
 #[tokio::test]
 async fn a_400_rejects_without_retrying() {
     let (addr, srv) = server(vec![answer(400, "field `n` is not allowed"), answer(200, "")]).await;
-    let out = build(&format!("{{type: http, url: 'http://{addr}/', {FAST_RETRY}}}"));
+    let out = build(&format!("{{type: http, url: 'http://{addr}/', isolate_refused: false, {FAST_RETRY}}}"));
     let events = numbered(3);
     let d = bounded(out.send(&refs(&events))).await.unwrap();
     assert_eq!(d.rejected.len(), 3);
@@ -136,12 +136,62 @@ async fn gives_up_after_max_retries() {
 #[tokio::test]
 async fn a_400_after_retries_counts_every_attempt() {
     let (addr, _srv) = server(vec![answer(503, "busy"), answer(422, "bad mapping")]).await;
-    let out = build(&format!("{{type: http, url: 'http://{addr}/', {FAST_RETRY}}}"));
+    let out = build(&format!("{{type: http, url: 'http://{addr}/', isolate_refused: false, {FAST_RETRY}}}"));
     let events = numbered(2);
     let d = bounded(out.send(&refs(&events))).await.unwrap();
     assert_eq!(d.rejected.len(), 2);
     assert!(d.rejected.iter().all(|r| r.permanent && r.attempts == 2), "{:?}", d.rejected);
     assert_eq!(d.rejected[1].reason, "HTTP 422: bad mapping");
+}
+
+/// A server that refuses (400) any body holding an event whose message is in `bad`, and keeps
+/// the messages of the bodies it accepts.
+async fn picky_server(bad: &'static [&'static str]) -> (SocketAddr, Arc<Mutex<(Vec<String>, usize)>>) {
+    let state = Arc::new(Mutex::new((Vec::new(), 0usize)));
+    let seen = state.clone();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().fallback(move |body: Bytes| {
+        let seen = seen.clone();
+        async move {
+            let messages: Vec<String> = String::from_utf8_lossy(&body)
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["message"].as_str().unwrap().to_string())
+                .collect();
+            let mut seen = seen.lock();
+            seen.1 += 1;
+            if messages.iter().any(|m| bad.contains(&m.as_str())) {
+                (StatusCode::BAD_REQUEST, "a bad event".to_string())
+            } else {
+                seen.0.extend(messages);
+                (StatusCode::OK, "ok".to_string())
+            }
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, state)
+}
+
+#[tokio::test]
+async fn only_the_events_the_server_refuses_are_rejected() {
+    let (addr, srv) = picky_server(&["event 1", "event 6"]).await;
+    let out = build(&format!("{{type: http, url: 'http://{addr}/', {FAST_RETRY}}}"));
+    let events = numbered(8);
+    let d = bounded(out.send(&refs(&events))).await.unwrap();
+    assert_eq!(d.rejected.iter().map(|r| r.index).collect::<Vec<_>>(), [1, 6], "{:?}", d.rejected);
+    assert!(d.rejected.iter().all(|r| r.permanent && r.reason == "HTTP 400: a bad event"), "{:?}", d.rejected);
+    // Refused as part of 8, of 4, of 2, then alone.
+    assert!(d.rejected.iter().all(|r| r.attempts == 4), "{:?}", d.rejected);
+    let (delivered, requests) = srv.lock().clone();
+    let mut delivered = delivered;
+    delivered.sort();
+    assert_eq!(delivered, ["event 0", "event 2", "event 3", "event 4", "event 5", "event 7"]);
+    assert_eq!(requests, 11);
+
+    // Split within each request of batch_max_events, with indexes into the whole batch.
+    let out = build(&format!("{{type: http, url: 'http://{addr}/', batch_max_events: 3, {FAST_RETRY}}}"));
+    let d = bounded(out.send(&refs(&events))).await.unwrap();
+    assert_eq!(d.rejected.iter().map(|r| r.index).collect::<Vec<_>>(), [1, 6]);
 }
 
 #[tokio::test]
@@ -217,7 +267,9 @@ async fn json_array_format() {
 #[tokio::test]
 async fn batches_are_split_by_batch_max_events() {
     let (addr, srv) = server(vec![answer(200, ""), answer(422, "no")]).await;
-    let out = build(&format!("{{type: http, url: 'http://{addr}/', batch_max_events: 10, {FAST_RETRY}}}"));
+    let out = build(&format!(
+        "{{type: http, url: 'http://{addr}/', batch_max_events: 10, isolate_refused: false, {FAST_RETRY}}}"
+    ));
     let events = numbered(25);
     let d = bounded(out.send(&refs(&events))).await.unwrap();
     let seen = srv.lock().seen.clone();
