@@ -1,12 +1,18 @@
 //! Output faults end to end: an event whose own path the file system refuses goes to the dead
 //! letter queue with the reason while the events behind it are delivered and their client is
-//! answered; `sluice validate` warns about a file output whose events choose the directory.
+//! answered; a file output on a file system that fills holds its clients back and resumes
+//! without a broken or repeated line; `sluice validate` warns about a file output whose events
+//! choose the directory.
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use common::{BIN, Sluice, free_port, http, metric, summary, validate};
+use common::{BIN, Sluice, free_port, http, metric, summary, try_http, validate, wait_until};
 use serde_json::Value;
 
 #[test]
@@ -84,4 +90,128 @@ fn validate_warns_about_a_file_path_the_events_choose_the_directory_of() {
         let (ok, text) = validate(&config(path, extra));
         assert!(ok && !text.contains("warning"), "{path}: {text}");
     }
+}
+
+/// A small tmpfs, unmounted (and removed) when dropped, whatever happened.
+struct Mount {
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Mount {
+    /// `None` when this test cannot mount (not root, or not allowed): the caller skips.
+    fn new(size: &str) -> Option<Mount> {
+        let is_root =
+            Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        if !is_root {
+            return None;
+        }
+        let dir = tempfile::tempdir().ok()?;
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .is_ok_and(|o| o.status.success());
+        mounted.then_some(Mount { dir: Some(dir) })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.as_ref().unwrap().path()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let path = self.path().to_path_buf();
+        if !Command::new("umount").arg(&path).status().is_ok_and(|s| s.success()) {
+            let _ = Command::new("umount").arg("-l").arg(&path).status();
+        }
+        drop(self.dir.take());
+    }
+}
+
+/// Fills the file system `dir` is on, then frees about `keep` bytes: the next writes fill it.
+fn fill_leaving(dir: &Path, keep: u64) -> std::path::PathBuf {
+    let ballast = dir.join("ballast");
+    let mut f = std::fs::File::create(&ballast).unwrap();
+    let chunk = vec![7u8; 64 * 1024];
+    loop {
+        match f.write(&chunk) {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+    let len = f.metadata().unwrap().len();
+    f.set_len(len.saturating_sub(keep)).unwrap();
+    ballast
+}
+
+#[test]
+fn a_file_output_on_a_disk_that_fills_holds_clients_back_and_resumes_without_broken_lines() {
+    let Some(mount) = Mount::new("2m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let port = free_port();
+    let out = mount.path().join("out.log");
+    let mut s = Sluice::start(&format!(
+        "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  p:
+    workers: 2
+    batch: {{size: 50, delay: 2ms}}
+    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
+    outputs: [{{type: file, id: disk, path: '{}', retry: {{initial_backoff: 10ms, max_backoff: 100ms}}}}]
+",
+        out.display()
+    ));
+    s.wait_port(port);
+    let api = s.api();
+    // Room for a few requests only: the disk fills part-way through an append.
+    let ballast = fill_leaving(mount.path(), 24 * 1024);
+    const REQUESTS: u64 = 40;
+    const PER_REQUEST: u64 = 20;
+    let clients: Vec<_> = (0..2)
+        .map(|c| {
+            let address = format!("127.0.0.1:{port}");
+            std::thread::spawn(move || {
+                let mut answered = Vec::new();
+                for r in (c..REQUESTS).step_by(2) {
+                    let body: String = (r * PER_REQUEST..(r + 1) * PER_REQUEST)
+                        .map(|n| format!("{{\"n\":{n},\"pad\":\"{}\"}}\n", "p".repeat(150)))
+                        .collect();
+                    match try_http(&address, "POST", "/", &[], body.as_bytes()) {
+                        Ok((200, _)) => answered.push(r),
+                        other => panic!("request {r}: {other:?}"),
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
+    let labels = "{pipeline=\"p\",component=\"disk\",kind=\"output\",type=\"file\"}";
+    let retries = |api: &str| {
+        metric(&http(api, "GET", "/metrics", &[], b"").1, &format!("sluice_component_retries_total{labels}"))
+    };
+    wait_until("the file output retried on the full disk", Duration::from_secs(30), || retries(&api) >= 3.0);
+    assert!(clients.iter().any(|c| !c.is_finished()), "clients wait while the disk is full");
+    s.wait_log("ENOSPC", Duration::from_secs(10));
+    std::fs::remove_file(&ballast).unwrap();
+    let answered: Vec<u64> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    assert_eq!(answered.len() as u64, REQUESTS, "every request answered once space returned");
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("file output writes again"), "{log}");
+
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut seen: BTreeMap<u64, u32> = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let doc: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("line {i} is broken ({e}): {line:?}"));
+        *seen.entry(doc["n"].as_u64().unwrap()).or_default() += 1;
+    }
+    assert_eq!(seen.len() as u64, REQUESTS * PER_REQUEST, "every event written");
+    assert!(
+        seen.values().all(|&c| c == 1),
+        "none twice: {:?}",
+        seen.iter().filter(|(_, c)| **c > 1).collect::<Vec<_>>()
+    );
 }
