@@ -262,3 +262,54 @@ async fn a_template_starting_with_a_field_goes_where_the_root_allows() {
     assert!(dir.path().join("logs/a/x.log").exists());
     assert!(!dir.path().join("b").exists());
 }
+
+/// Runs a command, true when it succeeded.
+fn run(program: &str, args: &[&str]) -> bool {
+    std::process::Command::new(program).args(args).status().is_ok_and(|s| s.success())
+}
+
+/// The directory made read-only while running, for real: a read-only bind mount over it (root
+/// ignores a directory's mode, not a read-only mount). New files cannot be created (EROFS):
+/// the send waits, retrying; once the mount is writable again it delivers.
+#[tokio::test]
+async fn the_directory_made_read_only_holds_the_pipeline_back_until_it_is_writable() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let at = logs.to_str().unwrap();
+    if !run("mount", &["--bind", at, at]) {
+        eprintln!("skipped: cannot bind-mount here (needs root)");
+        return;
+    }
+    // Whatever happens below, the bind mount goes.
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            if !run("umount", &[&self.0]) {
+                run("umount", &["-l", &self.0]);
+            }
+        }
+    }
+    let _unmount = Unmount(at.to_string());
+    assert!(run("mount", &["-o", "remount,bind,ro", at]), "remount read-only");
+
+    let ctx = context();
+    let metrics = ctx.metrics.clone();
+    let out = build_with(
+        &format!(
+            "{{type: file, path: '{at}/%{{/k}}.log', codec: text, retry: {{initial_backoff: 5ms, max_backoff: 20ms}}}}"
+        ),
+        ctx,
+    );
+    let sending = tokio::spawn(async move {
+        let events = vec![event(json!({"k": "a", "message": "one"}))];
+        let d = out.send(&refs(&events)).await;
+        (d, out)
+    });
+    eventually("the output retried three times", || metrics.retries.get() >= 3).await;
+    assert!(!sending.is_finished(), "the send waits while the directory is read-only");
+    assert!(run("mount", &["-o", "remount,bind,rw", at]), "remount writable");
+    let (d, _out) = tokio::time::timeout(PATIENCE, sending).await.expect("resumed").unwrap();
+    assert!(d.unwrap().rejected.is_empty());
+    assert_eq!(read(logs.join("a.log")), "one\n");
+}
