@@ -366,6 +366,11 @@ def memory_run(binary, tmp, args, shape):
     within = all(not a.unanswered and a.status in (200, 413, 429) and a.latency <= limit_s for a in hostile + normal)
     nlat = [a.latency for a in normal if a.status == 200]
     peak = sampler.peak()
+    # The answers that took over a second, by when their request started: where a stall was.
+    slow_ones = sorted(((kind, a) for kind in ("hostile", "normal") for a in answers[kind] if a.latency > 1.0),
+                       key=lambda ka: ka[1].start)
+    slow_list = [{"client": kind, "started_s": round(a.start - started, 2), "seconds": round(a.latency, 3),
+                  "answer": a.kind()} for kind, a in slow_ones[:12]]
     return {
         "mode": "memory",
         "shape": shape,
@@ -393,6 +398,8 @@ def memory_run(binary, tmp, args, shape):
         "normal_p50_s": rnd(percentile(nlat, 50)),
         "normal_p99_s": rnd(percentile(nlat, 99)),
         "normal_max_s": rnd(max((a.latency for a in normal), default=None)),
+        "answers_over_1s": len(slow_ones),
+        "answers_over_1s_first": slow_list,
         "load_average": round(load_average()[0], 2),
     }
 
@@ -433,10 +440,13 @@ def print_memory(rows):
             ("  answers", ", ".join(f"{k} {v}" for k, v in r["normal_answers"].items()) or "none"),
             ("  latency of 200s p50 / p99, max of all, s",
              f"{fmt_s(r['normal_p50_s'])} / {fmt_s(r['normal_p99_s'])}, {fmt_s(r['normal_max_s'])}"),
+            ("answers (or waits) over 1 s, either client", r["answers_over_1s"]),
             ("load average (1 min) at the end", r["load_average"]),
         ]
         for name, value in items:
             print(f"  {name:52} {value}")
+        for x in r["answers_over_1s_first"]:
+            print(f"    {x['client']:8} request started at {x['started_s']:7.2f} s: {x['answer']} after {x['seconds']:.3f} s")
 
 
 # ---------------------------------------------------------------- --slow
@@ -702,6 +712,7 @@ def slow_phase(binary, tmp, args, proto):
         row["normal_under_1s"] = sum(1 for v in lat if v < 1.0)
         first_ok = next((p[0] for p in probes if p[1] is not None), None)
         row["normal_first_answer_at_s"] = rnd(first_ok, 2)
+        failed_at = [p[0] for p in probes if p[1] is None or p[1] >= 1.0]
     else:
         row["idle_timeout_s"] = args.tcp_idle_timeout
         row["closed_later_idle"] = life_stats(timed_out)
@@ -722,6 +733,8 @@ def slow_phase(binary, tmp, args, proto):
         row["normal_under_1s"] = sum(1 for v in lat if v < 1.0)
         first_ok = next((at for at, seq, _ in probes if seq in sink.arrived), None)
         row["normal_first_answer_at_s"] = rnd(first_ok, 2)
+        failed_at = [at for at, seq, _ in probes if seq not in sink.arrived or sink.arrived[seq] - sink.sent[seq] >= 1.0]
+    row["normal_failed_between_s"] = [rnd(min(failed_at), 2), rnd(max(failed_at), 2)] if failed_at else None
     if proto == "http":
         late = [i for i in timed_out if lifetimes[i] > (args.header_timeout if i % 2 == 0 else args.body_timeout)
                 + args.margin]
@@ -832,6 +845,9 @@ def print_slow(rows):
             ("  outcomes", ", ".join(f"{k} {v}" for k, v in r["normal_answers"].items())),
             (f"  {what} under 1 s", r["normal_under_1s"]),
             ("  first one at, s after start", fmt_s(r["normal_first_answer_at_s"])),
+            ("  the others (failed or >= 1 s) sent between, s after start",
+             "none" if not r["normal_failed_between_s"] else
+             f"{r['normal_failed_between_s'][0]:.2f} and {r['normal_failed_between_s'][1]:.2f}"),
             ("  latency p50 / p99 / max, s", f"{fmt_s(r['normal_p50_s'])} / {fmt_s(r['normal_p99_s'])} / "
                                              f"{fmt_s(r['normal_max_s'])}"),
             (f"goal: every slow one refused or closed within its timeout + {r['margin_s']:g} s",
