@@ -185,7 +185,7 @@ pub(crate) fn warnings(spec: &ComponentSpec) -> Vec<ConfigError> {
         vec![spec.key_error(
             "path",
             format!(
-                "`{}` starts with a field, so events choose the directory; they are confined to the \
+                "`{}` starts with a `%{{...}}` part, so events choose the directory; they are confined to the \
                  working directory. Start the path with a directory or set `root:`",
                 c.path.source()
             ),
