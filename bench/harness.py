@@ -42,11 +42,22 @@ def sluice_binary(path):
 
 def on_signals_exit():
     """SIGTERM (and SIGHUP) raise SystemExit, so that `finally` blocks stop the processes and remove
-    the temp dirs as Ctrl-C (KeyboardInterrupt) does."""
+    the temp dirs as Ctrl-C (KeyboardInterrupt) does. SIGINT gets Python's own handler even when the
+    script was started with it ignored (a background job of a non-interactive shell)."""
     def handler(signum, _frame):
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGHUP, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Every `sluice` this script started and has not reaped: `stop_all` kills what is left.
+LIVE = []
+
+
+def stop_all():
+    for s in list(LIVE):
+        s.close()
 
 
 def free_port():
@@ -81,6 +92,7 @@ class Sluice:
         self.proc = subprocess.Popen([binary, "run", "-c", config], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=self.log, env=env)
         self.pid = self.proc.pid
+        LIVE.append(self)
         self.usage = None
 
     def log_tail(self, chars=3000):
@@ -165,6 +177,8 @@ class Sluice:
             self.kill()
         elif not self.log.closed:
             self.log.close()
+        if self in LIVE:
+            LIVE.remove(self)
 
 
 def accepted_keys(binary, tmp, doc):

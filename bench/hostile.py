@@ -42,7 +42,7 @@ import threading
 import time
 
 from harness import (GIB, MIB, BenchError, Sluice, accepted_keys, fmt_s, free_port, load_average, on_signals_exit,
-                     percentile, sluice_binary, stats, write_config)
+                     percentile, sluice_binary, stop_all, write_config)
 
 PIPELINE = "hostile"
 PATH = "/ingest"
@@ -927,6 +927,11 @@ def main():
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: sluice stopped, temp dir removed", file=sys.stderr)
+        return 130
+    finally:
+        stop_all()
     print(f"(load average {'/'.join(f'{v:.2f}' for v in load_average())}; {os.cpu_count()} CPUs)")
     if args.json:
         print(json.dumps(rows))

@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 
-from harness import (BenchError, Sluice, free_port, load_average, on_signals_exit, sluice_binary, stats,
+from harness import (BenchError, Sluice, free_port, load_average, on_signals_exit, sluice_binary, stats, stop_all,
                      write_config)
 
 PIPELINE = "kill"
@@ -361,10 +361,14 @@ def main():
     except BenchError as e:
         print(f"\nerror: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping sluice and the clients, removing the temp dir", file=sys.stderr)
+        return 130
     finally:
         stop.set()
         if current is not None:
             current.close()
+        stop_all()
         for c in clients:
             c.join(30)
         if args.keep:
