@@ -2,13 +2,16 @@
 //!
 //! - Pushes go to shards round-robin (one atomic increment, no global lock); a push returns
 //!   once its batch is queued for its shard's writer. The workers get the batch once it is
-//!   written (with direct I/O, the default, once it is encoded: see `shard::Stage`); the
-//!   input's acknowledgement waits for the write and the `fdatasync` that covers it (`sync:
-//!   commit`), so an acknowledged event survives a crash of the process or of the machine.
+//!   written (with direct I/O, the default, a batch no input waits for once it is encoded:
+//!   see `shard::Stage`); the input's acknowledgement waits for the write and the `fdatasync`
+//!   that covers it (`sync: commit`), so an acknowledged event survives a crash of the process
+//!   or of the machine.
 //! - Workers take batches from any shard; each batch acknowledges its own range of its shard's
 //!   log. Ranges complete in any order; the contiguous completed prefix is checkpointed (every
-//!   `checkpoint_interval`, as soon as a whole older segment is completed, and at shutdown),
-//!   and segments wholly before it are kept for reuse (two per shard) or deleted.
+//!   `checkpoint_interval`, as soon as a whole older segment is completed, and at shutdown) in
+//!   place, without new disk space (see `checkpoint.rs`), and segments wholly before it are
+//!   kept for reuse (two per shard) or deleted, their read handles closed at once. What the
+//!   workers finished past the checkpoint on disk shows as `checkpoint_lag_events`.
 //! - Start-up reads each shard's checkpoint and queues the rest of the log for reading, without
 //!   reading it; only the last segment is scanned, to cut a torn tail left by a crash. A
 //!   damaged frame found later is skipped, counted and logged with its segment and offset.

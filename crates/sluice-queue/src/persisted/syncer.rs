@@ -4,7 +4,8 @@
 //! fdatasync that began after its write. If the writer itself waited for each fdatasync, the
 //! batches arriving meanwhile would wait too, and a burst would pay for one fdatasync per
 //! group, one after another. Here the writer hands each written group's events to the workers
-//! at once ([`hand_over`]; with direct I/O even before the write, see `shard::Stage`) and,
+//! at once ([`hand_over`]; with direct I/O, groups no input waits for even before the write:
+//! see `shard::Stage`) and,
 //! once written, its acknowledgements to the syncer, and goes on writing; the
 //! syncer takes every group handed over so far, calls fdatasync once, then acknowledges them
 //! in order. A burst thus costs its writes plus about one fdatasync at the end.
