@@ -411,3 +411,77 @@ fn listing(dir: &Path) -> String {
     files.sort();
     files.join(", ")
 }
+
+/// The issue's restart after a full disk: events are delivered while the disk is full, then
+/// Sluice is stopped with the disk still full. Every delivered event must be recorded by the
+/// queue's checkpoints (they need no new space), so the queue on disk holds nothing to deliver
+/// again: `sluice queue stats` counts 0 unacknowledged events, and a restart sends nothing.
+#[test]
+fn events_delivered_on_a_full_disk_are_not_delivered_again_after_a_restart() {
+    if !is_root() {
+        eprintln!("skipped: cannot mount a tmpfs here (not root)");
+        return;
+    }
+    let mount = match Mount::new("8m") {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("skipped: cannot mount a tmpfs here ({e})");
+            return;
+        }
+    };
+    let queue: PathBuf = mount.path().join("q");
+    let server = Server::start();
+    let port = free_port();
+    let config = format!(
+        "data_dir: '{{dir}}/data'
+api: {{address: '127.0.0.1:0'}}
+shutdown_timeout: 5s
+pipelines:
+  p:
+    workers: 1
+    batch: {{size: 100, delay: 5ms}}
+    queue: {{type: persisted, path: '{}', shards: 1, segment_bytes: 1MiB, max_bytes: 64MiB, checkpoint_interval: 50ms}}
+    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
+    outputs:
+      - {{type: http, url: 'http://127.0.0.1:{}/', timeout: 5s, retry: {{initial_backoff: 50ms, max_backoff: 200ms}}}}
+",
+        queue.display(),
+        server.port
+    );
+    let mut s = Sluice::start(&config);
+    let api = s.api();
+    s.wait_port(port);
+    // Stored, not delivered (the server refuses): about 2 MB in the queue.
+    let requests = 50u64;
+    for r in 0..requests {
+        let p = post(port, r * PER_REQUEST);
+        match p.rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Ok((200, _))) => {}
+            other => panic!("request {r}: {other:?}\n{}", tail(&s.log())),
+        }
+    }
+    // Now the disk is full, and the output delivers everything.
+    let ballast = mount.path().join("ballast");
+    {
+        let mut f = std::fs::File::create(&ballast).unwrap();
+        let chunk = vec![0xa5u8; 4096];
+        while f.write(&chunk).is_ok_and(|n| n > 0) {}
+    }
+    server.mode.store(ACCEPT, Ordering::SeqCst);
+    let all: BTreeSet<u64> = (0..requests * PER_REQUEST).collect();
+    wait_until("the server to receive every event", Duration::from_secs(30), || server.received() == all);
+    wait_until("the checkpoint to record every delivered event", Duration::from_secs(10), || {
+        let (_, text) = http(&api, "GET", "/metrics", &[], b"");
+        text.contains("sluice_queue_checkpoint_lag_events{pipeline=\"p\"} 0\n")
+    });
+    let (status, log) = s.stop();
+    assert!(status.success(), "{}", tail(&log));
+    assert!(!log.contains("cannot write the last queue checkpoint"), "{}", tail(&log));
+
+    let out = Command::new(BIN).args(["queue", "stats", "--json"]).arg(&queue).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["totals"]["unacked_events"], 0, "a restart would deliver these again: {report:#}");
+    drop(s);
+    drop(mount);
+}
