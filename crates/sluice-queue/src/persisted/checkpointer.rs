@@ -34,7 +34,8 @@ use parking_lot::{Condvar, Mutex};
 
 use super::Inner;
 use super::checkpoint::{Checkpoint, CheckpointFile};
-use super::shard::{FREE_POOL, FREE_SUFFIX, Shard, segment_path};
+use super::recovery::{FREE_POOL, FREE_SUFFIX};
+use super::shard::{Shard, segment_path};
 
 /// Failed checkpoints are logged at most this often (each line counts those since the last).
 const WARN_EVERY: Duration = Duration::from_secs(10);

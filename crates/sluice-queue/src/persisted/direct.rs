@@ -16,7 +16,7 @@
 //!
 //! Each direct write also costs a fixed tens of µs of CPU time on a virtual machine (the
 //! hypervisor exit, pinning the buffer's pages), so the writer stages groups no input waits
-//! for and writes them together (see `shard::Stage`).
+//! for and writes them together (see `writer::Stage`).
 //!
 //! Where the filesystem refuses `O_DIRECT` (some network filesystems; tmpfs before Linux 6.6,
 //! which takes it since), the writer keeps using buffered writes: [`DirectFile::open`] returns

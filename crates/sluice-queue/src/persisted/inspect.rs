@@ -33,7 +33,8 @@ use sluice_segment::{
 };
 
 use super::checkpoint::{self, Checkpoint};
-use super::shard::{FREE_SUFFIX, segment_path};
+use super::recovery::FREE_SUFFIX;
+use super::shard::segment_path;
 
 /// What [`inspect`] found in a queue directory.
 #[derive(Debug, Clone, Serialize)]
@@ -596,7 +597,7 @@ mod tests {
             checkpoint_interval: Duration::from_millis(10),
             memory_bytes: 16 << 20,
             direct_io: true,
-            stage_hold: super::super::shard::STAGE_HOLD,
+            stage_hold: super::super::writer::STAGE_HOLD,
         }
     }
 

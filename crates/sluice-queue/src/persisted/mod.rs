@@ -3,7 +3,7 @@
 //! - Pushes go to shards round-robin (one atomic increment, no global lock); a push returns
 //!   once its batch is queued for its shard's writer. The workers get the batch once it is
 //!   written (with direct I/O, the default, a batch no input waits for once it is encoded:
-//!   see `shard::Stage`); the input's acknowledgement waits for the write and the `fdatasync`
+//!   see `writer::Stage`); the input's acknowledgement waits for the write and the `fdatasync`
 //!   that covers it (`sync: commit`), so an acknowledged event survives a crash of the process
 //!   or of the machine.
 //! - Workers take batches from any shard; each batch acknowledges its own range of its shard's
@@ -32,8 +32,11 @@ mod checkpointer;
 mod direct;
 pub mod inspect;
 mod pacing;
+mod read_cache;
+mod recovery;
 mod shard;
 mod syncer;
+mod writer;
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -49,7 +52,8 @@ use sluice_core::metrics::Histogram;
 use sluice_core::{Batch, Queue, QueueClosed, QueueStats};
 use tokio::sync::Notify;
 
-use shard::{Shard, Writer};
+use shard::Shard;
+use writer::Writer;
 
 /// Bytes of batches per shard that may wait for the writer before pushes wait too.
 const PENDING_LIMIT: usize = 8 << 20;
@@ -143,7 +147,7 @@ impl PersistedQueueConfig {
             checkpoint_interval: self.checkpoint_interval.0,
             memory_bytes: self.memory_bytes.as_usize(),
             direct_io: self.direct_io,
-            stage_hold: shard::STAGE_HOLD,
+            stage_hold: writer::STAGE_HOLD,
         })
     }
 }
@@ -332,7 +336,7 @@ impl PersistedQueue {
             active: recovered.active,
             direct: None,
             syncer: Arc::new(syncer::Syncer::default()),
-            stage: shard::Stage::default(),
+            stage: writer::Stage::default(),
             // Made (and faulted in) while the queue opens, not on its first write. One huge
             // page; a shard busy enough to fill a stage (`STAGE_BYTES`) grows it to two. If the
             // mapping fails here, it is made on the first write, which logs a failure.
@@ -492,7 +496,7 @@ impl Queue for PersistedQueue {
             s.pending.push(batch);
             // The writer needs waking for the first batch of a group, or when the group is big
             // enough to end its wait; a wake per batch would cost a context switch per batch.
-            wake = first || (before < shard::GROUP_WINDOW_BYTES && s.pending_bytes >= shard::GROUP_WINDOW_BYTES);
+            wake = first || (before < writer::GROUP_WINDOW_BYTES && s.pending_bytes >= writer::GROUP_WINDOW_BYTES);
         }
         if wake {
             shard.wake.notify_one();

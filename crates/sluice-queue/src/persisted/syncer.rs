@@ -5,7 +5,7 @@
 //! batches arriving meanwhile would wait too, and a burst would pay for one fdatasync per
 //! group, one after another. Here the writer hands each written group's events to the workers
 //! at once ([`hand_over`]; with direct I/O, groups no input waits for even before the write:
-//! see `shard::Stage`) and,
+//! see `writer::Stage`) and,
 //! once written, its acknowledgements to the syncer, and goes on writing; the
 //! syncer takes every group handed over so far, calls fdatasync once, then acknowledges them
 //! in order. A burst thus costs its writes plus about one fdatasync at the end.
@@ -50,7 +50,7 @@ pub(crate) struct BatchFrames {
     pub ends_to: usize,
 }
 
-/// One group, encoded (and written, unless staged: see `shard::Stage`), on its way to the
+/// One group, encoded (and written, unless staged: see `writer::Stage`), on its way to the
 /// workers.
 pub(crate) struct Written {
     pub work: Vec<Batch>,

@@ -18,7 +18,7 @@ fn settings(dir: &Path, shards: usize, segment_bytes: u64) -> Settings {
         checkpoint_interval: Duration::from_millis(20),
         memory_bytes: 16 << 20,
         direct_io: true,
-        stage_hold: shard::STAGE_HOLD,
+        stage_hold: writer::STAGE_HOLD,
     }
 }
 
@@ -124,7 +124,7 @@ fn live_end(bytes: &[u8]) -> u64 {
 fn spares(dir: &Path) -> usize {
     fs::read_dir(dir.join("shard-0"))
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(shard::FREE_SUFFIX))
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(recovery::FREE_SUFFIX))
         .count()
 }
 
