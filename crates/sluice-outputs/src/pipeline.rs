@@ -1,6 +1,11 @@
 //! `pipeline` output: sends events to the `pipeline` inputs at `send_to` and waits until the
 //! receiving pipelines have handled them, so the sender's acknowledgement covers the hop.
-//! While a receiver is not running (being reloaded), the output waits and retries.
+//!
+//! Every failure is the environment's: while a receiver is not running (being reloaded), or
+//! when it stopped before handling a batch, the output waits and sends again, holding its own
+//! pipeline back; it never gives up. Each wait and each resend counts in the output's
+//! `retries`; a warn line is logged at most once per interval, and an info line when sending
+//! resumes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +17,7 @@ use sluice_config::model::ComponentSpec;
 use sluice_core::ack::AckOutcome;
 use sluice_core::{AckSet, Acker, Batch, Event};
 
+use crate::retry::StallLog;
 use crate::{Aborted, Delivery, Output, OutputContext};
 
 #[derive(Debug, Deserialize)]
@@ -29,6 +35,7 @@ struct PipelineOutputConfig {
 
 struct PipelineOutput {
     send_to: Vec<String>,
+    stall: StallLog,
     ctx: OutputContext,
 }
 
@@ -41,7 +48,7 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
     if send_to.is_empty() || send_to.iter().any(String::is_empty) {
         return Err(spec.key_error("send_to", "needs at least one address, and no empty ones"));
     }
-    Ok(Arc::new(PipelineOutput { send_to, ctx }))
+    Ok(Arc::new(PipelineOutput { send_to, stall: StallLog::default(), ctx }))
 }
 
 impl PipelineOutput {
@@ -50,9 +57,13 @@ impl PipelineOutput {
         loop {
             let Some(target) = self.ctx.bus.get(address) else {
                 if !waited {
-                    tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address,
-                        "no running pipeline serves this address; waiting for it");
                     waited = true;
+                    self.ctx.metrics.retries.add(1);
+                    if let Some(held_back) = self.stall.failed() {
+                        tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address,
+                            also_failed_since_last_log = held_back,
+                            "no running pipeline serves this address; waiting for it (the pipeline waits)");
+                    }
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(50)) => continue,
@@ -76,10 +87,16 @@ impl PipelineOutput {
                     _ = self.ctx.abort.cancelled() => return Err(Aborted),
                 };
                 if outcome == AckOutcome::Handled {
+                    if let Some(failures) = self.stall.succeeded() {
+                        tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address,
+                            failed_attempts = failures, "pipeline output sends again");
+                    }
                     return Ok(());
                 }
             }
             // The receiver stopped before handling the batch (reload): send it again.
+            self.ctx.metrics.retries.add(1);
+            self.stall.failed();
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 _ = self.ctx.abort.cancelled() => return Err(Aborted),
@@ -95,5 +112,39 @@ impl Output for PipelineOutput {
             self.send_one(address, events).await?;
         }
         Ok(Delivery::all_delivered())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::bus::PipelineBus;
+    use sluice_core::metrics::{ComponentKind, ComponentMetrics};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_receiver_not_running_holds_the_batch_counting_a_retry_until_shutdown_aborts() {
+        let ctx = OutputContext {
+            pipeline: "up".into(),
+            id: "out".into(),
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "pipeline")),
+            bus: Arc::new(PipelineBus::default()),
+            abort: CancellationToken::new(),
+        };
+        let (metrics, abort) = (ctx.metrics.clone(), ctx.abort.clone());
+        let out = PipelineOutput { send_to: vec!["down".into()], stall: StallLog::default(), ctx };
+        let event = Event::from_message_at("x", 0);
+        let sending = tokio::spawn(async move { out.send(&[&event]).await });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while metrics.retries.get() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the wait was never counted");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!sending.is_finished(), "it waits for the receiver");
+        assert_eq!(metrics.retries.get(), 1, "one wait, counted once");
+        abort.cancel();
+        assert_eq!(sending.await.unwrap(), Err(Aborted));
     }
 }
