@@ -197,11 +197,17 @@ impl CheckpointFile {
             bytes[slot * SLOT..(slot + 1) * SLOT].copy_from_slice(&encode_slot(seq, c));
         }
         let tmp = dir.join(TMP);
-        let mut f = File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, dir.join(FILE))?;
+        let made = File::create(&tmp).and_then(|mut f| {
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            drop(f);
+            fs::rename(&tmp, dir.join(FILE))
+        });
+        if let Err(e) = made {
+            // A half-written file would hold space a full disk needs.
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
         sync_dir(dir)?;
         self.file = Some(OpenOptions::new().read(true).write(true).open(dir.join(FILE))?);
         if c.is_some() {
