@@ -390,7 +390,7 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         }
     }
     type PickC = fn(&sluice_core::metrics::ComponentMetrics) -> u64;
-    let component_counters: [(&str, &str, PickC); 5] = [
+    let component_counters: [(&str, &str, PickC); 6] = [
         ("sluice_component_events_in_total", "Events a component received.", |c| c.events_in.get()),
         ("sluice_component_events_out_total", "Events a component passed on or delivered.", |c| c.events_out.get()),
         ("sluice_component_events_dropped_total", "Events a component dropped on purpose.", |c| c.dropped.get()),
@@ -401,6 +401,11 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
             "sluice_component_retries_total",
             "Output attempts that failed for a reason outside the events (disk full, peer down) and were retried.",
             |c| c.retries.get(),
+        ),
+        (
+            "sluice_component_refused_total",
+            "Requests and connections an input refused because of a limit (size, events, memory budget, connections, timeouts).",
+            |c| c.refused.get(),
         ),
     ];
     for (name, help, pick) in component_counters {
@@ -419,7 +424,35 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
     if let Some(r) = registry.registry() {
         registry_metrics(&mut out, &r);
     }
+    if let Some(m) = registry.memory() {
+        memory_metrics(&mut out, &m);
+    }
     out
+}
+
+fn memory_metrics(out: &mut String, m: &sluice_core::MemoryBudget) {
+    let gauges: [(&str, &str, f64); 3] = [
+        ("sluice_memory_budget_bytes", "The node's memory budget for events in flight.", m.limit() as f64),
+        (
+            "sluice_memory_used_bytes",
+            "Memory the events in flight hold now, as charged to the budget.",
+            m.used() as f64,
+        ),
+        ("sluice_memory_waiting", "Inputs waiting now for room in the memory budget.", m.waiting() as f64),
+    ];
+    for (name, help, v) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
+    let seconds = m.wait_nanos() as f64 / 1e9;
+    let _ = writeln!(
+        out,
+        "# HELP sluice_memory_wait_seconds_total Time inputs waited for room in the memory budget, waits in progress included.\n# TYPE sluice_memory_wait_seconds_total counter\nsluice_memory_wait_seconds_total {seconds}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP sluice_memory_refused_total Charges refused: larger than the budget allows, or not granted in time.\n# TYPE sluice_memory_refused_total counter\nsluice_memory_refused_total {}",
+        m.refused()
+    );
 }
 
 fn registry_metrics(out: &mut String, r: &sluice_core::metrics::RegistryMetrics) {
@@ -488,6 +521,7 @@ pub fn render_stats(state: &ApiState) -> Json {
                     "id": c.id, "kind": c.kind, "type": c.type_name,
                     "events": {"in": c.events_in.get(), "out": c.events_out.get(), "dropped": c.dropped.get(), "failed": c.failed.get()},
                     "retries": c.retries.get(),
+                    "refused": c.refused.get(),
                 })
             })
             .collect();
@@ -525,7 +559,17 @@ pub fn render_stats(state: &ApiState) -> Json {
             "log_bytes": load(&r.log_bytes),
         })
     });
-    json!({"uptime_seconds": state.started.elapsed().as_secs_f64(), "pipelines": pipelines, "registry": registry})
+    let memory = state.registry.memory().map(|m| {
+        json!({
+            "budget_bytes": m.limit(),
+            "used_bytes": m.used(),
+            "waiting": m.waiting(),
+            "wait_seconds": m.wait_nanos() as f64 / 1e9,
+            "waits": m.waits(),
+            "refused": m.refused(),
+        })
+    });
+    json!({"uptime_seconds": state.started.elapsed().as_secs_f64(), "pipelines": pipelines, "registry": registry, "memory": memory})
 }
 
 async fn stats(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
@@ -536,6 +580,33 @@ async fn stats(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
 mod tests {
     use super::*;
     use sluice_core::metrics::ComponentKind;
+
+    #[tokio::test]
+    async fn memory_budget_figures() {
+        let reg = Arc::new(MetricsRegistry::default());
+        assert!(!render_prometheus(&reg, Duration::from_secs(1)).contains("sluice_memory_"));
+        let budget = sluice_core::MemoryBudget::new(1 << 20);
+        reg.set_memory(budget.clone());
+        let held = budget.charge(1 << 20, None).await.unwrap();
+        let b = budget.clone();
+        let waiter = tokio::spawn(async move { b.charge(4096, None).await.map(|_| ()) });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let text = render_prometheus(&reg, Duration::from_secs(1));
+        assert!(text.contains("sluice_memory_budget_bytes 1048576\n"), "{text}");
+        assert!(text.contains("sluice_memory_used_bytes 1048576\n"), "{text}");
+        assert!(text.contains("sluice_memory_waiting 1\n"), "{text}");
+        let waited: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("sluice_memory_wait_seconds_total "))
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        assert!(waited > 0.0, "a wait in progress shows while it lasts: {text}");
+        let stats = render_stats(&ApiState::new(reg.clone()));
+        assert_eq!(stats["memory"]["used_bytes"], 1 << 20);
+        drop(held);
+        waiter.await.unwrap().unwrap();
+        assert_eq!(budget.used(), 0);
+    }
 
     #[test]
     fn registry_figures_appear_once_published() {

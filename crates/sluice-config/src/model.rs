@@ -6,6 +6,7 @@
 //! log: {level: info, format: text}
 //! shutdown_timeout: 30s
 //! registry: {flush_interval: 1s, compact_after: 16MiB}
+//! memory: {budget: 256MiB}
 //! pipelines:
 //!   web:
 //!     workers: 2
@@ -40,7 +41,23 @@ pub struct RootConfig {
     pub log: LogConfig,
     pub shutdown_timeout: Duration,
     pub registry: RegistryConfig,
+    pub memory: MemoryConfig,
     pub pipelines: Vec<PipelineSpec>,
+}
+
+/// The node's one memory budget for events in flight (see `sluice_core::MemoryBudget`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// What the events decoded by every input, queued in memory, in batches and in outputs may
+    /// cost in memory at once, across all pipelines.
+    pub budget: ByteSize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig { budget: ByteSize(256 << 20) }
+    }
 }
 
 /// The registry of input positions in `data_dir/registry` (see the `sluice-registry` crate).
@@ -267,7 +284,7 @@ pub fn load_str(text: &str, file: &str) -> Result<RootConfig, ConfigErrors> {
     from_root(&root)
 }
 
-const ROOT_KEYS: &[&str] = &["data_dir", "api", "log", "shutdown_timeout", "registry", "pipelines"];
+const ROOT_KEYS: &[&str] = &["data_dir", "api", "log", "shutdown_timeout", "registry", "memory", "pipelines"];
 const PIPELINE_KEYS: &[&str] = &["workers", "batch", "queue", "inputs", "processors", "outputs", "dead_letter_queue"];
 const COMPONENT_META_KEYS: &[&str] = &["type", "id", "if"];
 
@@ -318,6 +335,20 @@ pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
             node.mark.clone(),
         ));
     }
+    let memory = read("memory").map(|n| from_node::<MemoryConfig>(n, "memory")).transpose().unwrap_or_else(|e| {
+        errors.push(e);
+        None
+    });
+    if let Some(m) = &memory
+        && m.budget.0 < 1 << 20
+    {
+        let node = root.get("memory").and_then(|n| n.get("budget")).unwrap_or(root);
+        errors.push(ConfigError::at(
+            format!("a memory `budget` of {} is too small; use at least 1MiB", m.budget),
+            "memory.budget",
+            node.mark.clone(),
+        ));
+    }
 
     let mut pipelines = Vec::new();
     match root.get("pipelines") {
@@ -357,6 +388,7 @@ pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
         log: log.unwrap_or_default(),
         shutdown_timeout: shutdown_timeout.map(|d| d.0).unwrap_or(Duration::from_secs(30)),
         registry: registry.unwrap_or_default(),
+        memory: memory.unwrap_or_default(),
         pipelines,
     })
 }
@@ -653,6 +685,18 @@ pipelines:
         assert_eq!(p.processors[0].condition.as_ref().unwrap().0, "exists(/message)");
         assert_eq!(p.outputs[0].id, "out");
         assert_eq!(p.outputs[0].path, "pipelines.web.outputs[0]");
+    }
+
+    #[test]
+    fn memory_section() {
+        let c = load_str(GOOD, "g.yml").unwrap();
+        assert_eq!(c.memory.budget.0, 256 << 20);
+        let c = load_str(&format!("memory: {{budget: 64MiB}}\n{GOOD}"), "g.yml").unwrap();
+        assert_eq!(c.memory.budget.0, 64 << 20);
+        let e = load_str(&format!("memory:\n  budget: 1KiB\n{GOOD}"), "g.yml").unwrap_err().to_string();
+        assert!(e.contains("memory.budget") && e.contains("too small") && e.contains("g.yml:2"), "{e}");
+        let e = load_str(&format!("memory: {{bugdet: 1GiB}}\n{GOOD}"), "g.yml").unwrap_err().to_string();
+        assert!(e.contains("bugdet") && e.contains("memory"), "{e}");
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub struct ComponentMetrics {
     /// Outputs: attempts that failed for a reason outside the events (a full disk, a peer
     /// down) and are tried again; rising while an output holds its pipeline back.
     pub retries: Counter,
+    /// Inputs: requests and connections refused by a limit (too large, too many events, no room
+    /// in the memory budget in time, `max_connections`, a client too slow for a timeout).
+    pub refused: Counter,
     /// Time spent per batch in this component.
     pub duration: Histogram,
 }
@@ -112,6 +115,7 @@ impl ComponentMetrics {
             dropped: Counter::default(),
             failed: Counter::default(),
             retries: Counter::default(),
+            refused: Counter::default(),
             duration: Histogram::default(),
         }
     }
@@ -251,6 +255,7 @@ pub struct RegistryMetrics {
 pub struct MetricsRegistry {
     pipelines: RwLock<Vec<Arc<PipelineMetrics>>>,
     registry: RwLock<Option<Arc<RegistryMetrics>>>,
+    memory: RwLock<Option<Arc<crate::MemoryBudget>>>,
 }
 
 impl MetricsRegistry {
@@ -275,6 +280,15 @@ impl MetricsRegistry {
 
     pub fn registry(&self) -> Option<Arc<RegistryMetrics>> {
         self.registry.read().clone()
+    }
+
+    /// Publishes the node's memory budget.
+    pub fn set_memory(&self, budget: Arc<crate::MemoryBudget>) {
+        *self.memory.write() = Some(budget);
+    }
+
+    pub fn memory(&self) -> Option<Arc<crate::MemoryBudget>> {
+        self.memory.read().clone()
     }
 }
 

@@ -272,7 +272,12 @@ impl Input for DeadLetterQueueInput {
                         }
                     });
                     sent += 1;
-                    if ctx.send(Batch::new(events, AckSet::single(acker, n), bytes)).await.is_err() {
+                    // Read already: one batch at most is held before its charge, since nothing
+                    // more is read until it is sent.
+                    let Some(memory) = ctx.reserve(crate::admission::measure_each(&events, 0)).await else {
+                        break;
+                    };
+                    if ctx.send(Batch::new(events, AckSet::single(acker, n), bytes).with_memory(memory)).await.is_err() {
                         break;
                     }
                 }

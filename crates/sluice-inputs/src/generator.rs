@@ -12,6 +12,7 @@ use sluice_config::model::ComponentSpec;
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, Value};
 
+use crate::admission;
 use crate::codec::{Codec, Decoded};
 use crate::{Input, InputContext, InputError};
 
@@ -101,6 +102,12 @@ impl Input for Generator {
                 }
             }
             let n = if c.count == 0 { batch_size } else { batch_size.min((c.count - made) as usize) };
+            // Room in the memory budget before making the events: their lines are copied into
+            // them, so the estimate counts the lines' bytes and an event each.
+            let line_bytes = lines.iter().map(Vec::len).max().unwrap_or(0);
+            let Some(mut charge) = ctx.reserve(admission::estimate(c.codec, n * line_bytes, n)).await else {
+                break;
+            };
             let ts = now_nanos();
             let mut events = Vec::with_capacity(n);
             let mut bytes = 0;
@@ -117,7 +124,8 @@ impl Input for Generator {
                 events.push(event);
             }
             ctx.metrics.failed.add(failed as u64);
-            if ctx.send(Batch::untracked(events, bytes)).await.is_err() {
+            charge.true_up(admission::measure_owned(c.codec, &events, bytes));
+            if ctx.send(Batch::untracked(events, bytes).with_memory(charge)).await.is_err() {
                 break;
             }
             made += n as u64;

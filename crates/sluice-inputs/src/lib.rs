@@ -20,18 +20,23 @@ use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::bus::PipelineBus;
 use sluice_core::metrics::ComponentMetrics;
-use sluice_core::{Batch, Queue, QueueClosed};
+use sluice_core::{Batch, MemoryBudget, MemoryCharge, Queue, QueueClosed};
 use tokio_util::sync::CancellationToken;
 
+pub mod admission;
 pub mod codec;
 pub mod dead_letter_queue;
 mod file;
 pub mod framing;
 mod generator;
 mod http;
+pub mod limits;
 mod pipeline;
 mod stdin;
 mod tcp;
+
+#[doc(hidden)]
+pub use http::parse_body_for_fuzzing;
 
 /// Why an input stopped before it was asked to.
 #[derive(Debug, thiserror::Error)]
@@ -76,11 +81,30 @@ pub struct InputContext {
     /// where they stopped take a cursor per key and commit to it on acknowledgement. Durable
     /// only if some input's [`Input::uses_registry`] is true; otherwise in memory.
     pub registry: Arc<sluice_registry::Registry>,
+    /// The node's memory budget for events in flight: an input takes from it before it decodes
+    /// more and attaches the charge to the batch it sends (see [`InputContext::reserve`]).
+    pub memory: Arc<MemoryBudget>,
 }
 
 impl InputContext {
     /// Pushes a batch into the pipeline's queue, waiting while it is full. A shutdown while
     /// waiting gives the batch up (its acknowledgement reports it abandoned) and fails.
+    /// Waits until `bytes` of the memory budget are free and takes them; `None` if shutdown
+    /// came first. A streaming input calls this with an estimate before it decodes a chunk,
+    /// then trues the charge up to the decoded events' size ([`MemoryCharge::true_up`]). An
+    /// estimate larger than the whole budget waits for the whole budget.
+    pub async fn reserve(&self, bytes: usize) -> Option<MemoryCharge> {
+        let bytes = bytes.min(self.memory.limit());
+        if let Some(c) = self.memory.try_charge(bytes) {
+            return Some(c);
+        }
+        tokio::select! {
+            biased;
+            _ = self.shutdown.cancelled() => None,
+            c = self.memory.charge(bytes, None) => c.ok(),
+        }
+    }
+
     pub async fn send(&self, batch: Batch) -> Result<(), QueueClosed> {
         let n = batch.len() as u64;
         tokio::select! {

@@ -13,6 +13,7 @@ use sluice_core::value::now_nanos;
 use sluice_core::{Batch, SharedText, TextPool};
 use tokio::io::AsyncReadExt;
 
+use crate::admission;
 use crate::codec::{Codec, Decoded};
 use crate::framing::LineFramer;
 use crate::{Input, InputContext, InputError};
@@ -56,6 +57,11 @@ impl Input for Stdin {
                 r = stdin.read_buf(&mut room) => r.map_err(|e| InputError::io("reading stdin", e))?,
                 _ = ctx.shutdown.cancelled() => 0,
             };
+            // Room in the memory budget before decoding, as the tcp input does.
+            let estimate = admission::estimate(codec, n, admission::count_lines(&buf[..n]));
+            let Some(mut charge) = ctx.reserve(estimate).await else {
+                break;
+            };
             let text = SharedText::pooled(buf, &texts);
             let ts = now_nanos();
             let mut events = Vec::new();
@@ -74,7 +80,8 @@ impl Input for Stdin {
                 framer.feed(&text.as_bytes()[..n], &mut take);
             }
             ctx.metrics.failed.add(failed);
-            if !events.is_empty() && ctx.send(Batch::untracked(events, bytes)).await.is_err() {
+            charge.true_up(admission::measure(codec, &events, n));
+            if !events.is_empty() && ctx.send(Batch::untracked(events, bytes).with_memory(charge)).await.is_err() {
                 break;
             }
             if n == 0 {

@@ -31,13 +31,14 @@ use async_trait::async_trait;
 use bytes::BufMut;
 use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
-use sluice_config::{ByteSize, ConfigError};
+use sluice_config::{ByteSize, ConfigError, HumanDuration};
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, Event, FieldPath, SharedText, Str, TextPool, Value};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
+use crate::admission;
 use crate::codec::{Codec, Decoded};
 use crate::framing::{Line, LineFramer};
 use crate::{Input, InputContext, InputError};
@@ -57,6 +58,9 @@ struct TcpConfig {
     read_buffer: ByteSize,
     /// Where to put the client's `ip:port`; absent means nowhere.
     peer_field: Option<FieldPath>,
+    /// A connection that sends nothing for this long is closed; `0` never.
+    #[serde(default = "default_idle_timeout")]
+    idle_timeout: HumanDuration,
 }
 
 fn default_max_line() -> ByteSize {
@@ -67,6 +71,9 @@ fn default_max_connections() -> usize {
 }
 fn default_read_buffer() -> ByteSize {
     ByteSize(256 << 10)
+}
+fn default_idle_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(300))
 }
 
 struct Tcp {
@@ -182,6 +189,7 @@ async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
         // Room for exactly `read_buffer` bytes, so that a read never grows the buffer.
         let mut buf = shared.texts.take(read_buffer);
         let mut room = (&mut buf).limit(read_buffer);
+        let idle = config.idle_timeout.0;
         let (n, end) = tokio::select! {
             biased;
             // Shutdown first: a client that never pauses must not keep the input running.
@@ -194,6 +202,17 @@ async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
                     (0, true)
                 }
             },
+            _ = tokio::time::sleep(idle), if !idle.is_zero() => {
+                ctx.metrics.refused.add(1);
+                tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, idle_timeout = ?idle,
+                    "tcp input closed a connection that sent nothing for idle_timeout");
+                (0, true)
+            }
+        };
+        // Room in the memory budget before decoding: the read's bytes and an event per line.
+        let estimate = admission::estimate(codec, n, admission::count_lines(&buf[..n]));
+        let Some(mut charge) = ctx.reserve(estimate).await else {
+            break;
         };
         let text = SharedText::pooled(buf, &shared.texts);
         let ts = now_nanos();
@@ -226,7 +245,8 @@ async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
         }
         if !events.is_empty() {
             expect = events.len().next_power_of_two();
-            if ctx.send(Batch::untracked(events, bytes)).await.is_err() {
+            charge.true_up(admission::measure(codec, &events, n));
+            if ctx.send(Batch::untracked(events, bytes).with_memory(charge)).await.is_err() {
                 break;
             }
         }
@@ -293,6 +313,7 @@ pub(crate) mod tests {
             bus: Arc::new(PipelineBus::default()),
             data_dir: PathBuf::from("."),
             registry: sluice_registry::Registry::in_memory(),
+            memory: sluice_core::MemoryBudget::new(64 << 20),
         };
         (ctx, rx)
     }
@@ -342,7 +363,55 @@ pub(crate) mod tests {
         assert!(build(&spec("{type: tcp, address: '127.0.0.1:1', max_connections: 0}")).is_err());
         let c = config("{type: tcp, address: 'h:1'}");
         assert_eq!((c.max_line_bytes.0, c.max_connections, c.read_buffer.0), (1 << 20, 1024, 256 << 10));
+        assert_eq!(c.idle_timeout.0, Duration::from_secs(300));
         assert_eq!(c.codec, Codec::Lines);
+    }
+
+    #[tokio::test]
+    async fn reads_wait_for_room_in_the_memory_budget_and_batches_carry_their_charge() {
+        let (addr, ctx, mut rx, task) = start("{type: tcp, address: 'x:0', codec: json_lines}").await;
+        // Someone else holds the whole budget: the connection must not decode.
+        let held = ctx.memory.charge(ctx.memory.limit(), None).await.unwrap();
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&b"1\n".repeat(10_000)).await.unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), rx.recv()).await.is_err(),
+            "decoded while the budget was spent"
+        );
+        assert_eq!(ctx.memory.waiting(), 1);
+        drop(held);
+        let batch = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        // The charge is what the events hold, far more than the two bytes a line they came from.
+        let expected = admission::measure(Codec::JsonLines, &batch.events, 0);
+        assert!(batch.memory.bytes() >= expected && batch.memory.bytes() > 100 * batch.len(), "{:?}", batch.memory);
+        let mut batches = vec![batch];
+        while let Ok(Some(b)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
+            batches.push(b);
+        }
+        assert_eq!(batches.iter().map(Batch::len).sum::<usize>(), 10_000);
+        assert_eq!(ctx.memory.used(), batches.iter().map(|b| b.memory.bytes()).sum::<usize>());
+        drop(batches);
+        assert_eq!(ctx.memory.used(), 0, "the charges go back with the batches");
+        ctx.shutdown.cancel();
+        drop(s);
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_closed_after_idle_timeout() {
+        let (addr, ctx, _rx, task) = start("{type: tcp, address: 'x:0', idle_timeout: 200ms}").await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut s, &mut buf))
+            .await
+            .expect("the idle connection was not closed")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        assert_eq!(ctx.metrics.refused.get(), 1);
+        ctx.shutdown.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test]

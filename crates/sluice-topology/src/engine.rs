@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use sluice_config::ConfigErrors;
 use sluice_config::model::RootConfig;
+use sluice_core::MemoryBudget;
 use sluice_core::bus::PipelineBus;
 use sluice_core::metrics::MetricsRegistry;
 use tokio::sync::{Mutex, Notify};
@@ -49,6 +50,9 @@ pub struct Engine {
     pub metrics: Arc<MetricsRegistry>,
     state: Mutex<State>,
     inputs_changed: Arc<Notify>,
+    /// The one memory budget of every pipeline's inputs; its size is read at start (a reload
+    /// that changes `memory` takes effect at the next restart).
+    memory: Arc<MemoryBudget>,
 }
 
 impl Engine {
@@ -64,6 +68,8 @@ impl Engine {
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
         let built = build_all(&config, &bus)?;
+        let memory = MemoryBudget::new(config.memory.budget.as_usize());
+        metrics.set_memory(memory.clone());
         let registry = if built.iter().any(uses_registry) {
             open_registry(&config, &metrics).await?
         } else {
@@ -73,7 +79,9 @@ impl Engine {
         for b in built {
             metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &bus, &config.data_dir, &registry, inputs_changed.clone(), None).await {
+            match RunningPipeline::start(b, &bus, &config.data_dir, &registry, &memory, inputs_changed.clone(), None)
+                .await
+            {
                 Ok(p) => {
                     running.insert(name, p);
                 }
@@ -91,6 +99,7 @@ impl Engine {
             metrics,
             state: Mutex::new(State { config, running, feeds, stopped: Vec::new(), registry }),
             inputs_changed,
+            memory,
         })
     }
 
@@ -159,6 +168,7 @@ impl Engine {
                 &self.bus,
                 &config.data_dir,
                 &state.registry,
+                &self.memory,
                 self.inputs_changed.clone(),
                 reuse,
             )
@@ -180,8 +190,9 @@ impl Engine {
         if state.config.api != config.api
             || state.config.data_dir != config.data_dir
             || state.config.registry != config.registry
+            || state.config.memory != config.memory
         {
-            tracing::warn!("changes to `api`, `data_dir` and `registry` take effect at the next restart");
+            tracing::warn!("changes to `api`, `data_dir`, `registry` and `memory` take effect at the next restart");
         }
         state.feeds = feeds;
         state.config = config;

@@ -85,6 +85,7 @@ impl RunningPipeline {
         bus: &Arc<PipelineBus>,
         data_dir: &std::path::Path,
         registry: &Arc<sluice_registry::Registry>,
+        memory: &Arc<sluice_core::MemoryBudget>,
         inputs_changed: Arc<Notify>,
         reuse: Option<OpenDeadLetterQueue>,
     ) -> Result<RunningPipeline, String> {
@@ -126,6 +127,7 @@ impl RunningPipeline {
                 bus: bus.clone(),
                 data_dir: data_dir.to_path_buf(),
                 registry: registry.clone(),
+                memory: memory.clone(),
             };
             let (pipeline, id) = (spec.name.clone(), i.id.clone());
             let (counter, errors, changed) = (external_inputs.clone(), input_errors.clone(), inputs_changed.clone());

@@ -22,7 +22,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
-use sluice_core::{AckSet, Batch, SharedText, TextPool};
+use sluice_core::{AckSet, Batch, MemoryCharge, SharedText, TextPool};
 
 use super::reader::{self, Group, Lines, Shape};
 use crate::InputContext;
@@ -33,6 +33,8 @@ pub(crate) struct Chunk {
     pub groups: Vec<Group>,
     pub acks: AckSet,
     pub bytes: usize,
+    /// Reserved from the memory budget for the chunk's text and events, trued up once built.
+    pub memory: MemoryCharge,
 }
 
 /// The builder threads of one file input.
@@ -190,7 +192,8 @@ impl Worker {
             let job = self.queue.lock().recv();
             let Ok((seq, chunk)) = job else { return };
             let turn = Turn { turns: &self.turns, seq };
-            let Chunk { mut lines, groups, acks, bytes } = chunk;
+            let Chunk { mut lines, groups, acks, bytes, mut memory } = chunk;
+            let text_bytes = lines.text.len();
             let mut failed = 0;
             let text = SharedText::pooled(std::mem::take(&mut lines.text), &self.texts);
             let events = reader::build_events(&self.shape, &text, &lines.spans, &groups, &mut failed);
@@ -201,7 +204,8 @@ impl Worker {
             if failed > 0 {
                 self.ctx.metrics.failed.add(failed);
             }
-            let batch = Batch::new(events, acks, bytes);
+            memory.true_up(crate::admission::measure(self.shape.codec, &events, text_bytes));
+            let batch = Batch::new(events, acks, bytes).with_memory(memory);
             self.turns.wait_for(seq);
             if self.stopped.load(Ordering::Acquire) {
                 // Dropped: its acknowledgement reports the lines abandoned.
@@ -252,7 +256,16 @@ mod tests {
         let group =
             Group { tracker: AckTracker::new(|_| {}), template: Arc::new(Map::new()), timestamp: 0, count: n, end: 0 };
         let (acker, done) = Acker::with_notify(n);
-        (Chunk { lines, groups: vec![group], acks: AckSet::single(acker, n), bytes: n }, done)
+        (
+            Chunk {
+                lines,
+                groups: vec![group],
+                acks: AckSet::single(acker, n),
+                bytes: n,
+                memory: MemoryCharge::none(),
+            },
+            done,
+        )
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,7 +320,13 @@ mod tests {
                 end: 0,
             };
             let (acker, _done) = Acker::with_notify(3);
-            let chunk = Chunk { lines, groups: vec![group], acks: AckSet::single(acker, 3), bytes: 3 };
+            let chunk = Chunk {
+                lines,
+                groups: vec![group],
+                acks: AckSet::single(acker, 3),
+                bytes: 3,
+                memory: MemoryCharge::none(),
+            };
             builders.submit(chunk).unwrap();
             builders
         })

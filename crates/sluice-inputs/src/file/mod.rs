@@ -810,14 +810,23 @@ impl Harvester {
         for g in &b.groups {
             acks.append(AckSet::single(g.tracker.acker(g.count, g.end), g.count));
         }
+        let ctx = &self.ctx;
         if let Some(builders) = self.builders.as_mut() {
-            let chunk = Chunk { lines: b.lines, groups: b.groups, acks, bytes: b.bytes };
+            // Reserved here, in chunk order, so that no builder waits for memory that a later
+            // chunk holds while it waits for its turn to send.
+            let estimate =
+                crate::admission::estimate(crate::codec::Codec::Lines, b.lines.text.len(), b.lines.spans.len());
+            let memory = self.handle.block_on(ctx.reserve(estimate)).ok_or(Stop::Shutdown)?;
+            let chunk = Chunk { lines: b.lines, groups: b.groups, acks, bytes: b.bytes, memory };
             builders.submit(chunk).map_err(|()| Stop::Shutdown)?;
             self.batch.lines = builders.spare_lines(self.buf.len());
             return Ok(());
         }
-        let batch = Batch::new(b.events, acks, b.bytes);
-        let ctx = &self.ctx;
+        // Built in this thread already: one batch at most is held before its charge, since
+        // nothing more is read until it is sent.
+        let held = crate::admission::measure_each(&b.events, 0);
+        let memory = self.handle.block_on(ctx.reserve(held)).ok_or(Stop::Shutdown)?;
+        let batch = Batch::new(b.events, acks, b.bytes).with_memory(memory);
         self.handle.block_on(ctx.send(batch)).map_err(|_| Stop::Shutdown)
     }
 }

@@ -14,34 +14,48 @@
 //! `Content-Type` is not looked at. A request is all or nothing: if any element is malformed
 //! the answer is 400 naming the element or line, and nothing from it is enqueued.
 //!
+//! Bounds (see [`crate::limits`] and [`body`]): at most `max_connections` open connections (the
+//! next is answered 503 and closed); a connection idle for `idle_timeout`, or sending one
+//! request's headers for longer than `header_timeout`, is closed; a body that takes longer than
+//! `body_timeout` is answered 408. A request's body, its inflated form and its events are
+//! charged to the node's memory budget before they are held: a request that would need more
+//! than half the budget, more than `max_events_per_request` events or more than
+//! `max_body_bytes` is answered 413; one that waits `request_timeout` for room in the budget or
+//! the queue is answered 429 with `Retry-After`. Nothing of a refused request is enqueued.
+//!
 //! Other answers: 401 when `auth_token` is set and the `Authorization: Bearer` header is
 //! missing or wrong (compared in constant time); 404 for another path; 405 for a method other
-//! than POST; 413 when the body, or its gzip decompression, exceeds `max_body_bytes`; 415 for a
-//! `Content-Encoding` other than `gzip` or `identity`. Every error body is `{"error": "..."}`.
+//! than POST; 415 for a `Content-Encoding` other than `gzip` or `identity`. Every error body is
+//! `{"error": "..."}`.
 
-use std::future::{IntoFuture, poll_fn};
-use std::io::Read;
-use std::pin::Pin;
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use axum::Router;
-use axum::body::{Body, HttpBody};
-use axum::extract::{Request, State};
+use axum::body::Body;
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Deserialize;
-use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use sluice_config::model::ComponentSpec;
-use sluice_config::{ByteSize, ConfigError};
+use sluice_config::{ByteSize, ConfigError, HumanDuration};
 use sluice_core::ack::AckOutcome;
 use sluice_core::value::now_nanos;
-use sluice_core::{AckSet, Acker, Batch, Event, Value};
-use tokio::net::TcpListener;
+use sluice_core::{AckSet, Acker, Batch};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
 
-use crate::codec::event_from_value;
+use crate::limits::{Activity, ConnectionSlot, ConnectionSlots, WatchedIo};
 use crate::{Input, InputContext, InputError};
+
+mod body;
+
+#[doc(hidden)]
+pub use body::parse_body_for_fuzzing;
+use body::{Admission, BodyParser, Refusal};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +66,18 @@ struct HttpConfig {
     #[serde(default = "default_max_body")]
     max_body_bytes: ByteSize,
     auth_token: Option<String>,
+    #[serde(default = "default_max_connections")]
+    max_connections: usize,
+    #[serde(default = "default_max_events")]
+    max_events_per_request: usize,
+    #[serde(default = "default_header_timeout")]
+    header_timeout: HumanDuration,
+    #[serde(default = "default_body_timeout")]
+    body_timeout: HumanDuration,
+    #[serde(default = "default_idle_timeout")]
+    idle_timeout: HumanDuration,
+    #[serde(default = "default_request_timeout")]
+    request_timeout: HumanDuration,
 }
 
 fn default_path() -> String {
@@ -59,6 +85,24 @@ fn default_path() -> String {
 }
 fn default_max_body() -> ByteSize {
     ByteSize(10 << 20)
+}
+fn default_max_connections() -> usize {
+    1024
+}
+fn default_max_events() -> usize {
+    100_000
+}
+fn default_header_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+fn default_body_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+fn default_idle_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
+}
+fn default_request_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
 }
 
 struct HttpInput {
@@ -73,6 +117,17 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError>
     }
     if config.max_body_bytes.0 == 0 {
         return Err(spec.key_error("max_body_bytes", "must be at least 1 byte"));
+    }
+    if config.max_connections == 0 {
+        return Err(spec.key_error("max_connections", "must be at least 1"));
+    }
+    if config.max_events_per_request == 0 {
+        return Err(spec.key_error("max_events_per_request", "must be at least 1"));
+    }
+    for (key, value) in [("body_timeout", config.body_timeout), ("request_timeout", config.request_timeout)] {
+        if value.0.is_zero() {
+            return Err(spec.key_error(key, "must be more than 0"));
+        }
     }
     if let Some(token) = &config.auth_token
         && (token.is_empty() || HeaderValue::from_str(&format!("Bearer {token}")).is_err())
@@ -97,6 +152,11 @@ struct Shared {
     ctx: InputContext,
     path: String,
     max_body: usize,
+    max_events: usize,
+    body_timeout: Duration,
+    request_timeout: Duration,
+    idle_timeout: Duration,
+    header_timeout: Duration,
     /// `Bearer <token>`, as the `Authorization` header must read.
     expected_auth: Option<Vec<u8>>,
 }
@@ -105,30 +165,111 @@ struct Shared {
 /// once, so this only bounds clients that stall).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// The answer to a connection beyond `max_connections`, written without reading the request.
+const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n\
+Connection: close\r\nContent-Length: 63\r\n\r\n{\"error\":\"too many open connections (max_connections); retry\"}";
+
 async fn serve(config: HttpConfig, listener: TcpListener, ctx: InputContext) -> Result<(), InputError> {
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.address.clone());
-    tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, path = %config.path, "http input listening");
+    tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, path = %config.path,
+        max_connections = config.max_connections, "http input listening");
+    let slots = ConnectionSlots::new(config.max_connections);
     let shared = Arc::new(Shared {
         ctx: ctx.clone(),
         path: config.path,
         max_body: config.max_body_bytes.as_usize(),
+        max_events: config.max_events_per_request,
+        body_timeout: config.body_timeout.0,
+        request_timeout: config.request_timeout.0,
+        idle_timeout: config.idle_timeout.0,
+        header_timeout: config.header_timeout.0,
         expected_auth: config.auth_token.map(|t| format!("Bearer {t}").into_bytes()),
     });
-    let app = Router::new().fallback(handle).with_state(shared);
-    let server =
-        axum::serve(listener, app).with_graceful_shutdown(ctx.shutdown.clone().cancelled_owned()).into_future();
-    tokio::pin!(server);
-    let result = tokio::select! {
-        r = &mut server => r,
-        _ = ctx.shutdown.cancelled() => match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, "http input: connections still open after shutdown; closing them");
-                Ok(())
+    let mut connections = JoinSet::new();
+    let mut refused_logged = None::<tokio::time::Instant>;
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            r = listener.accept() => r,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors, or a connection reset before it was accepted: keep
+                // serving, but do not spin on a persistent error.
+                tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, error = %e, "http input cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
-        },
-    };
-    result.map_err(|e| InputError::io(format!("http input on {local}"), e))
+        };
+        let Some(slot) = slots.try_take() else {
+            ctx.metrics.refused.add(1);
+            // Best effort and without waiting: a client that does not read its answer is not
+            // worth a task.
+            let _ = stream.try_write(BUSY);
+            if refused_logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                refused_logged = Some(tokio::time::Instant::now());
+                tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections = slots.max(),
+                    "http input refused a connection: max_connections reached (logged once per 10 s)");
+            }
+            continue;
+        };
+        connections.spawn(connection(shared.clone(), stream, peer, slot));
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async { while connections.join_next().await.is_some() {} });
+    if drained.await.is_err() {
+        tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, open = connections.len(),
+            "http input: connections still open after shutdown; closing them");
+        connections.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Serves one client's requests until it closes, runs out of a timeout, or shutdown.
+async fn connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, _slot: ConnectionSlot) {
+    let ctx = shared.ctx.clone();
+    let activity = Activity::new(shared.idle_timeout, shared.header_timeout);
+    let io = TokioIo::new(WatchedIo::new(stream, activity.clone()));
+    let requests = activity.clone();
+    let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        let shared = shared.clone();
+        let activity = requests.clone();
+        async move {
+            activity.request_started();
+            let response = handle(&shared, request.map(Body::new)).await;
+            activity.request_finished();
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // The head and idle timeouts are ours (`Activity`), which tell an idle connection from one
+    // that is slowly sending a head; hyper's would count both from the end of the last answer.
+    builder.timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, error = %e, "http connection ended with an error");
+                }
+                return;
+            }
+            _ = ctx.shutdown.cancelled(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            why = activity.expired() => {
+                ctx.metrics.refused.add(1);
+                tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "http input closed a connection that {why}");
+                return;
+            }
+        }
+    }
 }
 
 fn reply(status: StatusCode, body: serde_json::Value) -> Response {
@@ -143,7 +284,61 @@ fn shutting_down() -> Response {
     error(StatusCode::SERVICE_UNAVAILABLE, "the pipeline is shutting down; nothing was accepted, send again later")
 }
 
-async fn handle(State(s): State<Arc<Shared>>, request: Request) -> Response {
+fn mib(bytes: usize) -> String {
+    ByteSize(bytes as u64).to_string()
+}
+
+/// The answer to a refused request; counted as refused.
+fn refuse(s: &Shared, refusal: Refusal) -> Response {
+    if !matches!(refusal, Refusal::Malformed(_)) {
+        s.ctx.metrics.refused.add(1);
+    }
+    let timeout = |d: Duration| format!("{d:?}");
+    let (status, message) = match refusal {
+        Refusal::BodyTooLarge => {
+            (StatusCode::PAYLOAD_TOO_LARGE, format!("the body is larger than max_body_bytes ({})", mib(s.max_body)))
+        }
+        Refusal::TooManyEvents(max) => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request holds more than max_events_per_request ({max}) events; send fewer per request"),
+        ),
+        Refusal::NeedsTooMuchMemory { needed, cap } => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request's events need more than {} of memory, and one request may hold at most half the node's memory budget ({}); send fewer or smaller events per request",
+                mib(needed),
+                mib(cap)
+            ),
+        ),
+        Refusal::NoRoom => {
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "no room for the request's events in the node's memory budget within request_timeout ({}); send again later",
+                    timeout(s.request_timeout)
+                ),
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
+        }
+        Refusal::BodyTimeout => {
+            let mut r = error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the body did not arrive within body_timeout ({})", timeout(s.body_timeout)),
+            );
+            r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+        Refusal::Malformed(reason) => {
+            s.ctx.metrics.failed.add(1);
+            tracing::debug!(pipeline = %s.ctx.pipeline, input = %s.ctx.id, reason = %reason, "http input refused a malformed request");
+            (StatusCode::BAD_REQUEST, reason)
+        }
+    };
+    error(status, message)
+}
+
+async fn handle(s: &Shared, request: Request) -> Response {
     if request.uri().path() != s.path {
         return error(StatusCode::NOT_FOUND, format!("events are accepted at {}", s.path));
     }
@@ -172,52 +367,41 @@ async fn handle(State(s): State<Arc<Shared>>, request: Request) -> Response {
     let declared =
         parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > s.max_body as u64) {
-        return too_large(s.max_body);
+        return refuse(s, Refusal::BodyTooLarge);
     }
-    let raw = tokio::select! {
-        r = read_body(body, s.max_body, declared.unwrap_or(0) as usize) => r,
+    let deadline = tokio::time::Instant::now() + s.request_timeout;
+    let budget = &s.ctx.memory;
+    let mut admission = Admission { charge: budget.empty(), cap: budget.limit() / 2, deadline };
+    let accepted = tokio::select! {
+        r = admit(s, body, declared.unwrap_or(0) as usize, gzip, &mut admission) => r,
         _ = shutdown.cancelled() => return shutting_down(),
     };
-    let raw = match raw {
-        Ok(b) => b,
-        Err(BodyError::TooLarge) => return too_large(s.max_body),
-        Err(BodyError::Read(e)) => return error(StatusCode::BAD_REQUEST, format!("cannot read the request body: {e}")),
-    };
-    let body = if gzip {
-        let limit = s.max_body;
-        let decoded = if raw.len() > 64 << 10 {
-            tokio::task::spawn_blocking(move || gunzip(&raw, limit))
-                .await
-                .unwrap_or_else(|e| Err(BodyError::Read(e.to_string())))
-        } else {
-            gunzip(&raw, limit)
-        };
-        match decoded {
-            Ok(b) => b,
-            Err(BodyError::TooLarge) => return too_large(s.max_body),
-            Err(BodyError::Read(e)) => return error(StatusCode::BAD_REQUEST, format!("invalid gzip body: {e}")),
-        }
-    } else {
-        raw
-    };
-
-    let events = match parse_body(&body, now_nanos()) {
-        Ok(events) => events,
-        Err(reason) => {
-            s.ctx.metrics.failed.add(1);
-            tracing::debug!(pipeline = %s.ctx.pipeline, input = %s.ctx.id, reason = %reason, "http input refused a malformed request");
-            return error(StatusCode::BAD_REQUEST, reason);
-        }
+    let (events, body_len) = match accepted {
+        Ok(a) => a,
+        Err(refusal) => return refuse(s, refusal),
     };
     let n = events.len();
     if n == 0 {
         return reply(StatusCode::OK, serde_json::json!({ "accepted": 0 }));
     }
     let (acker, done) = Acker::with_notify(n);
-    if s.ctx.send(Batch::new(events, AckSet::single(acker, n), body.len())).await.is_err() {
-        return shutting_down();
+    let batch = Batch::new(events, AckSet::single(acker, n), body_len).with_memory(admission.charge);
+    match tokio::time::timeout_at(deadline, s.ctx.send(batch)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return shutting_down(),
+        Err(_) => {
+            s.ctx.metrics.refused.add(1);
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "the pipeline's queue stayed full for request_timeout ({:?}); nothing was accepted, send again later",
+                    s.request_timeout
+                ),
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
+        }
     }
-    drop(body);
     let outcome = tokio::select! {
         r = done => r.unwrap_or(AckOutcome::Abandoned),
         _ = shutdown.cancelled() => return shutting_down(),
@@ -229,6 +413,40 @@ async fn handle(State(s): State<Arc<Shared>>, request: Request) -> Response {
             "the events were abandoned before they were handled (the pipeline stopped); send again",
         ),
     }
+}
+
+/// Reads, inflates and decodes a request's body within its limits; the events and the size of
+/// the body they came from. The admission holds the events' charge; the body's is given back.
+async fn admit(
+    s: &Shared,
+    body: Body,
+    declared: usize,
+    gzip: bool,
+    admission: &mut Admission,
+) -> Result<(Vec<sluice_core::Event>, usize), Refusal> {
+    let raw = tokio::time::timeout(s.body_timeout, body::read_body(body, s.max_body, declared, admission))
+        .await
+        .map_err(|_| Refusal::BodyTimeout)??;
+    let (body, held) = if gzip {
+        let inflated = body::gunzip(&raw, s.max_body, admission).await?;
+        let held = raw.len() + inflated.len();
+        drop(raw);
+        (inflated, held)
+    } else {
+        let held = raw.len();
+        (raw, held)
+    };
+    let mut parser = BodyParser::new(&body, now_nanos());
+    let mut events = Vec::new();
+    while let Some((chunk, bytes)) = parser.next_chunk(body::CHUNK_BYTES, s.max_events)? {
+        admission.take(bytes).await?;
+        events.extend(chunk);
+        tokio::task::yield_now().await;
+    }
+    let body_len = body.len();
+    drop(body);
+    admission.give_back(held);
+    Ok((events, body_len))
 }
 
 /// Whether the body is gzip-compressed; other encodings are refused (415) with the reason.
@@ -249,10 +467,6 @@ fn content_encoding(headers: &HeaderMap) -> Result<bool, String> {
     Ok(gzip)
 }
 
-fn too_large(limit: usize) -> Response {
-    error(StatusCode::PAYLOAD_TOO_LARGE, format!("the body is larger than max_body_bytes ({})", ByteSize(limit as u64)))
-}
-
 /// Compares without stopping at the first difference, so timing does not reveal how much of
 /// a guess was right. The time depends on the length of `expected` only.
 fn constant_time_eq(expected: &[u8], given: &[u8]) -> bool {
@@ -263,102 +477,12 @@ fn constant_time_eq(expected: &[u8], given: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-#[derive(Debug)]
-enum BodyError {
-    TooLarge,
-    Read(String),
-}
-
-async fn read_body(mut body: Body, limit: usize, hint: usize) -> Result<Vec<u8>, BodyError> {
-    let mut out = Vec::with_capacity(hint.min(limit));
-    while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-        let frame = frame.map_err(|e| BodyError::Read(e.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            if out.len() + data.len() > limit {
-                return Err(BodyError::TooLarge);
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok(out)
-}
-
-fn gunzip(raw: &[u8], limit: usize) -> Result<Vec<u8>, BodyError> {
-    let mut out = Vec::with_capacity((raw.len() * 4).min(limit));
-    flate2::read::MultiGzDecoder::new(raw)
-        .take(limit as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| BodyError::Read(e.to_string()))?;
-    if out.len() > limit {
-        return Err(BodyError::TooLarge);
-    }
-    Ok(out)
-}
-
-/// The body's events, or why the request is refused. See the module comment for the rules.
-fn parse_body(body: &[u8], timestamp: i64) -> Result<Vec<Event>, String> {
-    let body = body.strip_prefix("\u{feff}".as_bytes()).unwrap_or(body);
-    let Some(start) = body.iter().position(|b| !b.is_ascii_whitespace()) else {
-        return Ok(Vec::new());
-    };
-    if body[start] == b'[' {
-        let index = std::cell::Cell::new(0usize);
-        let mut de = serde_json::Deserializer::from_slice(body);
-        let values = IndexedArray { index: &index }
-            .deserialize(&mut de)
-            .map_err(|e| format!("invalid JSON in element {} of the array (counting from 0): {e}", index.get()))?;
-        de.end().map_err(|e| format!("unexpected text after the JSON array: {e}"))?;
-        Ok(values.into_iter().map(|v| event_from_value(v, timestamp)).collect())
-    } else {
-        let mut events = Vec::new();
-        for (i, value) in serde_json::Deserializer::from_slice(body).into_iter::<Value>().enumerate() {
-            match value {
-                Ok(v) => events.push(event_from_value(v, timestamp)),
-                Err(e) => {
-                    return Err(format!("invalid JSON on line {} (value {i}, counting from 0): {e}", e.line()));
-                }
-            }
-        }
-        Ok(events)
-    }
-}
-
-/// A JSON array that records how many elements it read, so an error can name the element.
-struct IndexedArray<'a> {
-    index: &'a std::cell::Cell<usize>,
-}
-
-impl<'de> DeserializeSeed<'de> for IndexedArray<'_> {
-    type Value = Vec<Value>;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Vec<Value>, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for IndexedArray<'_> {
-    type Value = Vec<Value>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON array")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Value>, A::Error> {
-        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-        while let Some(v) = seq.next_element::<Value>()? {
-            out.push(v);
-            self.index.set(out.len());
-        }
-        Ok(out)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Write;
     use std::net::SocketAddr;
 
-    use sluice_core::FieldPath;
+    use sluice_core::{Event, FieldPath, Value};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
     use tokio::sync::mpsc;
@@ -369,9 +493,17 @@ mod tests {
     async fn start(
         yaml: &str,
     ) -> (SocketAddr, InputContext, mpsc::UnboundedReceiver<Batch>, tokio::task::JoinHandle<()>) {
+        start_with_budget(yaml, 64 << 20).await
+    }
+
+    async fn start_with_budget(
+        yaml: &str,
+        budget: usize,
+    ) -> (SocketAddr, InputContext, mpsc::UnboundedReceiver<Batch>, tokio::task::JoinHandle<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (ctx, rx) = context();
+        let (mut ctx, rx) = context();
+        ctx.memory = sluice_core::MemoryBudget::new(budget);
         let config: HttpConfig = spec(yaml).settings().unwrap();
         let c = ctx.clone();
         let task = tokio::spawn(async move { serve(config, listener, c).await.unwrap() });
@@ -435,26 +567,151 @@ mod tests {
         assert!(build(&spec("{type: http}")).is_err());
         let c: HttpConfig = spec("{type: http, address: 'h:1'}").settings().unwrap();
         assert_eq!((c.path.as_str(), c.max_body_bytes.0, c.auth_token), ("/", 10 << 20, None));
+        assert_eq!((c.max_connections, c.max_events_per_request), (1024, 100_000));
+        let secs = |d: HumanDuration| d.0.as_secs();
+        assert_eq!(
+            (secs(c.header_timeout), secs(c.body_timeout), secs(c.idle_timeout), secs(c.request_timeout)),
+            (10, 30, 60, 30)
+        );
+        for bad in ["max_connections: 0", "max_events_per_request: 0", "body_timeout: 0", "request_timeout: 0"] {
+            let e = build(&spec(&format!("{{type: http, address: 'h:1', {bad}}}"))).err().unwrap().to_string();
+            assert!(e.contains(bad.split(':').next().unwrap()), "{e}");
+        }
     }
 
-    #[test]
-    fn body_rules() {
-        let ev = parse_body(br#"[{"a":1}, "text", 5, [1]]"#, 0).unwrap();
-        assert_eq!(ev.len(), 4);
-        assert_eq!(ev[0].fields.get("a"), Some(&Value::Int(1)));
-        assert_eq!(ev[1].message(), Some("text"));
-        assert_eq!(ev[2].message(), Some("5"));
-        assert_eq!(ev[3].message(), Some("[1]"));
-        assert_eq!(parse_body(b"  \n ", 0).unwrap().len(), 0);
-        assert_eq!(parse_body(b"[]", 0).unwrap().len(), 0);
-        // A pretty-printed single object is one value.
-        assert_eq!(parse_body(b"{\n  \"a\": 1\n}\n", 0).unwrap().len(), 1);
-        let e = parse_body(b"[{\"a\":1},{\"b\":}]", 0).unwrap_err();
-        assert!(e.contains("element 1 of the array"), "{e}");
-        let e = parse_body(b"[{\"a\":1}] x", 0).unwrap_err();
-        assert!(e.contains("after the JSON array"), "{e}");
-        let e = parse_body(b"{\"a\":1}\n\n{\"b\":2}\n{oops}\n", 0).unwrap_err();
-        assert!(e.contains("line 4") && e.contains("value 2"), "{e}");
+    /// Reads from `s` until the server closes it; the bytes read, or `None` if still open at `within`.
+    async fn closed_within(s: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {
+        let mut got = Vec::new();
+        tokio::time::timeout(within, s.read_to_end(&mut got)).await.ok().map(|_| got)
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_max_connections_are_answered_busy() {
+        let (addr, ctx, rx, task) = start("{type: http, address: 'x:0', max_connections: 2}").await;
+        let _batches = auto_ack(rx);
+        let _a = TcpStream::connect(addr).await.unwrap();
+        let _b = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let answer = closed_within(&mut c, Duration::from_secs(5)).await.expect("the third connection was kept");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 503") && answer.contains("max_connections"), "{answer}");
+        let body = answer.split_once("\r\n\r\n").unwrap().1;
+        assert!(json(body)["error"].is_string(), "{body}");
+        assert_eq!(ctx.metrics.refused.get(), 1);
+        drop((_a, _b));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (status, _) = post(addr, b"{}").await;
+        assert_eq!(status, 200, "a slot is free again once a connection closes");
+        ctx.shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn half_a_head_is_closed_after_header_timeout_and_idle_after_idle_timeout() {
+        let (addr, ctx, rx, task) =
+            start("{type: http, address: 'x:0', header_timeout: 200ms, idle_timeout: 1s}").await;
+        let _batches = auto_ack(rx);
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"POST / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        let started = std::time::Instant::now();
+        assert!(closed_within(&mut slow, Duration::from_secs(5)).await.is_some(), "the slow head was kept");
+        let slow_closed = started.elapsed();
+        assert!(
+            slow_closed >= Duration::from_millis(150) && slow_closed < Duration::from_millis(900),
+            "{slow_closed:?}"
+        );
+        // A connection that sent nothing is only idle: it outlives the header timeout...
+        let mut one = [0u8; 1];
+        assert!(tokio::time::timeout(Duration::from_millis(300), idle.read(&mut one)).await.is_err());
+        // ...and can still send a whole request, which restarts its idle time.
+        let request = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
+        idle.write_all(request).await.unwrap();
+        let mut answer = vec![0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut answer)).await.unwrap().unwrap();
+        assert!(answer[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer[..n]));
+        let answered = std::time::Instant::now();
+        assert!(closed_within(&mut idle, Duration::from_secs(5)).await.is_some(), "the idle connection was kept");
+        assert!(answered.elapsed() >= Duration::from_millis(800), "{:?}", answered.elapsed());
+        assert_eq!(ctx.metrics.refused.get(), 2);
+        ctx.shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_body_slower_than_body_timeout_gets_408() {
+        let (addr, ctx, mut rx, task) = start("{type: http, address: 'x:0', body_timeout: 200ms}").await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n[1,2,").await.unwrap();
+        let answer = closed_within(&mut s, Duration::from_secs(5)).await.expect("kept open");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("body_timeout"), "{answer}");
+        assert!(rx.try_recv().is_err());
+        ctx.shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn too_many_events_or_too_much_memory_is_413_and_enqueues_nothing() {
+        let (addr, ctx, rx, task) =
+            start_with_budget("{type: http, address: 'x:0', max_events_per_request: 10}", 4 << 20).await;
+        let mut rx = auto_ack(rx);
+        let (status, body) = post(addr, &b"1 ".repeat(11)).await;
+        assert_eq!(status, 413, "{body}");
+        assert!(json(&body)["error"].as_str().unwrap().contains("max_events_per_request (10)"), "{body}");
+        let (status, _) = post(addr, &b"1 ".repeat(10)).await;
+        assert_eq!(status, 200);
+        let _ten = rx.recv().await.unwrap();
+        // A body of tiny values: 1 MiB of `1 ` is half a million events, far past half of 4 MiB.
+        let (addr2, ctx2, rx2, task2) = start_with_budget("{type: http, address: 'x:0'}", 4 << 20).await;
+        let mut rx2 = auto_ack(rx2);
+        let (status, body) = post(addr2, &b"1 ".repeat(1 << 19)).await;
+        assert_eq!(status, 413, "{body}");
+        assert!(json(&body)["error"].as_str().unwrap().contains("half the node's memory budget"), "{body}");
+        assert_eq!(ctx2.memory.used(), 0, "what the refused request held is given back");
+        assert!(rx2.try_recv().is_err());
+        assert_eq!(ctx.metrics.refused.get() + ctx2.metrics.refused.get(), 2);
+        for (c, t) in [(ctx, task), (ctx2, task2)] {
+            c.shutdown.cancel();
+            t.await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_that_waits_request_timeout_for_memory_gets_429() {
+        let (addr, ctx, rx, task) =
+            start_with_budget("{type: http, address: 'x:0', request_timeout: 300ms}", 4 << 20).await;
+        let mut batches = auto_ack(rx);
+        let held = ctx.memory.charge(ctx.memory.limit(), None).await.unwrap();
+        let started = std::time::Instant::now();
+        let (status, body) = request(addr, "POST", "/", &[], b"{\"a\":1}").await;
+        assert_eq!(status, 429, "{body}");
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        assert!(json(&body)["error"].as_str().unwrap().contains("request_timeout"), "{body}");
+        // Once the memory is back, the same request goes through, and its batch carried its charge.
+        drop(held);
+        let (status, _) = post(addr, b"{\"a\":1}").await;
+        assert_eq!(status, 200);
+        assert_eq!(batches.recv().await.unwrap().len(), 1);
+        assert_eq!(ctx.memory.used(), 0);
+        ctx.shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_batch_carries_the_memory_its_events_hold() {
+        let (addr, ctx, mut rx, task) = start("{type: http, address: 'x:0'}").await;
+        let response = tokio::spawn(async move { post(addr, &b"{\"n\": 1}\n".repeat(1000)).await });
+        let batch = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        let held: usize = batch.events.iter().map(Event::memory_size).sum();
+        assert!(batch.memory.bytes() >= held && batch.memory.bytes() < held + 4096, "{:?} for {held}", batch.memory);
+        assert_eq!(ctx.memory.used(), batch.memory.bytes(), "the body's own charge was given back");
+        batch.complete();
+        assert_eq!(ctx.memory.used(), 0);
+        assert_eq!(response.await.unwrap().0, 200);
+        ctx.shutdown.cancel();
+        task.await.unwrap();
     }
 
     #[test]

@@ -1,0 +1,388 @@
+//! A request body, from the socket to events, within the request's limits.
+//!
+//! Three steps, each charging the node's memory budget for what it is about to hold and
+//! waiting (up to the request's deadline) when the budget is spent:
+//! - [`read_body`] gathers the body's frames, refusing more than `max_body_bytes`;
+//! - [`gunzip`] inflates a gzip body a step at a time, refusing output past `max_body_bytes`;
+//! - [`BodyParser`] decodes the events a chunk at a time, so that the events of a chunk are
+//!   charged before the next chunk is decoded, and stops at `max_events_per_request`.
+//!
+//! A request may hold at most [`Admission::cap`] of the budget (half of it): one that needs
+//! more could only ever be admitted alone, so it is refused as too large rather than left to
+//! wait. The parse is the module comment of `http`'s: `[` starts one JSON array; anything else
+//! is a sequence of whitespace-separated JSON values. A malformed body is refused whole, with
+//! the message naming the element or line ([`describe_error`] reads the body again for it, so
+//! the fast path keeps no positions).
+
+use std::io::Read;
+use std::pin::Pin;
+
+use axum::body::{Body, HttpBody};
+use serde::Deserialize;
+use serde::de::{DeserializeSeed, IgnoredAny, SeqAccess, Visitor};
+use sluice_core::{ChargeError, Event, MemoryCharge, Value};
+use tokio::time::Instant;
+
+use crate::codec::event_from_value;
+
+/// Events decoded between two charges of the budget (and two yields to the runtime).
+pub const CHUNK_BYTES: usize = 256 << 10;
+/// Inflated bytes between two charges.
+const GUNZIP_STEP: usize = 1 << 20;
+
+/// Why a request is refused; each maps to one status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// 413: more bytes than `max_body_bytes`, raw or inflated.
+    BodyTooLarge,
+    /// 413: more events than `max_events_per_request`.
+    TooManyEvents(usize),
+    /// 413: the events need more memory than one request may hold.
+    NeedsTooMuchMemory { needed: usize, cap: usize },
+    /// 429: no room in the memory budget before the deadline.
+    NoRoom,
+    /// 408: the body did not arrive in time (set by the caller).
+    BodyTimeout,
+    /// 400: the body is not what it claims (gzip, JSON); the reason.
+    Malformed(String),
+}
+
+/// What one request holds of the memory budget, and its limits.
+pub struct Admission {
+    pub charge: MemoryCharge,
+    /// The most this request may hold.
+    pub cap: usize,
+    pub deadline: Instant,
+}
+
+impl Admission {
+    /// Charges `bytes` more, waiting up to the deadline.
+    pub async fn take(&mut self, bytes: usize) -> Result<(), Refusal> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.charge.grow(bytes, self.cap, Some(self.deadline)).await.map_err(|e| match e {
+            ChargeError::NeverFits { needed, .. } => Refusal::NeedsTooMuchMemory { needed, cap: self.cap },
+            ChargeError::TimedOut => Refusal::NoRoom,
+        })
+    }
+
+    /// Gives back `bytes` (a buffer no longer held).
+    pub fn give_back(&mut self, bytes: usize) {
+        let keep = self.charge.bytes().saturating_sub(bytes);
+        self.charge.shrink_to(keep);
+    }
+}
+
+/// Reads the whole body, at most `limit` bytes, charging each frame as it arrives.
+pub async fn read_body(
+    mut body: Body,
+    limit: usize,
+    hint: usize,
+    admission: &mut Admission,
+) -> Result<Vec<u8>, Refusal> {
+    let hint = hint.min(limit);
+    admission.take(hint).await?;
+    let mut charged = hint;
+    let mut out = Vec::with_capacity(hint);
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let frame = frame.map_err(|e| Refusal::Malformed(format!("cannot read the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > limit {
+                return Err(Refusal::BodyTooLarge);
+            }
+            let needed = out.len() + data.len();
+            if needed > charged {
+                admission.take(needed - charged).await?;
+                charged = needed;
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out)
+}
+
+/// Inflates a gzip body (several members allowed), at most `limit` bytes, charging each step.
+pub async fn gunzip(raw: &[u8], limit: usize, admission: &mut Admission) -> Result<Vec<u8>, Refusal> {
+    let mut decoder = flate2::read::MultiGzDecoder::new(raw);
+    let mut out = Vec::new();
+    loop {
+        let step = GUNZIP_STEP.min(limit + 1 - out.len());
+        admission.take(step).await?;
+        let before = out.len();
+        (&mut decoder)
+            .take(step as u64)
+            .read_to_end(&mut out)
+            .map_err(|e| Refusal::Malformed(format!("invalid gzip body: {e}")))?;
+        let got = out.len() - before;
+        admission.give_back(step - got);
+        if out.len() > limit {
+            return Err(Refusal::BodyTooLarge);
+        }
+        if got < step {
+            return Ok(out);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Decodes a body into events, a chunk at a time (see the module comment for the rules).
+pub struct BodyParser<'a> {
+    body: &'a [u8],
+    pos: usize,
+    /// Inside a JSON array (`[` consumed), not yet at its end.
+    array: bool,
+    done: bool,
+    values: usize,
+    timestamp: i64,
+}
+
+impl<'a> BodyParser<'a> {
+    pub fn new(body: &'a [u8], timestamp: i64) -> BodyParser<'a> {
+        let body = body.strip_prefix("\u{feff}".as_bytes()).unwrap_or(body);
+        let start = skip_whitespace(body, 0);
+        let array = body.get(start) == Some(&b'[');
+        BodyParser {
+            body,
+            pos: if array { start + 1 } else { start },
+            array,
+            done: start == body.len(),
+            values: 0,
+            timestamp,
+        }
+    }
+
+    /// The next events, whose memory adds up to about `chunk_bytes` (at least one event if any
+    /// remain), with that memory; `None` at the end. Stops with [`Refusal::TooManyEvents`]
+    /// before decoding value `max_events + 1`.
+    pub fn next_chunk(
+        &mut self,
+        chunk_bytes: usize,
+        max_events: usize,
+    ) -> Result<Option<(Vec<Event>, usize)>, Refusal> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut events = Vec::new();
+        let mut bytes = 0;
+        while bytes < chunk_bytes {
+            let Some(value) = self.next_value()? else {
+                self.done = true;
+                break;
+            };
+            if self.values == max_events {
+                return Err(Refusal::TooManyEvents(max_events));
+            }
+            self.values += 1;
+            let event = event_from_value(value, self.timestamp);
+            bytes += event.memory_size();
+            events.push(event);
+        }
+        Ok(if events.is_empty() { None } else { Some((events, bytes)) })
+    }
+
+    fn malformed(&self) -> Refusal {
+        Refusal::Malformed(describe_error(self.body))
+    }
+
+    fn next_value(&mut self) -> Result<Option<Value>, Refusal> {
+        if self.array {
+            self.pos = skip_whitespace(self.body, self.pos);
+            match self.body.get(self.pos) {
+                None => return Err(self.malformed()),
+                Some(b']') => {
+                    self.pos += 1;
+                    self.array = false;
+                    if skip_whitespace(self.body, self.pos) < self.body.len() {
+                        return Err(self.malformed());
+                    }
+                    return Ok(None);
+                }
+                Some(b',') if self.values > 0 => self.pos = skip_whitespace(self.body, self.pos + 1),
+                Some(_) if self.values == 0 => {}
+                Some(_) => return Err(self.malformed()),
+            }
+        }
+        let mut stream = serde_json::Deserializer::from_slice(&self.body[self.pos..]).into_iter::<Value>();
+        match stream.next() {
+            Some(Ok(value)) => {
+                self.pos += stream.byte_offset();
+                Ok(Some(value))
+            }
+            Some(Err(_)) => Err(self.malformed()),
+            None if self.array => Err(self.malformed()),
+            None => Ok(None),
+        }
+    }
+}
+
+fn skip_whitespace(body: &[u8], mut pos: usize) -> usize {
+    while body.get(pos).is_some_and(u8::is_ascii_whitespace) {
+        pos += 1;
+    }
+    pos
+}
+
+/// Why `body` does not parse, naming the array element or the line and value: read again
+/// without keeping any value, only when a body was found malformed.
+pub fn describe_error(body: &[u8]) -> String {
+    let body = body.strip_prefix("\u{feff}".as_bytes()).unwrap_or(body);
+    let start = skip_whitespace(body, 0);
+    if body.get(start) == Some(&b'[') {
+        let index = std::cell::Cell::new(0usize);
+        let mut de = serde_json::Deserializer::from_slice(body);
+        if let Err(e) = (CountedArray { index: &index }).deserialize(&mut de) {
+            return format!("invalid JSON in element {} of the array (counting from 0): {e}", index.get());
+        }
+        match de.end() {
+            Err(e) => format!("unexpected text after the JSON array: {e}"),
+            Ok(()) => "invalid JSON".to_string(),
+        }
+    } else {
+        for (i, value) in serde_json::Deserializer::from_slice(body).into_iter::<IgnoredAny>().enumerate() {
+            if let Err(e) = value {
+                return format!("invalid JSON on line {} (value {i}, counting from 0): {e}", e.line());
+            }
+        }
+        "invalid JSON".to_string()
+    }
+}
+
+/// A JSON array read without keeping its elements, counting them, so an error can name one.
+struct CountedArray<'a> {
+    index: &'a std::cell::Cell<usize>,
+}
+
+impl<'de> DeserializeSeed<'de> for CountedArray<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CountedArray<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON array")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {
+            self.index.set(self.index.get() + 1);
+        }
+        Ok(())
+    }
+}
+
+/// The whole body's events at once, without a memory budget (tests and fuzzing).
+pub fn parse_all(body: &[u8], timestamp: i64, max_events: usize) -> Result<Vec<Event>, Refusal> {
+    let mut parser = BodyParser::new(body, timestamp);
+    let mut events = Vec::new();
+    while let Some((chunk, _)) = parser.next_chunk(usize::MAX, max_events)? {
+        events.extend(chunk);
+    }
+    Ok(events)
+}
+
+/// For the fuzz target of the request body path: the number of events `body` makes, or the 400
+/// reason. Checks on the way that the chunked parse agrees with a whole-body parse by serde.
+#[doc(hidden)]
+pub fn parse_body_for_fuzzing(body: &[u8]) -> Result<usize, String> {
+    let whole = parse_all(body, 0, usize::MAX);
+    let mut parser = BodyParser::new(body, 0);
+    let mut chunked = 0;
+    let result = loop {
+        match parser.next_chunk(1, usize::MAX) {
+            Ok(Some((events, _))) => chunked += events.len(),
+            Ok(None) => break Ok(chunked),
+            Err(Refusal::Malformed(reason)) => break Err(reason),
+            Err(other) => break Err(format!("{other:?}")),
+        }
+    };
+    match (&whole, &result) {
+        (Ok(events), Ok(n)) => assert_eq!(events.len(), *n, "chunked and whole parses disagree"),
+        (Err(_), Err(_)) => {}
+        _ => panic!("chunked and whole parses disagree: {whole:?} against {result:?}"),
+    }
+    let reference = reference_count(body);
+    assert_eq!(result.is_ok(), reference.is_some(), "the parse disagrees with serde_json on {body:?}");
+    if let (Ok(n), Some(r)) = (&result, reference) {
+        assert_eq!(*n, r);
+    }
+    result
+}
+
+/// How many events serde_json's own whole-body parse finds, or `None` if it refuses the body.
+fn reference_count(body: &[u8]) -> Option<usize> {
+    let body = body.strip_prefix("\u{feff}".as_bytes()).unwrap_or(body);
+    let start = skip_whitespace(body, 0);
+    if body.get(start) == Some(&b'[') {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let values = Vec::<IgnoredAny>::deserialize(&mut de).ok()?;
+        de.end().ok()?;
+        Some(values.len())
+    } else {
+        serde_json::Deserializer::from_slice(body).into_iter::<IgnoredAny>().try_fold(0, |n, v| v.ok().map(|_| n + 1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &[u8]) -> Result<Vec<Event>, String> {
+        parse_all(body, 0, usize::MAX).map_err(|r| match r {
+            Refusal::Malformed(m) => m,
+            other => format!("{other:?}"),
+        })
+    }
+
+    #[test]
+    fn body_rules() {
+        let ev = parse(br#"[{"a":1}, "text", 5, [1]]"#).unwrap();
+        assert_eq!(ev.len(), 4);
+        assert_eq!(ev[0].fields.get("a"), Some(&Value::Int(1)));
+        assert_eq!(ev[1].message(), Some("text"));
+        assert_eq!(ev[2].message(), Some("5"));
+        assert_eq!(ev[3].message(), Some("[1]"));
+        assert_eq!(parse(b"  \n ").unwrap().len(), 0);
+        assert_eq!(parse(b"[]").unwrap().len(), 0);
+        assert_eq!(parse(b" [ ] \n").unwrap().len(), 0);
+        // A pretty-printed single object is one value.
+        assert_eq!(parse(b"{\n  \"a\": 1\n}\n").unwrap().len(), 1);
+        let e = parse(b"[{\"a\":1},{\"b\":}]").unwrap_err();
+        assert!(e.contains("element 1 of the array"), "{e}");
+        let e = parse(b"[{\"a\":1}] x").unwrap_err();
+        assert!(e.contains("after the JSON array"), "{e}");
+        let e = parse(b"{\"a\":1}\n\n{\"b\":2}\n{oops}\n").unwrap_err();
+        assert!(e.contains("line 4") && e.contains("value 2"), "{e}");
+        for bad in [&b"[1,]"[..], b"[,1]", b"[1 2]", b"[1", b"[", b"[1,", b"[1]]", b"1,2"] {
+            assert!(parse(bad).is_err(), "{:?} was accepted", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(parse(b"\xef\xbb\xbf[1,2]").unwrap().len(), 2, "a BOM is skipped");
+    }
+
+    #[test]
+    fn chunks_are_bounded_by_memory_and_events_by_the_limit() {
+        let body = b"1 ".repeat(10_000);
+        let mut parser = BodyParser::new(&body, 0);
+        let (first, bytes) = parser.next_chunk(10_000, usize::MAX).unwrap().unwrap();
+        assert!(bytes >= 10_000 && bytes < 10_000 + 1024, "{bytes}");
+        assert_eq!(bytes, first.iter().map(Event::memory_size).sum::<usize>());
+        assert!(first.len() < 100, "{} events in a chunk of 10,000 bytes", first.len());
+        assert_eq!(parse_all(&body, 0, 10_000).unwrap().len(), 10_000);
+        assert_eq!(parse_all(&body, 0, 9_999).unwrap_err(), Refusal::TooManyEvents(9_999));
+        let array = format!("[{}1]", "1,".repeat(9_999));
+        assert_eq!(parse_all(array.as_bytes(), 0, 100).unwrap_err(), Refusal::TooManyEvents(100));
+    }
+
+    #[test]
+    fn the_fuzzing_entry_point_agrees_with_serde() {
+        for body in [&b"[1, {\"a\": [1,2]}, \"x\"]"[..], b"1 2 3", b"{}{}", b"[", b"", b"[1,]", b"\"a\"\"b\""] {
+            let _ = parse_body_for_fuzzing(body);
+        }
+        assert_eq!(parse_body_for_fuzzing(b"{} {} {}"), Ok(3));
+    }
+}

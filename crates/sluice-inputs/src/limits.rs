@@ -1,0 +1,272 @@
+//! Limits every network input shares: how many connections it holds, and how long a client may
+//! take.
+//!
+//! - [`ConnectionSlots`]: at most `max_connections` open at once; a connection beyond that is
+//!   refused at once (the input decides how: closed, or answered "busy" first), so a flood of
+//!   clients costs a file descriptor for an instant, not a task each.
+//! - [`Activity`]: what a connection is doing — idle between requests, receiving a request's
+//!   head, or busy with a request — and when it entered that state, fed by [`WatchedIo`] (any
+//!   byte received) and by the input (a request started or finished).
+//!   [`Activity::expired`] tells when the connection has been idle longer than `idle_timeout`
+//!   or has been sending one head for longer than `header_timeout`, so that a client that
+//!   sends half a request and then nothing is closed, while one waiting for its answer is not.
+//!   A body's own timeout belongs to whoever reads the body.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Counts open connections against `max_connections`.
+#[derive(Debug)]
+pub struct ConnectionSlots {
+    open: AtomicUsize,
+    max: usize,
+}
+
+impl ConnectionSlots {
+    pub fn new(max: usize) -> Arc<ConnectionSlots> {
+        Arc::new(ConnectionSlots { open: AtomicUsize::new(0), max: max.max(1) })
+    }
+
+    /// A slot, if fewer than `max` are taken; it is given back when dropped.
+    pub fn try_take(self: &Arc<Self>) -> Option<ConnectionSlot> {
+        let mut open = self.open.load(Ordering::Relaxed);
+        loop {
+            if open >= self.max {
+                return None;
+            }
+            match self.open.compare_exchange_weak(open, open + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Some(ConnectionSlot(self.clone())),
+                Err(now) => open = now,
+            }
+        }
+    }
+
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+/// One open connection's place; given back on drop.
+#[derive(Debug)]
+pub struct ConnectionSlot(Arc<ConnectionSlots>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Between requests (or before the first), since the instant given.
+    Idle(Instant),
+    /// Bytes of a request's head have arrived since the instant given; the head is not complete.
+    Head(Instant),
+    /// A request is being handled (its body read, its answer awaited).
+    Busy,
+}
+
+/// Why a connection is closed by its timeouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    Idle(Duration),
+    Head(Duration),
+}
+
+impl std::fmt::Display for Expired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Expired::Idle(d) => write!(f, "sent nothing for idle_timeout ({d:?})"),
+            Expired::Head(d) => write!(f, "did not finish a request's headers within header_timeout ({d:?})"),
+        }
+    }
+}
+
+/// A connection's activity, shared by its reader, its request handler and its watchdog.
+#[derive(Debug)]
+pub struct Activity {
+    phase: Mutex<Phase>,
+    changed: Notify,
+    idle_timeout: Duration,
+    header_timeout: Duration,
+}
+
+impl Activity {
+    /// `Duration::ZERO` switches a timeout off.
+    pub fn new(idle_timeout: Duration, header_timeout: Duration) -> Arc<Activity> {
+        Arc::new(Activity {
+            phase: Mutex::new(Phase::Idle(Instant::now())),
+            changed: Notify::new(),
+            idle_timeout,
+            header_timeout,
+        })
+    }
+
+    /// Bytes arrived: an idle connection starts a request's head.
+    fn received(&self) {
+        let mut phase = self.phase.lock();
+        if let Phase::Idle(_) = *phase {
+            *phase = Phase::Head(Instant::now());
+            drop(phase);
+            self.changed.notify_one();
+        }
+    }
+
+    /// A request's head is complete and the request is being handled.
+    pub fn request_started(&self) {
+        *self.phase.lock() = Phase::Busy;
+        self.changed.notify_one();
+    }
+
+    /// The request was answered; the connection waits for the next one.
+    pub fn request_finished(&self) {
+        *self.phase.lock() = Phase::Idle(Instant::now());
+        self.changed.notify_one();
+    }
+
+    /// When the current phase runs out, if it can.
+    fn deadline(&self) -> Option<(Instant, Expired)> {
+        match *self.phase.lock() {
+            Phase::Idle(since) if !self.idle_timeout.is_zero() => {
+                Some((since + self.idle_timeout, Expired::Idle(self.idle_timeout)))
+            }
+            Phase::Head(since) if !self.header_timeout.is_zero() => {
+                Some((since + self.header_timeout, Expired::Head(self.header_timeout)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Resolves once the connection has been idle, or in one head, for too long.
+    pub async fn expired(&self) -> Expired {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.deadline() {
+                Some((at, why)) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {
+                            if self.deadline().is_some_and(|(now_at, _)| now_at <= Instant::now()) {
+                                return why;
+                            }
+                        }
+                        _ = &mut changed => {}
+                    }
+                }
+                None => changed.await,
+            }
+        }
+    }
+}
+
+/// A stream that tells its [`Activity`] when bytes arrive.
+pub struct WatchedIo<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S> WatchedIo<S> {
+    pub fn new(inner: S, activity: Arc<Activity>) -> WatchedIo<S> {
+        WatchedIo { inner, activity }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WatchedIo<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.received();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedIo<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_bounded_and_given_back() {
+        let slots = ConnectionSlots::new(2);
+        let a = slots.try_take().unwrap();
+        let _b = slots.try_take().unwrap();
+        assert!(slots.try_take().is_none());
+        drop(a);
+        assert_eq!(slots.open(), 1);
+        assert!(slots.try_take().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_and_head_timeouts_apply_to_their_phase_only() {
+        let activity = Activity::new(Duration::from_secs(60), Duration::from_secs(10));
+        // Idle from the start: closed after the idle timeout.
+        let a = activity.clone();
+        let started = Instant::now();
+        assert_eq!(a.expired().await, Expired::Idle(Duration::from_secs(60)));
+        assert_eq!(started.elapsed(), Duration::from_secs(60));
+
+        // A head that starts 5 s into an idle stretch runs out 10 s later, not at the idle deadline.
+        let activity = Activity::new(Duration::from_secs(60), Duration::from_secs(10));
+        let a = activity.clone();
+        let started = Instant::now();
+        let watchdog = tokio::spawn(async move { a.expired().await });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        activity.received();
+        assert_eq!(watchdog.await.unwrap(), Expired::Head(Duration::from_secs(10)));
+        assert_eq!(started.elapsed(), Duration::from_secs(15));
+
+        // A busy connection (waiting for its answer) never expires; once answered, idle counts again.
+        let activity = Activity::new(Duration::from_secs(60), Duration::from_secs(10));
+        activity.received();
+        activity.request_started();
+        let a = activity.clone();
+        let watchdog = tokio::spawn(async move { a.expired().await });
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(!watchdog.is_finished());
+        let answered = Instant::now();
+        activity.request_finished();
+        assert_eq!(watchdog.await.unwrap(), Expired::Idle(Duration::from_secs(60)));
+        assert_eq!(answered.elapsed(), Duration::from_secs(60));
+    }
+}
