@@ -63,7 +63,9 @@ fn main() {
 
     for (name, compact) in [("log", u64::MAX), ("compacted", 1)] {
         let (snapshot, log) = registry_files(compact);
-        put("registry_files", name, &[&[3u8][..], &join(&[&snapshot, &log])].concat());
+        let files = join(&[&snapshot, &log]);
+        put("registry_files", name, &[&[3u8][..], &files].concat());
+        put("registry_files", &format!("{name}-fix-checksums"), &[&[7u8][..], &files].concat());
     }
 
     for (i, e) in events.iter().enumerate() {

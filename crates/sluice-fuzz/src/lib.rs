@@ -14,6 +14,7 @@
 //! agree; an error can be rendered as text; and readers that promise not to write leave their
 //! files untouched. A failed check is a panic, which is what libFuzzer and the test report.
 
+pub mod checksums;
 mod config;
 mod dlq;
 mod expr;

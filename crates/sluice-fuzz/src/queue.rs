@@ -9,14 +9,26 @@ use std::path::Path;
 use sluice_queue::persisted::inspect::inspect;
 use sluice_segment::SegmentHeader;
 
+use crate::checksums::{fix_checkpoint, fix_segment};
 use crate::split::split;
 
 /// Input: `[checkpoint, first segment, second segment]` cut by [`split`](crate::split). An empty
 /// checkpoint or second segment part leaves that file out. Segment files are named after
 /// their header's first sequence number when it decodes, as the queue names them.
+///
+/// The directory is read twice: as given, and with every checksum made to hold (see
+/// [`checksums`](crate::checksums)), so that damaged contents behind valid checksums are read too.
 pub fn queue_dir(data: &[u8]) {
     let parts = split(data, 3);
     let (checkpoint, first, second) = (parts[0], parts[1], parts[2]);
+    inspect_files(checkpoint, first, second);
+    let fixed = (fix_checkpoint(checkpoint), fix_segment(first), fix_segment(second));
+    if (fixed.0.as_slice(), fixed.1.as_slice(), fixed.2.as_slice()) != (checkpoint, first, second) {
+        inspect_files(&fixed.0, &fixed.1, &fixed.2);
+    }
+}
+
+fn inspect_files(checkpoint: &[u8], first: &[u8], second: &[u8]) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let shard = dir.path().join("shard-0");
     fs::create_dir(&shard).expect("a shard directory");

@@ -7,19 +7,22 @@ use std::path::Path;
 
 use sluice_registry::Registry;
 
+use crate::checksums::fix_registry;
 use crate::split::split;
 
-/// Input: one flags byte (bit 0: write `snapshot`, bit 1: write `log`), then
-/// `[snapshot, log]` cut by [`split`](crate::split).
+/// Input: one flags byte (bit 0: write `snapshot`, bit 1: write `log`, bit 2: make every
+/// checksum hold first, see [`checksums`](crate::checksums)), then `[snapshot, log]` cut by
+/// [`split`](crate::split).
 pub fn registry_files(data: &[u8]) {
     let Some((&flags, rest)) = data.split_first() else { return };
     let parts = split(rest, 2);
     let dir = tempfile::tempdir().expect("a temporary directory");
+    let fix = |bytes: &[u8]| if flags & 4 != 0 { fix_registry(bytes) } else { bytes.to_vec() };
     if flags & 1 != 0 {
-        fs::write(dir.path().join("snapshot"), parts[0]).expect("the snapshot file");
+        fs::write(dir.path().join("snapshot"), fix(parts[0])).expect("the snapshot file");
     }
     if flags & 2 != 0 {
-        fs::write(dir.path().join("log"), parts[1]).expect("the log file");
+        fs::write(dir.path().join("log"), fix(parts[1])).expect("the log file");
     }
     let before = snapshot(dir.path());
     let view = Registry::read(dir.path()).expect("readable registry files are read");
