@@ -1,16 +1,15 @@
 //! The http input's request body path: optional gzip decoding under a size limit, then the
-//! body read as one JSON array of events or as a stream of JSON values (NDJSON or
-//! concatenated), through `serde_json` into `sluice_core::Value`.
+//! body parsed into events by the input's own parser, through
+//! `sluice_inputs::parse_body_for_fuzzing`, which runs the chunked parse the input uses and a
+//! whole-body parse, and checks that they and serde_json agree on the number of events.
 //!
-//! The body parser of the http input is private to it; until it is exposed for fuzzing this
-//! target runs the same steps with the same crates and the same rules (a leading byte order
-//! mark skipped, blank bodies empty, `[` opening an array, anything else a stream of values,
-//! every element an event through `sluice_inputs::codec::event_from_value`).
+//! The input inflates gzip a step at a time against its memory budget (an async path); this
+//! target inflates the same way (`MultiGzDecoder`, every member, refused past the limit) in
+//! one go, which is what reaches the parser.
 
 use std::io::Read;
 
-use sluice_core::{Event, Value};
-use sluice_inputs::codec::event_from_value;
+use sluice_inputs::parse_body_for_fuzzing;
 
 /// The decompressed size past which a gzip body is refused (413), as `max_body_bytes` does.
 const MAX_BODY: usize = 1 << 20;
@@ -30,18 +29,18 @@ pub fn http_body(data: &[u8]) {
         raw.to_vec()
     };
     assert!(body.len() <= MAX_BODY, "a gzip body past the limit was accepted");
-    match parse_body(&body, 7) {
+    match parse_body_for_fuzzing(&body) {
         Ok(events) => {
             let text = body.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&body);
             if let Ok(serde_json::Value::Array(items)) = serde_json::from_slice::<serde_json::Value>(text) {
-                assert_eq!(events.len(), items.len(), "an array body gives another number of events than elements");
+                assert_eq!(events, items.len(), "an array body gives another number of events than elements");
             }
         }
         Err(reason) => assert!(!reason.is_empty(), "a refused body without a reason"),
     }
 }
 
-/// As the http input decodes `Content-Encoding: gzip`: every member, at most `limit` bytes.
+/// Every gzip member, at most `limit` bytes of output.
 fn gunzip(raw: &[u8], limit: usize) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity((raw.len() * 4).min(limit));
     flate2::read::MultiGzDecoder::new(raw)
@@ -52,25 +51,4 @@ fn gunzip(raw: &[u8], limit: usize) -> Result<Vec<u8>, String> {
         return Err(format!("the body is larger than max_body_bytes ({limit})"));
     }
     Ok(out)
-}
-
-/// The body's events, or why the request is refused (400).
-fn parse_body(body: &[u8], timestamp: i64) -> Result<Vec<Event>, String> {
-    let body = body.strip_prefix("\u{feff}".as_bytes()).unwrap_or(body);
-    let Some(start) = body.iter().position(|b| !b.is_ascii_whitespace()) else {
-        return Ok(Vec::new());
-    };
-    if body[start] == b'[' {
-        let values: Vec<Value> =
-            serde_json::from_slice(body).map_err(|e| format!("invalid JSON in the array body: {e}"))?;
-        Ok(values.into_iter().map(|v| event_from_value(v, timestamp)).collect())
-    } else {
-        let mut events = Vec::new();
-        for (i, value) in serde_json::Deserializer::from_slice(body).into_iter::<Value>().enumerate() {
-            let v =
-                value.map_err(|e| format!("invalid JSON on line {} (value {i}, counting from 0): {e}", e.line()))?;
-            events.push(event_from_value(v, timestamp));
-        }
-        Ok(events)
-    }
 }
