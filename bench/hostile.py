@@ -669,6 +669,8 @@ def slow_phase(binary, tmp, args, proto):
     replies = {}
     for i in closed:
         line = conns.reply[i].split(b"\r\n", 1)[0].decode("latin-1") or "(nothing)"
+        if proto == "http" and lifetimes[i] >= args.refused_within:
+            line = f"{'half header' if i % 2 == 0 else 'part body'}: {line}"
         replies[line] = replies.get(line, 0) + 1
 
     def life_stats(idx):
@@ -914,6 +916,15 @@ def main():
                 inputs = [p.strip() for p in args.inputs.split(",") if p.strip()]
                 if not inputs or any(p not in ("http", "tcp") for p in inputs):
                     ap.error("--inputs takes http, tcp or both")
+                timeouts = []
+                if "http" in inputs:
+                    timeouts += [args.header_timeout, args.body_timeout]
+                if "tcp" in inputs:
+                    timeouts.append(args.tcp_idle_timeout)
+                shortest = min(timeouts)
+                if args.refused_within >= shortest:
+                    ap.error(f"--refused-within ({args.refused_within:g} s) must be shorter than the shortest "
+                             f"timeout ({shortest:g} s), or timed-out connections count as refused")
                 want = args.slow_clients + 512
                 soft, hard = raise_nofile(want)
                 if soft < want:
