@@ -344,6 +344,9 @@ def main():
             "duplicates_first_run": dup_first,
             "duplicates_per_kill_mean": round(sum(per_kill) / len(per_kill), 1) if per_kill else 0,
             "duplicates_per_kill_max": max(per_kill) if per_kill else 0,
+            # A kill's duplicates in seconds of acknowledged traffic: comparable across loads.
+            "duplicates_per_kill_in_seconds_of_traffic": round(sum(per_kill) / len(per_kill) / (acked_n / under_load), 3)
+            if per_kill and acked_n else None,
             "duplicates_per_kill": per_kill,
             "run_seconds": [round(v, 2) for v in run_secs],
             "broken_lines": len(broken),
@@ -398,6 +401,7 @@ def print_table(r, broken):
         ("  in the first run (no kill before it)", r["duplicates_first_run"]),
         ("duplicates per kill, mean", r["duplicates_per_kill_mean"]),
         ("duplicates per kill, max", r["duplicates_per_kill_max"]),
+        ("  mean, in seconds of acknowledged traffic", r["duplicates_per_kill_in_seconds_of_traffic"]),
         ("broken output lines (cut by a kill)", r["broken_lines"]),
         ("requests sent / of them resends", f"{r['requests']} / {r['resends']}"),
         ("client errors", ", ".join(f"{k} {v}" for k, v in r["client_errors"].items()) or "none"),
