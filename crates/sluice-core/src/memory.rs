@@ -311,6 +311,27 @@ impl MemoryCharge {
         }
     }
 
+    /// Adds `bytes` if they are free now (and nobody waits before us); false otherwise.
+    pub fn try_grow(&mut self, bytes: usize) -> bool {
+        let Some(budget) = self.budget.clone() else {
+            return true;
+        };
+        match budget.try_charge(bytes) {
+            Some(more) => {
+                self.merge(more);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Adds `bytes` without waiting, over the budget if need be ([`MemoryBudget::force`]).
+    pub fn force_grow(&mut self, bytes: usize) {
+        if let Some(budget) = self.budget.clone() {
+            self.merge(budget.force(bytes));
+        }
+    }
+
     /// Adds `bytes`, waiting for them as [`MemoryBudget::charge`] does; `cap` bounds the total
     /// this charge may reach (the caller's "can never fit" limit).
     pub async fn grow(

@@ -48,58 +48,118 @@ pub enum Refusal {
 }
 
 /// What one request holds of the memory budget, and its limits.
+///
+/// The request never waits for memory while it holds some: waiting while holding is how a
+/// few large requests could each hold part of the budget and wait for the rest forever. So it
+/// takes what it needs as it goes only while that is free at once ([`Admission::try_take`]);
+/// when it is not, it gives back all it holds and waits, holding nothing, for the total it now
+/// knows it needs ([`Admission::reserve`]). Waiters are served in arrival order, so the oldest
+/// is served first as memory comes back.
 pub struct Admission {
-    pub charge: MemoryCharge,
+    charge: MemoryCharge,
+    /// The bytes of the charge spoken for (the rest is reserved ahead).
+    used: usize,
     /// The most this request may hold.
     pub cap: usize,
     pub deadline: Instant,
 }
 
 impl Admission {
-    /// Charges `bytes` more, waiting up to the deadline.
-    pub async fn take(&mut self, bytes: usize) -> Result<(), Refusal> {
-        if bytes == 0 {
+    pub fn new(charge: MemoryCharge, cap: usize, deadline: Instant) -> Admission {
+        Admission { charge, used: 0, cap, deadline }
+    }
+
+    /// Gives back everything held and waits, holding nothing, until `total` bytes are reserved
+    /// (at most the cap). What was spoken for stays spoken for.
+    pub async fn reserve(&mut self, total: usize) -> Result<(), Refusal> {
+        if self.used > self.cap {
+            return Err(Refusal::NeedsTooMuchMemory { needed: self.used, cap: self.cap });
+        }
+        let total = total.clamp(self.used, self.cap);
+        if total <= self.charge.bytes() {
             return Ok(());
         }
-        self.charge.grow(bytes, self.cap, Some(self.deadline)).await.map_err(|e| match e {
+        self.charge.shrink_to(0);
+        self.charge.grow(total, self.cap, Some(self.deadline)).await.map_err(|e| match e {
             ChargeError::NeverFits { needed, .. } => Refusal::NeedsTooMuchMemory { needed, cap: self.cap },
             ChargeError::TimedOut => Refusal::NoRoom,
         })
     }
 
-    /// Gives back `bytes` (a buffer no longer held).
+    /// Speaks for `bytes` more: from the reservation, or from the budget if free at once.
+    /// `Ok(false)` when the request must wait for them ([`Admission::reserve`]).
+    pub fn try_take(&mut self, bytes: usize) -> Result<bool, Refusal> {
+        let want = self.used + bytes;
+        if want > self.cap {
+            return Err(Refusal::NeedsTooMuchMemory { needed: want, cap: self.cap });
+        }
+        if want > self.charge.bytes() && !self.charge.try_grow(want - self.charge.bytes()) {
+            return Ok(false);
+        }
+        self.used = want;
+        Ok(true)
+    }
+
+    /// Speaks for `bytes` more, waiting (holding nothing) if they are not free at once.
+    pub async fn take(&mut self, bytes: usize) -> Result<(), Refusal> {
+        if !self.try_take(bytes)? {
+            self.reserve(self.used + bytes).await?;
+            self.used += bytes;
+        }
+        Ok(())
+    }
+
+    /// No longer speaks for `bytes` (a buffer dropped, events given up).
     pub fn give_back(&mut self, bytes: usize) {
-        let keep = self.charge.bytes().saturating_sub(bytes);
-        self.charge.shrink_to(keep);
+        self.used = self.used.saturating_sub(bytes);
+    }
+
+    pub fn used(&self) -> usize {
+        self.used
+    }
+
+    /// The charge for what is spoken for; the reservation beyond it is given back.
+    pub fn settle(mut self) -> MemoryCharge {
+        self.charge.shrink_to(self.used);
+        self.charge
     }
 }
 
 /// Reads the whole body, at most `limit` bytes, charging each frame as it arrives.
 pub async fn read_body(
-    mut body: Body,
+    body: &mut Body,
     limit: usize,
     hint: usize,
     admission: &mut Admission,
 ) -> Result<Vec<u8>, Refusal> {
     let hint = hint.min(limit);
-    admission.take(hint).await?;
-    let mut charged = hint;
+    // The declared length is waited for before anything is read, while nothing is held.
+    admission.reserve(admission.used() + hint).await?;
     let mut out = Vec::with_capacity(hint);
-    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
         let frame = frame.map_err(|e| Refusal::Malformed(format!("cannot read the request body: {e}")))?;
         if let Ok(data) = frame.into_data() {
             if out.len() + data.len() > limit {
                 return Err(Refusal::BodyTooLarge);
             }
-            let needed = out.len() + data.len();
-            if needed > charged {
-                admission.take(needed - charged).await?;
-                charged = needed;
-            }
+            admission.take(data.len()).await?;
             out.extend_from_slice(&data);
         }
     }
     Ok(out)
+}
+
+/// Reads and forgets what is left of a refused body, up to `limit` bytes: a client that is
+/// still sending when it is refused then reads its answer, instead of having its connection
+/// reset under it. Holds one frame at a time.
+pub async fn discard_rest(body: &mut Body, limit: usize) {
+    let mut seen = 0;
+    while let Some(Ok(frame)) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
+        seen += frame.data_ref().map_or(0, |d| d.len());
+        if seen > limit {
+            return;
+        }
+    }
 }
 
 /// Inflates a gzip body (several members allowed), at most `limit` bytes, charging each step.
@@ -123,6 +183,43 @@ pub async fn gunzip(raw: &[u8], limit: usize, admission: &mut Admission) -> Resu
             return Ok(out);
         }
         tokio::task::yield_now().await;
+    }
+}
+
+/// The body's events, each chunk spoken for in the admission before the next is decoded.
+///
+/// When a chunk's memory is not free at once, the events decoded so far are dropped (so that
+/// a waiting request holds at most its body), everything is given back, and the request waits
+/// for twice what it needed so far before decoding again from the start: it waits at most
+/// about log2(cap / body) times, and while it waits it holds nothing.
+pub async fn decode_events(
+    body: &[u8],
+    timestamp: i64,
+    max_events: usize,
+    admission: &mut Admission,
+) -> Result<Vec<Event>, Refusal> {
+    let base = admission.used();
+    loop {
+        let mut parser = BodyParser::new(body, timestamp);
+        let mut events = Vec::new();
+        let mut spoken = 0;
+        let short = loop {
+            let Some((chunk, bytes)) = parser.next_chunk(CHUNK_BYTES, max_events)? else {
+                break None;
+            };
+            if !admission.try_take(bytes)? {
+                break Some(spoken + bytes);
+            }
+            spoken += bytes;
+            events.extend(chunk);
+            tokio::task::yield_now().await;
+        };
+        let Some(needed) = short else {
+            return Ok(events);
+        };
+        drop(events);
+        admission.give_back(spoken);
+        admission.reserve(base + 2 * needed).await?;
     }
 }
 
@@ -369,7 +466,7 @@ mod tests {
         let body = b"1 ".repeat(10_000);
         let mut parser = BodyParser::new(&body, 0);
         let (first, bytes) = parser.next_chunk(10_000, usize::MAX).unwrap().unwrap();
-        assert!(bytes >= 10_000 && bytes < 10_000 + 1024, "{bytes}");
+        assert!((10_000..10_000 + 1024).contains(&bytes), "{bytes}");
         assert_eq!(bytes, first.iter().map(Event::memory_size).sum::<usize>());
         assert!(first.len() < 100, "{} events in a chunk of 10,000 bytes", first.len());
         assert_eq!(parse_all(&body, 0, 10_000).unwrap().len(), 10_000);

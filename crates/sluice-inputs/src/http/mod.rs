@@ -55,7 +55,7 @@ mod body;
 
 #[doc(hidden)]
 pub use body::parse_body_for_fuzzing;
-use body::{Admission, BodyParser, Refusal};
+use body::{Admission, Refusal};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -371,7 +371,7 @@ async fn handle(s: &Shared, request: Request) -> Response {
     }
     let deadline = tokio::time::Instant::now() + s.request_timeout;
     let budget = &s.ctx.memory;
-    let mut admission = Admission { charge: budget.empty(), cap: budget.limit() / 2, deadline };
+    let mut admission = Admission::new(budget.empty(), budget.limit() / 2, deadline);
     let accepted = tokio::select! {
         r = admit(s, body, declared.unwrap_or(0) as usize, gzip, &mut admission) => r,
         _ = shutdown.cancelled() => return shutting_down(),
@@ -385,7 +385,7 @@ async fn handle(s: &Shared, request: Request) -> Response {
         return reply(StatusCode::OK, serde_json::json!({ "accepted": 0 }));
     }
     let (acker, done) = Acker::with_notify(n);
-    let batch = Batch::new(events, AckSet::single(acker, n), body_len).with_memory(admission.charge);
+    let batch = Batch::new(events, AckSet::single(acker, n), body_len).with_memory(admission.settle());
     match tokio::time::timeout_at(deadline, s.ctx.send(batch)).await {
         Ok(Ok(())) => {}
         Ok(Err(_)) => return shutting_down(),
@@ -419,30 +419,35 @@ async fn handle(s: &Shared, request: Request) -> Response {
 /// the body they came from. The admission holds the events' charge; the body's is given back.
 async fn admit(
     s: &Shared,
-    body: Body,
+    mut body: Body,
     declared: usize,
     gzip: bool,
     admission: &mut Admission,
 ) -> Result<(Vec<sluice_core::Event>, usize), Refusal> {
-    let raw = tokio::time::timeout(s.body_timeout, body::read_body(body, s.max_body, declared, admission))
-        .await
-        .map_err(|_| Refusal::BodyTimeout)??;
+    let started = tokio::time::Instant::now();
+    let read = tokio::time::timeout(s.body_timeout, body::read_body(&mut body, s.max_body, declared, admission)).await;
+    let raw = match read {
+        Err(_) => return Err(Refusal::BodyTimeout),
+        Ok(Err(refusal @ (Refusal::NoRoom | Refusal::NeedsTooMuchMemory { .. } | Refusal::BodyTooLarge))) => {
+            // Refused while the client was still sending: let it finish (within what is left
+            // of body_timeout, and max_body_bytes) so that it reads the answer.
+            let left = s.body_timeout.saturating_sub(started.elapsed());
+            let _ = tokio::time::timeout(left, body::discard_rest(&mut body, s.max_body)).await;
+            return Err(refusal);
+        }
+        Ok(r) => r?,
+    };
     let (body, held) = if gzip {
         let inflated = body::gunzip(&raw, s.max_body, admission).await?;
-        let held = raw.len() + inflated.len();
+        admission.give_back(raw.len());
         drop(raw);
+        let held = inflated.len();
         (inflated, held)
     } else {
         let held = raw.len();
         (raw, held)
     };
-    let mut parser = BodyParser::new(&body, now_nanos());
-    let mut events = Vec::new();
-    while let Some((chunk, bytes)) = parser.next_chunk(body::CHUNK_BYTES, s.max_events)? {
-        admission.take(bytes).await?;
-        events.extend(chunk);
-        tokio::task::yield_now().await;
-    }
+    let events = body::decode_events(&body, now_nanos(), s.max_events, admission).await?;
     let body_len = body.len();
     drop(body);
     admission.give_back(held);
@@ -694,6 +699,34 @@ mod tests {
         let (status, _) = post(addr, b"{\"a\":1}").await;
         assert_eq!(status, 200);
         assert_eq!(batches.recv().await.unwrap().len(), 1);
+        assert_eq!(ctx.memory.used(), 0);
+        ctx.shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_that_together_exceed_the_budget_take_turns_instead_of_stalling() {
+        // Each request's events need most of half the budget: two at once cannot both fit, and
+        // a request that waited while holding its part would stall the others until timeout.
+        let (addr, ctx, rx, task) =
+            start_with_budget("{type: http, address: 'x:0', request_timeout: 20s}", 4 << 20).await;
+        let mut batches = auto_ack(rx);
+        let body: Vec<u8> = (0..3000).flat_map(|i| format!("{{\"n\":{i}}}\n").into_bytes()).collect();
+        let started = std::time::Instant::now();
+        let clients: Vec<_> = (0..6)
+            .map(|_| {
+                let body = body.clone();
+                tokio::spawn(async move { post(addr, &body).await })
+            })
+            .collect();
+        for c in clients {
+            let (status, body) = c.await.unwrap();
+            assert_eq!((status, json(&body)), (200, serde_json::json!({"accepted": 3000})));
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "requests stalled: {:?}", started.elapsed());
+        for _ in 0..6 {
+            assert_eq!(batches.recv().await.unwrap().len(), 3000);
+        }
         assert_eq!(ctx.memory.used(), 0);
         ctx.shutdown.cancel();
         task.await.unwrap();
