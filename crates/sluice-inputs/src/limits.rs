@@ -1,9 +1,12 @@
 //! Limits every network input shares: how many connections it holds, and how long a client may
 //! take.
 //!
-//! - [`ConnectionSlots`]: at most `max_connections` open at once; a connection beyond that is
-//!   refused at once (the input decides how: closed, or answered "busy" first), so a flood of
-//!   clients costs a file descriptor for an instant, not a task each.
+//! - [`ConnectionSlots`]: at most `max_connections` open at once. When all are taken, the
+//!   connection that has been idle or sending one head the longest is closed to make room
+//!   ([`ConnectionSlots::take_or_evict`]), so clients that open connections and then stall
+//!   cannot lock out one that sends a request at once; a connection busy with a request is never
+//!   chosen. When every connection is busy, the new one is refused at once (the input decides
+//!   how: closed, or answered "busy" first).
 //! - [`Activity`]: what a connection is doing — idle between requests, receiving a request's
 //!   head, or busy with a request — and when it entered that state, fed by [`WatchedIo`] (any
 //!   byte received) and by the input (a request started or finished).
@@ -12,10 +15,11 @@
 //!   sends half a request and then nothing is closed, while one waiting for its answer is not.
 //!   A body's own timeout belongs to whoever reads the body.
 
+use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -24,16 +28,23 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Counts open connections against `max_connections`.
+/// Counts open connections against `max_connections`, and knows each one's activity.
 #[derive(Debug)]
 pub struct ConnectionSlots {
     open: AtomicUsize,
     max: usize,
+    live: Mutex<HashMap<u64, Arc<Activity>>>,
+    next_id: AtomicU64,
 }
 
 impl ConnectionSlots {
     pub fn new(max: usize) -> Arc<ConnectionSlots> {
-        Arc::new(ConnectionSlots { open: AtomicUsize::new(0), max: max.max(1) })
+        Arc::new(ConnectionSlots {
+            open: AtomicUsize::new(0),
+            max: max.max(1),
+            live: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        })
     }
 
     /// A slot, if fewer than `max` are taken; it is given back when dropped.
@@ -44,10 +55,38 @@ impl ConnectionSlots {
                 return None;
             }
             match self.open.compare_exchange_weak(open, open + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Some(ConnectionSlot(self.clone())),
+                Ok(_) => return Some(self.slot()),
                 Err(now) => open = now,
             }
         }
+    }
+
+    /// A slot for a new connection whose activity is `activity`: a free one, or the one of the
+    /// connection idle (or in one head) the longest, which is told to close. `None` when every
+    /// open connection is busy with a request.
+    pub fn take_or_evict(self: &Arc<Self>, activity: &Arc<Activity>) -> Option<ConnectionSlot> {
+        let slot = match self.try_take() {
+            Some(slot) => slot,
+            None => {
+                let victim = {
+                    let live = self.live.lock();
+                    live.values()
+                        .filter_map(|a| a.evictable_since().map(|since| (since, a.clone())))
+                        .min_by_key(|(since, _)| *since)
+                };
+                let (_, victim) = victim?;
+                victim.evict();
+                // The evicted connection gives its slot back as it closes, a moment later.
+                self.open.fetch_add(1, Ordering::AcqRel);
+                self.slot()
+            }
+        };
+        self.live.lock().insert(slot.id, activity.clone());
+        Some(slot)
+    }
+
+    fn slot(self: &Arc<Self>) -> ConnectionSlot {
+        ConnectionSlot { slots: self.clone(), id: self.next_id.fetch_add(1, Ordering::Relaxed) }
     }
 
     pub fn open(&self) -> usize {
@@ -61,11 +100,15 @@ impl ConnectionSlots {
 
 /// One open connection's place; given back on drop.
 #[derive(Debug)]
-pub struct ConnectionSlot(Arc<ConnectionSlots>);
+pub struct ConnectionSlot {
+    slots: Arc<ConnectionSlots>,
+    id: u64,
+}
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.slots.live.lock().remove(&self.id);
+        self.slots.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -84,6 +127,8 @@ enum Phase {
 pub enum Expired {
     Idle(Duration),
     Head(Duration),
+    /// Closed to make room for a new connection when `max_connections` were open.
+    Evicted,
 }
 
 impl std::fmt::Display for Expired {
@@ -91,6 +136,9 @@ impl std::fmt::Display for Expired {
         match self {
             Expired::Idle(d) => write!(f, "sent nothing for idle_timeout ({d:?})"),
             Expired::Head(d) => write!(f, "did not finish a request's headers within header_timeout ({d:?})"),
+            Expired::Evicted => {
+                write!(f, "was idle or slow the longest when max_connections were open, to make room for a new one")
+            }
         }
     }
 }
@@ -102,6 +150,7 @@ pub struct Activity {
     changed: Notify,
     idle_timeout: Duration,
     header_timeout: Duration,
+    evicted: AtomicBool,
 }
 
 impl Activity {
@@ -112,7 +161,25 @@ impl Activity {
             changed: Notify::new(),
             idle_timeout,
             header_timeout,
+            evicted: AtomicBool::new(false),
         })
+    }
+
+    /// Since when the connection is idle or in one head; `None` while busy (or evicted).
+    fn evictable_since(&self) -> Option<Instant> {
+        if self.evicted.load(Ordering::Relaxed) {
+            return None;
+        }
+        match *self.phase.lock() {
+            Phase::Idle(since) | Phase::Head(since) => Some(since),
+            Phase::Busy => None,
+        }
+    }
+
+    /// Asks the connection to close (see [`Activity::expired`]).
+    fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+        self.changed.notify_one();
     }
 
     /// Bytes arrived: an idle connection starts a request's head.
@@ -156,6 +223,9 @@ impl Activity {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
+            if self.evicted.load(Ordering::Acquire) {
+                return Expired::Evicted;
+            }
             match self.deadline() {
                 Some((at, why)) => {
                     tokio::select! {
@@ -235,6 +305,30 @@ mod tests {
         drop(a);
         assert_eq!(slots.open(), 1);
         assert!(slots.try_take().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_house_evicts_the_longest_idle_connection_never_a_busy_one() {
+        let slots = ConnectionSlots::new(2);
+        let busy = Activity::new(Duration::ZERO, Duration::ZERO);
+        let _busy_slot = slots.take_or_evict(&busy).unwrap();
+        busy.received();
+        busy.request_started();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let idle = Activity::new(Duration::ZERO, Duration::ZERO);
+        let idle_slot = slots.take_or_evict(&idle).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Full: the idle one makes room, although the busy one is older.
+        let newcomer = Activity::new(Duration::ZERO, Duration::ZERO);
+        let _new_slot = slots.take_or_evict(&newcomer).unwrap();
+        assert_eq!(idle.expired().await, Expired::Evicted);
+        drop(idle_slot);
+        assert_eq!(slots.open(), 2);
+        // Both open ones busy: nothing can be evicted.
+        newcomer.received();
+        newcomer.request_started();
+        assert!(slots.take_or_evict(&Activity::new(Duration::ZERO, Duration::ZERO)).is_none());
+        assert_eq!(slots.open(), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Sluice, free_port, http, metric, try_http, wait_until};
+use common::{Sluice, free_port, http, metric, try_http};
 
 fn config(port: u16, extra: &str) -> String {
     format!(
@@ -138,16 +138,14 @@ fn slow_clients_are_closed_and_a_normal_client_gets_through() {
         }
     }
     assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
-    // Beyond max_connections a client is told to come back.
+    // With every place held by a stalled connection, a new client still gets in: the longest
+    // stalled one makes room.
     let held: Vec<_> = (0..300).map(|_| TcpStream::connect(&address).unwrap()).collect();
-    let mut extra = TcpStream::connect(&address).unwrap();
-    extra.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut answer = Vec::new();
-    let _ = extra.read_to_end(&mut answer);
-    assert!(answer.starts_with(b"HTTP/1.1 503"), "{}", String::from_utf8_lossy(&answer));
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let (status, _) = http(&address, "POST", "/", &[], b"{}");
+    assert_eq!(status, 200);
+    assert!(started.elapsed() < Duration::from_secs(5));
     drop(held);
-    wait_until("a connection slot is free again", Duration::from_secs(10), || {
-        try_http(&address, "POST", "/", &[], b"{}").is_ok_and(|(status, _)| status == 200)
-    });
     s.stop();
 }

@@ -204,7 +204,8 @@ async fn serve(config: HttpConfig, listener: TcpListener, ctx: InputContext) -> 
                 continue;
             }
         };
-        let Some(slot) = slots.try_take() else {
+        let activity = Activity::new(shared.idle_timeout, shared.header_timeout);
+        let Some(slot) = slots.take_or_evict(&activity) else {
             ctx.metrics.refused.add(1);
             // Best effort and without waiting: a client that does not read its answer is not
             // worth a task.
@@ -212,11 +213,11 @@ async fn serve(config: HttpConfig, listener: TcpListener, ctx: InputContext) -> 
             if refused_logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
                 refused_logged = Some(tokio::time::Instant::now());
                 tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections = slots.max(),
-                    "http input refused a connection: max_connections reached (logged once per 10 s)");
+                    "http input refused a connection: max_connections reached, every one busy with a request (logged once per 10 s)");
             }
             continue;
         };
-        connections.spawn(connection(shared.clone(), stream, peer, slot));
+        connections.spawn(connection(shared.clone(), stream, peer, slot, activity));
     }
     drop(listener);
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async { while connections.join_next().await.is_some() {} });
@@ -229,9 +230,14 @@ async fn serve(config: HttpConfig, listener: TcpListener, ctx: InputContext) -> 
 }
 
 /// Serves one client's requests until it closes, runs out of a timeout, or shutdown.
-async fn connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, _slot: ConnectionSlot) {
+async fn connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _slot: ConnectionSlot,
+    activity: Arc<Activity>,
+) {
     let ctx = shared.ctx.clone();
-    let activity = Activity::new(shared.idle_timeout, shared.header_timeout);
     let io = TokioIo::new(WatchedIo::new(stream, activity.clone()));
     let requests = activity.clone();
     let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
@@ -591,12 +597,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn connections_beyond_max_connections_are_answered_busy() {
-        let (addr, ctx, rx, task) = start("{type: http, address: 'x:0', max_connections: 2}").await;
-        let _batches = auto_ack(rx);
-        let _a = TcpStream::connect(addr).await.unwrap();
-        let _b = TcpStream::connect(addr).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    async fn connections_beyond_max_connections_are_answered_busy_when_all_are_busy() {
+        let (addr, ctx, mut rx, task) = start("{type: http, address: 'x:0', max_connections: 2}").await;
+        // Two requests waiting for their answer hold both places.
+        let first = tokio::spawn(async move { post(addr, b"{}").await });
+        let second = tokio::spawn(async move { post(addr, b"{}").await });
+        let held = [rx.recv().await.unwrap(), rx.recv().await.unwrap()];
         let mut c = TcpStream::connect(addr).await.unwrap();
         let answer = closed_within(&mut c, Duration::from_secs(5)).await.expect("the third connection was kept");
         let answer = String::from_utf8_lossy(&answer);
@@ -604,10 +610,39 @@ mod tests {
         let body = answer.split_once("\r\n\r\n").unwrap().1;
         assert!(json(body)["error"].is_string(), "{body}");
         assert_eq!(ctx.metrics.refused.get(), 1);
-        drop((_a, _b));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        for b in held {
+            b.complete();
+        }
+        assert_eq!(first.await.unwrap().0, 200);
+        assert_eq!(second.await.unwrap().0, 200);
+        let _batches = auto_ack(rx);
         let (status, _) = post(addr, b"{}").await;
         assert_eq!(status, 200, "a slot is free again once a connection closes");
+        ctx.shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn stalled_connections_make_room_for_a_new_client() {
+        let (addr, ctx, rx, task) = start("{type: http, address: 'x:0', max_connections: 3}").await;
+        let _batches = auto_ack(rx);
+        // Three clients take every place and stall: one sends nothing, two half a head.
+        let mut stalled = vec![TcpStream::connect(addr).await.unwrap()];
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"POST / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+            stalled.push(s);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // A normal client is served at once: the longest-stalled connection (the first) made
+        // room; the next requests find that place free again, so nobody else is closed.
+        for i in 0..3 {
+            let (status, body) = post(addr, b"{}").await;
+            assert_eq!(status, 200, "request {i}: {body}");
+        }
+        assert!(closed_within(&mut stalled[0], Duration::from_secs(5)).await.is_some(), "the oldest was kept");
+        assert!(closed_within(&mut stalled[1], Duration::from_millis(300)).await.is_none());
+        assert_eq!(ctx.metrics.refused.get(), 1);
         ctx.shutdown.cancel();
         task.await.unwrap();
     }
