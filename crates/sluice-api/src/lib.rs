@@ -332,7 +332,7 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         pipelines.iter().filter_map(|p| Some((pl(p), p.dead_letter_queue.get()?.dead_letter_stats(), p))).collect();
     if !dlqs.is_empty() {
         type PickD = fn(&DeadLetterStats, &PipelineMetrics) -> u64;
-        let dlq_counters: [(&str, &str, PickD); 7] = [
+        let dlq_counters: [(&str, &str, PickD); 8] = [
             (
                 "sluice_dlq_entries_written_total",
                 "Entries written to the dead letter queue since it was opened.",
@@ -357,8 +357,13 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
             ),
             (
                 "sluice_dlq_lost_total",
-                "Events meant for the dead letter queue that it did not store (write error or storage policy).",
+                "Events meant for the dead letter queue that its storage policy refused (full, or too large).",
                 |_, p| p.dead_letter_lost.get(),
+            ),
+            (
+                "sluice_dlq_write_retries_total",
+                "Dead letter writes that failed (disk full, I/O error) and were retried, holding their batch back.",
+                |_, p| p.dead_letter_write_retries.get(),
             ),
         ];
         for (name, help, pick) in dlq_counters {
@@ -537,6 +542,7 @@ pub fn render_stats(state: &ApiState) -> Json {
                     let mut v = serde_json::to_value(d.dead_letter_stats()).unwrap_or_default();
                     v["loop_rejected"] = json!(p.dead_letter_loop_rejected.get());
                     v["lost"] = json!(p.dead_letter_lost.get());
+                    v["write_retries"] = json!(p.dead_letter_write_retries.get());
                     v
                 }),
                 "workers": p.workers,

@@ -146,6 +146,9 @@ pub struct PipelineMetrics {
     /// Events meant for the dead letter queue that it did not store (write error, or dropped by
     /// its storage policy); they are lost, on purpose.
     pub dead_letter_lost: Counter,
+    /// Dead letter writes the queue failed (a full disk, an I/O error) and that were retried,
+    /// holding their batch back.
+    pub dead_letter_write_retries: Counter,
     /// The pipeline's dead letter queue, when it has one.
     pub dead_letter_queue: OnceLock<Arc<dyn DeadLetterStatsSource>>,
 }
@@ -220,6 +223,7 @@ impl PipelineMetrics {
             diverted_to_dead_letter_queue: Counter::default(),
             dead_letter_loop_rejected: Counter::default(),
             dead_letter_lost: Counter::default(),
+            dead_letter_write_retries: Counter::default(),
             dead_letter_queue: OnceLock::new(),
         }
     }

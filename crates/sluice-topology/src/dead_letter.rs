@@ -8,8 +8,13 @@
 //!   `dead_letter_loop_rejected` and logged at most once per [`LOG_INTERVAL`].
 //! - [`DeadLetterSink::write`] returns once the entries are durable as the queue's `sync` asks;
 //!   the worker acknowledges the batch only after that.
-//! - Entries the queue did not store (an I/O error, or `drop_newer` when full) are lost on
-//!   purpose: counted in `dead_letter_lost` and logged at most once per [`LOG_INTERVAL`].
+//! - A write the queue fails (a full disk, an I/O error) is the environment's fault, not the
+//!   events': it is retried with backoff and the worker's batch waits (backpressure), logged at
+//!   most once per [`LOG_INTERVAL`] and counted in `dead_letter_write_retries`, until it succeeds
+//!   or the drain timeout aborts it (the batch is then not acknowledged).
+//! - Entries the queue refuses by its policy (`drop_newer` when full, larger than `max_bytes`)
+//!   are lost on purpose: counted in `dead_letter_lost` and logged at most once per
+//!   [`LOG_INTERVAL`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -113,16 +118,26 @@ pub struct DeadLetterSink {
     metrics: Arc<PipelineMetrics>,
     loop_log: RateLimited,
     lost_log: RateLimited,
+    stall_log: RateLimited,
+    /// Cancelled when the drain timeout runs out: a write waiting on a failing disk gives up.
+    abort: tokio_util::sync::CancellationToken,
 }
 
 impl DeadLetterSink {
-    pub fn new(pipeline: &str, queue: Option<Arc<DeadLetterQueue>>, metrics: Arc<PipelineMetrics>) -> DeadLetterSink {
+    pub fn new(
+        pipeline: &str,
+        queue: Option<Arc<DeadLetterQueue>>,
+        metrics: Arc<PipelineMetrics>,
+        abort: tokio_util::sync::CancellationToken,
+    ) -> DeadLetterSink {
         DeadLetterSink {
             pipeline: pipeline.to_string(),
             queue,
             metrics,
             loop_log: RateLimited::default(),
             lost_log: RateLimited::default(),
+            stall_log: RateLimited::default(),
+            abort,
         }
     }
 
@@ -162,34 +177,62 @@ impl DeadLetterSink {
     }
 
     /// Writes the entries and waits until they are durable per `sync`. Returns how many were
-    /// stored; the rest are counted as lost and logged (rate-limited).
-    pub async fn write(&self, entries: Vec<DeadLetter>) -> u64 {
-        let Some(queue) = &self.queue else { return 0 };
+    /// stored; those the queue refused by its policy are counted as lost and logged
+    /// (rate-limited). A write the queue fails — the disk full, an I/O error: the environment,
+    /// not the events — is tried again with backoff until it succeeds, holding the worker's batch
+    /// (backpressure); `Err` when the drain timeout aborted the wait (nothing acknowledged).
+    pub async fn write(&self, entries: Vec<DeadLetter>) -> Result<u64, Aborted> {
+        let Some(queue) = &self.queue else { return Ok(0) };
         if entries.is_empty() {
-            return 0;
+            return Ok(0);
         }
         let total = entries.len() as u64;
-        let (stored, problem) = match queue.write(entries).await {
-            Ok(outcome) => {
-                let problem =
-                    (outcome.dropped > 0).then(|| "dropped by the storage policy (full) or too large".to_string());
-                (outcome.written as u64, problem)
+        let mut backoff = RETRY_INITIAL;
+        let mut failures = 0u64;
+        let outcome = loop {
+            match queue.write(entries.clone()).await {
+                Ok(outcome) => break outcome,
+                Err(e) => {
+                    failures += 1;
+                    self.metrics.dead_letter_write_retries.add(1);
+                    if let Some(suppressed) = self.stall_log.due() {
+                        tracing::warn!(pipeline = %self.pipeline, error = %e, entries = total, failures,
+                            also_since_last_log = suppressed,
+                            "the dead letter queue cannot write; the batch waits and is tried again (backpressure)");
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = self.abort.cancelled() => return Err(Aborted),
+                    }
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                }
             }
-            Err(e) => (0, Some(e.to_string())),
         };
+        if failures > 0 {
+            tracing::info!(pipeline = %self.pipeline, failures, "the dead letter queue writes again");
+        }
+        let stored = outcome.written as u64;
         self.metrics.dead_lettered.add(stored);
         let lost = total - stored;
         if lost > 0 {
             self.metrics.dead_letter_lost.add(lost);
             if let Some(suppressed) = self.lost_log.due() {
                 tracing::error!(pipeline = %self.pipeline, lost, also_since_last_log = suppressed,
-                    reason = problem.as_deref().unwrap_or_default(),
+                    reason = "dropped by the storage policy (full) or too large",
                     "the dead letter queue did not store rejected events; they are lost");
             }
         }
-        stored
+        Ok(stored)
     }
 }
+
+/// The drain timeout cut a dead letter write short: the batch is not acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Aborted;
+
+/// The pause before retrying a failed dead letter write, doubled each time up to the maximum.
+const RETRY_INITIAL: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// Lets a log line through at most once per [`LOG_INTERVAL`], counting the ones held back.
 #[derive(Default)]

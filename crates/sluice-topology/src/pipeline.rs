@@ -107,6 +107,7 @@ impl RunningPipeline {
             &spec.name,
             dead_letter_queue.as_ref().map(|d| d.queue.clone()),
             metrics.clone(),
+            abort.clone(),
         ));
         let input_stop = CancellationToken::new();
         let external_inputs = Arc::new(AtomicUsize::new(0));

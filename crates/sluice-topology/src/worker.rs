@@ -9,8 +9,10 @@
 //! With a dead letter queue: an event a processor fails on with `on_failure: dlq` leaves the
 //! batch, and an event an output rejects *permanently* is kept for it; once every output is
 //! done, the batch's entries are written in one call, and the batch is acknowledged only after
-//! that write returned (durable per the queue's `sync`). A write counts as handling the event
-//! even when the queue could not store it (counted and logged as lost). Events given up after
+//! that write returned (durable per the queue's `sync`). A write the queue fails (a full disk,
+//! an I/O error) is retried with backoff and holds the batch (backpressure) until it succeeds
+//! or the drain timeout aborts it; entries the queue refuses by its policy (`drop_newer` when
+//! full, larger than `max_bytes`) count as handled (counted and logged as lost). Events given up after
 //! retries, and all rejections when there is no dead letter queue, are counted as failed.
 
 use std::sync::Arc;
@@ -44,10 +46,12 @@ impl Worker {
             self.metrics.events_in.add(taken);
             let mut dead_letters = Vec::new();
             let dropped = self.process(&mut batch.events, &mut dead_letters);
-            let delivered = self.deliver(&batch.events, &mut dead_letters).await;
-            if delivered.is_some() {
-                // Entries from processors are not in the batch any more: they are handled here.
-                self.dead_letters.write(dead_letters).await;
+            let mut delivered = self.deliver(&batch.events, &mut dead_letters).await;
+            // Entries from processors are not in the batch any more: they are handled here. A
+            // dead letter queue that cannot write (a full disk) holds the batch until it can;
+            // a drain timeout meanwhile leaves the batch unacknowledged, like an output's.
+            if delivered.is_some() && self.dead_letters.write(dead_letters).await.is_err() {
+                delivered = None;
             }
             let elapsed = started.elapsed();
             self.metrics.batch_duration.observe(elapsed);
@@ -228,7 +232,7 @@ mod tests {
             metrics: metrics.clone(),
             batch_size: 100,
             batch_delay: Duration::from_millis(1),
-            dead_letters: Arc::new(DeadLetterSink::new("p", dlq, metrics.clone())),
+            dead_letters: Arc::new(DeadLetterSink::new("p", dlq, metrics.clone(), Default::default())),
         };
         (worker, queue, metrics)
     }

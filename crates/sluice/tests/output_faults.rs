@@ -7,12 +7,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{BIN, Sluice, free_port, http, metric, summary, try_http, validate, wait_until};
+use common::{BIN, Mount, Sluice, fill_leaving, free_port, http, metric, summary, try_http, validate, wait_until};
 use serde_json::Value;
 
 #[test]
@@ -90,59 +88,6 @@ fn validate_warns_about_a_file_path_the_events_choose_the_directory_of() {
         let (ok, text) = validate(&config(path, extra));
         assert!(ok && !text.contains("warning"), "{path}: {text}");
     }
-}
-
-/// A small tmpfs, unmounted (and removed) when dropped, whatever happened.
-struct Mount {
-    dir: Option<tempfile::TempDir>,
-}
-
-impl Mount {
-    /// `None` when this test cannot mount (not root, or not allowed): the caller skips.
-    fn new(size: &str) -> Option<Mount> {
-        let is_root =
-            Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-        if !is_root {
-            return None;
-        }
-        let dir = tempfile::tempdir().ok()?;
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .is_ok_and(|o| o.status.success());
-        mounted.then_some(Mount { dir: Some(dir) })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.as_ref().unwrap().path()
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let path = self.path().to_path_buf();
-        if !Command::new("umount").arg(&path).status().is_ok_and(|s| s.success()) {
-            let _ = Command::new("umount").arg("-l").arg(&path).status();
-        }
-        drop(self.dir.take());
-    }
-}
-
-/// Fills the file system `dir` is on, then frees about `keep` bytes: the next writes fill it.
-fn fill_leaving(dir: &Path, keep: u64) -> std::path::PathBuf {
-    let ballast = dir.join("ballast");
-    let mut f = std::fs::File::create(&ballast).unwrap();
-    let chunk = vec![7u8; 64 * 1024];
-    loop {
-        match f.write(&chunk) {
-            Ok(n) if n > 0 => {}
-            _ => break,
-        }
-    }
-    let len = f.metadata().unwrap().len();
-    f.set_len(len.saturating_sub(keep)).unwrap();
-    ballast
 }
 
 #[test]

@@ -336,3 +336,56 @@ pub fn numbers_after(path: &Path, marker: &str) -> std::collections::BTreeMap<u6
     }
     seen
 }
+
+/// A small tmpfs, unmounted (and removed) when dropped, whatever happened.
+pub struct Mount {
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Mount {
+    /// `None` when this test cannot mount (not root, or not allowed): the caller skips.
+    pub fn new(size: &str) -> Option<Mount> {
+        let is_root =
+            Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        if !is_root {
+            return None;
+        }
+        let dir = tempfile::tempdir().ok()?;
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .is_ok_and(|o| o.status.success());
+        mounted.then_some(Mount { dir: Some(dir) })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().unwrap().path()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let path = self.path().to_path_buf();
+        if !Command::new("umount").arg(&path).status().is_ok_and(|s| s.success()) {
+            let _ = Command::new("umount").arg("-l").arg(&path).status();
+        }
+        drop(self.dir.take());
+    }
+}
+
+/// Fills the file system `dir` is on, then frees about `keep` bytes: the next writes fill it.
+pub fn fill_leaving(dir: &Path, keep: u64) -> std::path::PathBuf {
+    let ballast = dir.join("ballast");
+    let mut f = std::fs::File::create(&ballast).unwrap();
+    let chunk = vec![7u8; 64 * 1024];
+    loop {
+        match f.write(&chunk) {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+    let len = f.metadata().unwrap().len();
+    f.set_len(len.saturating_sub(keep)).unwrap();
+    ballast
+}

@@ -1,0 +1,83 @@
+//! A dead letter queue on a disk that fills: its writes fail for a reason that is not the
+//! events', so the batches that carry rejected events wait (backpressure) and are written once
+//! space returns — none is lost, and the clients are answered only then.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{BIN, Mount, Sluice, fill_leaving, free_port, http, metric, try_http, wait_until};
+
+#[test]
+fn rejected_events_wait_for_a_full_dead_letter_queue_and_none_is_lost() {
+    let Some(mount) = Mount::new("4m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let port = free_port();
+    let data = mount.path().join("data");
+    let mut s = Sluice::start(&format!(
+        "data_dir: '{}'
+api: {{address: '127.0.0.1:0'}}
+pipelines:
+  web:
+    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
+    outputs: [{{type: file, id: by_name, path: '{{dir}}/out/%{{/name}}.log'}}]
+    dead_letter_queue: {{enabled: true, sync: commit}}
+",
+        data.display()
+    ));
+    s.wait_port(port);
+    let api = s.api();
+    // Each request holds one event the file output refuses for good (its name is too long for
+    // a file name): it goes to the dead letter queue, which the full disk refuses.
+    let ballast = fill_leaving(mount.path(), 0);
+    const REQUESTS: usize = 6;
+    let clients: Vec<_> = (0..REQUESTS)
+        .map(|r| {
+            let address = format!("127.0.0.1:{port}");
+            std::thread::spawn(move || {
+                let long = format!("{r}-{}", "n".repeat(300));
+                let body = format!("{{\"name\":\"{long}\",\"message\":\"rejected {r}\"}}\n{{\"name\":\"ok\",\"message\":\"fine {r}\"}}\n");
+                try_http(&address, "POST", "/", &[], body.as_bytes())
+            })
+        })
+        .collect();
+    let retries = |api: &str| {
+        metric(&http(api, "GET", "/metrics", &[], b"").1, "sluice_dlq_write_retries_total{pipeline=\"web\"}")
+    };
+    wait_until("the dead letter queue retried on the full disk", Duration::from_secs(30), || retries(&api) >= 2.0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(clients.iter().all(|c| !c.is_finished()), "a client was answered while its rejected event was not stored");
+    s.wait_log("the dead letter queue cannot write", Duration::from_secs(10));
+    std::fs::remove_file(&ballast).unwrap();
+    for c in clients {
+        let (status, body) = c.join().unwrap().expect("answered");
+        assert_eq!(status, 200, "{body}");
+    }
+    let metrics = http(&api, "GET", "/metrics", &[], b"").1;
+    assert_eq!(metric(&metrics, "sluice_dlq_lost_total{pipeline=\"web\"}"), 0.0, "{metrics}");
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("the dead letter queue writes again"), "{log}");
+    let out = Command::new(BIN)
+        .args(["dlq", "show", "--data-dir", data.to_str().unwrap(), "--pipeline", "web"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut rejected: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["event"]["message"].as_str().unwrap().to_string()
+        })
+        .collect();
+    rejected.sort();
+    rejected.dedup();
+    assert_eq!(
+        rejected,
+        (0..REQUESTS).map(|r| format!("rejected {r}")).collect::<Vec<_>>(),
+        "every rejected event stored"
+    );
+}
