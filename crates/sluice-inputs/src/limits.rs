@@ -2,11 +2,12 @@
 //! take.
 //!
 //! - [`ConnectionSlots`]: at most `max_connections` open at once. When all are taken, the
-//!   connection that has been idle or sending one head the longest is closed to make room
-//!   ([`ConnectionSlots::take_or_evict`]), so clients that open connections and then stall
-//!   cannot lock out one that sends a request at once; a connection busy with a request is never
-//!   chosen. When every connection is busy, the new one is refused at once (the input decides
-//!   how: closed, or answered "busy" first).
+//!   connection that has waited on its client the longest (idle, or sending one head or one
+//!   body) is closed to make room ([`ConnectionSlots::take_or_evict`]), so clients that open
+//!   connections and then stall cannot lock out one that sends a request at once; a connection
+//!   waiting on the pipeline for its answer is never chosen. When every connection waits on the
+//!   pipeline, the new one is refused at once (the input decides how: closed, or answered
+//!   "busy" first).
 //! - [`Activity`]: what a connection is doing — idle between requests, receiving a request's
 //!   head, or busy with a request — and when it entered that state, fed by [`WatchedIo`] (any
 //!   byte received) and by the input (a request started or finished).
@@ -118,7 +119,10 @@ enum Phase {
     Idle(Instant),
     /// Bytes of a request's head have arrived since the instant given; the head is not complete.
     Head(Instant),
-    /// A request is being handled (its body read, its answer awaited).
+    /// A request's head is complete and its body is being received, since the instant given.
+    Body(Instant),
+    /// A request is being handled: its body is in, its answer awaited from the pipeline (for a
+    /// stream input: what it read is being decoded and queued).
     Busy,
 }
 
@@ -165,13 +169,14 @@ impl Activity {
         })
     }
 
-    /// Since when the connection is idle or in one head; `None` while busy (or evicted).
+    /// Since when the connection waits on its client (idle, in a head or in a body); `None`
+    /// while it waits on the pipeline (or was evicted).
     fn evictable_since(&self) -> Option<Instant> {
         if self.evicted.load(Ordering::Relaxed) {
             return None;
         }
         match *self.phase.lock() {
-            Phase::Idle(since) | Phase::Head(since) => Some(since),
+            Phase::Idle(since) | Phase::Head(since) | Phase::Body(since) => Some(since),
             Phase::Busy => None,
         }
     }
@@ -192,8 +197,14 @@ impl Activity {
         }
     }
 
-    /// A request's head is complete and the request is being handled.
+    /// A request's head is complete; its body is being received.
     pub fn request_started(&self) {
+        *self.phase.lock() = Phase::Body(Instant::now());
+        self.changed.notify_one();
+    }
+
+    /// The request's body is in: the connection waits on the pipeline, not on its client.
+    pub fn body_received(&self) {
         *self.phase.lock() = Phase::Busy;
         self.changed.notify_one();
     }
@@ -314,6 +325,7 @@ mod tests {
         let _busy_slot = slots.take_or_evict(&busy).unwrap();
         busy.received();
         busy.request_started();
+        busy.body_received();
         tokio::time::sleep(Duration::from_secs(1)).await;
         let idle = Activity::new(Duration::ZERO, Duration::ZERO);
         let idle_slot = slots.take_or_evict(&idle).unwrap();
@@ -327,6 +339,7 @@ mod tests {
         // Both open ones busy: nothing can be evicted.
         newcomer.received();
         newcomer.request_started();
+        newcomer.body_received();
         assert!(slots.take_or_evict(&Activity::new(Duration::ZERO, Duration::ZERO)).is_none());
         assert_eq!(slots.open(), 2);
     }
@@ -354,6 +367,7 @@ mod tests {
         let activity = Activity::new(Duration::from_secs(60), Duration::from_secs(10));
         activity.received();
         activity.request_started();
+        activity.body_received();
         let a = activity.clone();
         let watchdog = tokio::spawn(async move { a.expired().await });
         tokio::time::sleep(Duration::from_secs(600)).await;

@@ -15,8 +15,10 @@
 //!   is logged again when the connection closes.
 //! - With `codec: json_lines`, a line that is not a JSON object is kept in `message`, tagged
 //!   `_jsonparsefailure` and counted as failed.
-//! - Beyond `max_connections` open connections, new ones are accepted and closed at once, with a
-//!   warning naming the peer.
+//! - With `max_connections` open, a new connection makes room by closing the one that has waited
+//!   for its client the longest (see [`crate::limits`]); only when every connection is busy
+//!   decoding and queueing what it read is the new one closed at once, with a warning naming the
+//!   peer. A connection that sends nothing for `idle_timeout` is closed.
 //! - On shutdown the input stops accepting, and each connection pushes what it has already read
 //!   (an unterminated last line included) and closes. An unterminated line at end of stream is
 //!   also passed on.
@@ -24,7 +26,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -41,6 +42,7 @@ use tokio::task::JoinSet;
 use crate::admission;
 use crate::codec::{Codec, Decoded};
 use crate::framing::{Line, LineFramer};
+use crate::limits::{Activity, ConnectionSlots};
 use crate::{Input, InputContext, InputError};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -118,7 +120,6 @@ impl Input for Tcp {
 struct Shared {
     config: TcpConfig,
     ctx: InputContext,
-    open: AtomicUsize,
     /// Read buffers, back once the events sharing them are finished.
     texts: Arc<TextPool>,
 }
@@ -132,9 +133,10 @@ const TEXTS_KEPT: usize = 64;
 async fn serve(config: TcpConfig, listener: TcpListener, ctx: InputContext) -> Result<(), InputError> {
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.address.clone());
     tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, "tcp input listening");
-    let max_connections = config.max_connections;
+    let slots = ConnectionSlots::new(config.max_connections);
+    let idle_timeout = config.idle_timeout.0;
     let texts = TextPool::new(TEXTS_KEPT, config.read_buffer.as_usize() * 2);
-    let shared = Arc::new(Shared { config, ctx: ctx.clone(), open: AtomicUsize::new(0), texts });
+    let shared = Arc::new(Shared { config, ctx: ctx.clone(), texts });
     let mut tasks = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -153,17 +155,18 @@ async fn serve(config: TcpConfig, listener: TcpListener, ctx: InputContext) -> R
                 continue;
             }
         };
-        if shared.open.load(Ordering::Relaxed) >= max_connections {
-            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections,
-                "tcp input refused a connection: max_connections reached");
+        let activity = Activity::new(idle_timeout, Duration::ZERO);
+        let Some(slot) = slots.take_or_evict(&activity) else {
+            ctx.metrics.refused.add(1);
+            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections = slots.max(),
+                "tcp input refused a connection: max_connections reached, every one busy");
             drop(stream);
             continue;
-        }
-        shared.open.fetch_add(1, Ordering::Relaxed);
+        };
         let shared = shared.clone();
         tasks.spawn(async move {
-            connection(&shared, stream, peer).await;
-            shared.open.fetch_sub(1, Ordering::Relaxed);
+            connection(&shared, stream, peer, &activity).await;
+            drop(slot);
         });
     }
     drop(listener);
@@ -172,7 +175,7 @@ async fn serve(config: TcpConfig, listener: TcpListener, ctx: InputContext) -> R
 }
 
 /// Reads one client until it closes, fails, or shutdown is asked.
-async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
+async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr, activity: &Activity) {
     let ctx = &shared.ctx;
     let config = &shared.config;
     let codec = config.codec;
@@ -189,7 +192,8 @@ async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
         // Room for exactly `read_buffer` bytes, so that a read never grows the buffer.
         let mut buf = shared.texts.take(read_buffer);
         let mut room = (&mut buf).limit(read_buffer);
-        let idle = config.idle_timeout.0;
+        // Waiting on the client from now: idle time counts, and a full house may close it.
+        activity.request_finished();
         let (n, end) = tokio::select! {
             biased;
             // Shutdown first: a client that never pauses must not keep the input running.
@@ -202,13 +206,13 @@ async fn connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
                     (0, true)
                 }
             },
-            _ = tokio::time::sleep(idle), if !idle.is_zero() => {
+            why = activity.expired() => {
                 ctx.metrics.refused.add(1);
-                tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, idle_timeout = ?idle,
-                    "tcp input closed a connection that sent nothing for idle_timeout");
+                tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "tcp input closed a connection that {why}");
                 (0, true)
             }
         };
+        activity.body_received();
         // Room in the memory budget before decoding: the read's bytes and an event per line.
         let estimate = admission::estimate(codec, n, admission::count_lines(&buf[..n]));
         let Some(mut charge) = ctx.reserve(estimate).await else {
@@ -534,32 +538,27 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
-    async fn max_connections_is_enforced() {
+    async fn a_full_house_closes_the_connection_idle_the_longest() {
         let (addr, ctx, mut rx, task) = start("{type: tcp, address: 'x:0', max_connections: 2}").await;
         let mut a = TcpStream::connect(addr).await.unwrap();
-        let mut b = TcpStream::connect(addr).await.unwrap();
         a.write_all(b"a\n").await.unwrap();
+        assert_eq!(collect(&mut rx, 1).await.len(), 1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut b = TcpStream::connect(addr).await.unwrap();
         b.write_all(b"b\n").await.unwrap();
-        // Both are being served once their lines arrive.
-        assert_eq!(collect(&mut rx, 2).await.len(), 2);
+        assert_eq!(collect(&mut rx, 1).await.len(), 1);
+        // Both places are taken; a newcomer is served, and `a`, idle the longest, is closed.
         let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"c\n").await.unwrap();
+        let got = collect(&mut rx, 1).await;
+        assert_eq!(got[0].message(), Some("c"));
         let mut byte = [0u8; 1];
-        let closed = tokio::time::timeout(Duration::from_secs(5), c.read(&mut byte)).await.unwrap();
-        assert!(matches!(closed, Ok(0) | Err(_)), "the third connection is closed: {closed:?}");
-        // When one leaves, a new one is served.
-        drop(a);
-        let mut served = false;
-        for _ in 0..100 {
-            let mut d = TcpStream::connect(addr).await.unwrap();
-            let _ = d.write_all(b"d\n").await;
-            if let Ok(Some(batch)) = tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
-                assert_eq!(batch.events[0].message(), Some("d"));
-                served = true;
-                break;
-            }
-        }
-        assert!(served);
-        drop(b);
+        let closed = tokio::time::timeout(Duration::from_secs(5), a.read(&mut byte)).await.unwrap();
+        assert!(matches!(closed, Ok(0) | Err(_)), "the longest idle connection is closed: {closed:?}");
+        b.write_all(b"b again\n").await.unwrap();
+        assert_eq!(collect(&mut rx, 1).await[0].message(), Some("b again"), "the other one is kept");
+        assert_eq!(ctx.metrics.refused.get(), 1);
+        drop((b, c));
         ctx.shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
     }
@@ -570,7 +569,7 @@ pub(crate) mod tests {
     #[async_trait]
     impl Queue for CountingQueue {
         async fn push(&self, batch: Batch) -> Result<(), QueueClosed> {
-            self.0.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            self.0.fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
             Ok(())
         }
         async fn pop(&self, _max_events: usize, _delay: Duration) -> Option<Batch> {
@@ -605,7 +604,7 @@ pub(crate) mod tests {
         }
         s.shutdown().await.unwrap();
         let sent = (total_lines / 4096 * 4096) as u64;
-        while counter.0.load(Ordering::Relaxed) < sent {
+        while counter.0.load(std::sync::atomic::Ordering::Relaxed) < sent {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let secs = started.elapsed().as_secs_f64();

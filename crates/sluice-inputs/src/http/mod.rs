@@ -245,7 +245,9 @@ async fn connection(
         let activity = requests.clone();
         async move {
             activity.request_started();
-            let response = handle(&shared, request.map(Body::new)).await;
+            let mut request = request.map(Body::new);
+            request.extensions_mut().insert(activity.clone());
+            let response = handle(&shared, request).await;
             activity.request_finished();
             Ok::<_, Infallible>(response)
         }
@@ -354,6 +356,7 @@ async fn handle(s: &Shared, request: Request) -> Response {
         return r;
     }
     let (parts, body) = request.into_parts();
+    let activity = parts.extensions.get::<Arc<Activity>>().cloned();
     if let Some(expected) = &s.expected_auth {
         let given = parts.headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes).unwrap_or_default();
         if !constant_time_eq(expected, given) {
@@ -379,7 +382,7 @@ async fn handle(s: &Shared, request: Request) -> Response {
     let budget = &s.ctx.memory;
     let mut admission = Admission::new(budget.empty(), budget.limit() / 2, deadline);
     let accepted = tokio::select! {
-        r = admit(s, body, declared.unwrap_or(0) as usize, gzip, &mut admission) => r,
+        r = admit(s, body, declared.unwrap_or(0) as usize, gzip, &mut admission, activity.as_deref()) => r,
         _ = shutdown.cancelled() => return shutting_down(),
     };
     let (events, body_len) = match accepted {
@@ -429,6 +432,7 @@ async fn admit(
     declared: usize,
     gzip: bool,
     admission: &mut Admission,
+    activity: Option<&Activity>,
 ) -> Result<(Vec<sluice_core::Event>, usize), Refusal> {
     let started = tokio::time::Instant::now();
     let read = tokio::time::timeout(s.body_timeout, body::read_body(&mut body, s.max_body, declared, admission)).await;
@@ -443,6 +447,9 @@ async fn admit(
         }
         Ok(r) => r?,
     };
+    if let Some(a) = activity {
+        a.body_received();
+    }
     let (body, held) = if gzip {
         let inflated = body::gunzip(&raw, s.max_body, admission).await?;
         admission.give_back(raw.len());
@@ -626,8 +633,11 @@ mod tests {
     async fn stalled_connections_make_room_for_a_new_client() {
         let (addr, ctx, rx, task) = start("{type: http, address: 'x:0', max_connections: 3}").await;
         let _batches = auto_ack(rx);
-        // Three clients take every place and stall: one sends nothing, two half a head.
-        let mut stalled = vec![TcpStream::connect(addr).await.unwrap()];
+        // Three clients take every place and stall: one in its body, two in their heads.
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        first.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n[1,").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut stalled = vec![first];
         for _ in 0..2 {
             let mut s = TcpStream::connect(addr).await.unwrap();
             s.write_all(b"POST / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
