@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::{Event, Value};
+use sluice_testkit::SmallTmpfs;
 
 use crate::inspect::{self, Item};
 use crate::naming::{self, Name};
@@ -661,45 +662,6 @@ async fn a_failed_write_costs_its_own_entries_and_never_earlier_ones() {
             .count();
         assert_eq!(damaged, 0, "nothing damaged ({errno} at {failing})");
         assert_eq!(stats.written, expected.len() as u64, "{errno} at {failing}");
-    }
-}
-
-/// A small tmpfs, unmounted when dropped. `None` (with the reason printed) where this process
-/// may not mount one.
-struct SmallTmpfs(Option<tempfile::TempDir>);
-
-impl SmallTmpfs {
-    fn mount(size: &str) -> Option<SmallTmpfs> {
-        let dir = tempfile::tempdir().unwrap();
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match out {
-            Ok(out) if out.status.success() => Some(SmallTmpfs(Some(dir))),
-            Ok(out) => {
-                eprintln!("skipped: cannot mount a tmpfs: {}", String::from_utf8_lossy(&out.stderr).trim());
-                None
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run mount: {e}");
-                None
-            }
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.0.as_ref().unwrap().path()
-    }
-}
-
-impl Drop for SmallTmpfs {
-    fn drop(&mut self) {
-        let path = self.path().to_path_buf();
-        let ok = std::process::Command::new("umount").arg(&path).status().is_ok_and(|s| s.success());
-        if !ok {
-            let _ = std::process::Command::new("umount").arg("-l").arg(&path).status();
-        }
     }
 }
 

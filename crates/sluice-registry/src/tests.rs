@@ -3,6 +3,7 @@ use std::path::Path;
 
 use proptest::prelude::*;
 use serde_json::json;
+use sluice_testkit::SmallTmpfs;
 
 use super::*;
 
@@ -704,59 +705,6 @@ proptest! {
         drop(r);
         let r = Registry::open(dir.path(), opts).unwrap();
         check(&r, &model)?;
-    }
-}
-
-/// A small tmpfs, unmounted when dropped: a real file system that fills up. `None` (with the
-/// reason printed) where this process may not mount one.
-struct SmallTmpfs(Option<tempfile::TempDir>);
-
-impl SmallTmpfs {
-    fn mount(size: &str) -> Option<SmallTmpfs> {
-        let dir = tempfile::tempdir().unwrap();
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match out {
-            Ok(out) if out.status.success() => Some(SmallTmpfs(Some(dir))),
-            Ok(out) => {
-                eprintln!("skipped: cannot mount a tmpfs: {}", String::from_utf8_lossy(&out.stderr).trim());
-                None
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run mount: {e}");
-                None
-            }
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.0.as_ref().unwrap().path()
-    }
-
-    /// Writes a file until the file system refuses more; returns its path.
-    fn fill(&self) -> std::path::PathBuf {
-        use std::io::Write;
-        let path = self.path().join("ballast");
-        let mut f = File::create(&path).unwrap();
-        let chunk = vec![0xa5u8; 4096];
-        while let Ok(n) = f.write(&chunk) {
-            if n == 0 {
-                break;
-            }
-        }
-        path
-    }
-}
-
-impl Drop for SmallTmpfs {
-    fn drop(&mut self) {
-        let path = self.path().to_path_buf();
-        let ok = std::process::Command::new("umount").arg(&path).status().is_ok_and(|s| s.success());
-        if !ok {
-            let _ = std::process::Command::new("umount").arg("-l").arg(&path).status();
-        }
     }
 }
 

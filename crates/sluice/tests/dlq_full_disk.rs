@@ -7,14 +7,12 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{BIN, Mount, Sluice, fill_leaving, free_port, http, metric, try_http, wait_until};
+use common::{BIN, Sluice, free_port, http, metric, try_http, wait_until};
+use sluice_testkit::SmallTmpfs;
 
 #[test]
 fn rejected_events_wait_for_a_full_dead_letter_queue_and_none_is_lost() {
-    let Some(mount) = Mount::new("4m") else {
-        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
-        return;
-    };
+    let Some(mount) = SmallTmpfs::mount("4m") else { return };
     let port = free_port();
     let data = mount.path().join("data");
     let mut s = Sluice::start(&format!(
@@ -32,7 +30,7 @@ pipelines:
     let api = s.api();
     // Each request holds one event the file output refuses for good (its name is too long for
     // a file name): it goes to the dead letter queue, which the full disk refuses.
-    let ballast = fill_leaving(mount.path(), 0);
+    let ballast = mount.fill();
     const REQUESTS: usize = 6;
     let clients: Vec<_> = (0..REQUESTS)
         .map(|r| {

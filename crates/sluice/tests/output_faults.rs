@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{BIN, Mount, Sluice, fill_leaving, free_port, http, metric, summary, try_http, validate, wait_until};
+use common::{BIN, Sluice, free_port, http, metric, summary, try_http, validate, wait_until};
 use serde_json::Value;
+use sluice_testkit::SmallTmpfs;
 
 #[test]
 fn an_event_with_a_name_too_long_goes_to_the_dlq_and_the_pipeline_goes_on() {
@@ -92,10 +93,7 @@ fn validate_warns_about_a_file_path_the_events_choose_the_directory_of() {
 
 #[test]
 fn a_file_output_on_a_disk_that_fills_holds_clients_back_and_resumes_without_broken_lines() {
-    let Some(mount) = Mount::new("2m") else {
-        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
-        return;
-    };
+    let Some(mount) = SmallTmpfs::mount("2m") else { return };
     let port = free_port();
     let out = mount.path().join("out.log");
     let mut s = Sluice::start(&format!(
@@ -112,7 +110,7 @@ pipelines:
     s.wait_port(port);
     let api = s.api();
     // Room for a few requests only: the disk fills part-way through an append.
-    let ballast = fill_leaving(mount.path(), 24 * 1024);
+    let ballast = mount.fill_leaving(24 * 1024);
     const REQUESTS: u64 = 40;
     const PER_REQUEST: u64 = 20;
     let clients: Vec<_> = (0..2)

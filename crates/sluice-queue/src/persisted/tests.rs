@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use sluice_core::ack::AckOutcome;
 use sluice_core::{AckSet, Acker, Batch, Event, Queue, Value};
+use sluice_testkit::SmallTmpfs;
 
 use super::*;
 
@@ -929,68 +930,6 @@ async fn a_direct_write_refused_mid_segment_is_made_through_the_page_cache() {
     assert_eq!(drain(&q, 30, true).await, (0..30).collect::<Vec<_>>(), "not acknowledged: all read back");
     assert_eq!(q.stats().corrupt_frames, 0, "nothing damaged at the switch");
     q.shutdown().await;
-}
-
-/// A small tmpfs, unmounted when dropped: a real file system that fills up. `None` (with the
-/// reason printed) where this process may not mount one.
-struct SmallTmpfs {
-    dir: Option<tempfile::TempDir>,
-}
-
-impl SmallTmpfs {
-    fn mount(size: &str) -> Option<SmallTmpfs> {
-        let dir = tempfile::tempdir().unwrap();
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match mounted {
-            Ok(out) if out.status.success() => Some(SmallTmpfs { dir: Some(dir) }),
-            Ok(out) => {
-                eprintln!("skipped: cannot mount a tmpfs: {}", String::from_utf8_lossy(&out.stderr).trim());
-                None
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run mount: {e}");
-                None
-            }
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.as_ref().unwrap().path()
-    }
-
-    /// Writes a file until the file system refuses more: the disk is full.
-    fn fill(&self) -> PathBuf {
-        use std::io::Write;
-        let path = self.path().join("ballast");
-        let mut f = fs::File::create(&path).unwrap();
-        let chunk = vec![0xa5u8; 4096];
-        loop {
-            match f.write(&chunk) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "filling the disk: {e}");
-                    break;
-                }
-            }
-        }
-        // Whatever the last partial write left: the file system has no page left.
-        let _ = f.sync_all();
-        path
-    }
-}
-
-impl Drop for SmallTmpfs {
-    fn drop(&mut self) {
-        let path = self.path().to_path_buf();
-        let ok = std::process::Command::new("umount").arg(&path).status().is_ok_and(|s| s.success());
-        if !ok {
-            let _ = std::process::Command::new("umount").arg("-l").arg(&path).status();
-        }
-    }
 }
 
 /// The disk fills while events are delivered: the progress is still recorded (the checkpoint
