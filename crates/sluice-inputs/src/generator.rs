@@ -88,6 +88,7 @@ impl Input for Generator {
 
         let batch_size = if c.rate > 0 { c.batch_size.min((c.rate as usize / 10).max(1)) } else { c.batch_size };
         let started = Instant::now();
+        let longest_line = lines.iter().map(Vec::len).max().unwrap_or(0);
         let mut made: u64 = 0;
         let mut next_line = 0usize;
         while c.count == 0 || made < c.count {
@@ -104,8 +105,7 @@ impl Input for Generator {
             let n = if c.count == 0 { batch_size } else { batch_size.min((c.count - made) as usize) };
             // Room in the memory budget before making the events: their lines are copied into
             // them, so the estimate counts the lines' bytes and an event each.
-            let line_bytes = lines.iter().map(Vec::len).max().unwrap_or(0);
-            let Some(mut charge) = ctx.reserve(admission::estimate(c.codec, n * line_bytes, n)).await else {
+            let Some(mut charge) = ctx.reserve(admission::estimate(c.codec, n * longest_line, n)).await else {
                 break;
             };
             let ts = now_nanos();
