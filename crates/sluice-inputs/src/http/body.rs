@@ -19,7 +19,7 @@ use std::pin::Pin;
 
 use axum::body::{Body, HttpBody};
 use serde::Deserialize;
-use serde::de::{DeserializeSeed, IgnoredAny, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use sluice_core::{ChargeError, Event, MemoryCharge, Value};
 use tokio::time::Instant;
 
@@ -336,12 +336,59 @@ pub fn describe_error(body: &[u8]) -> String {
             Ok(()) => "invalid JSON".to_string(),
         }
     } else {
-        for (i, value) in serde_json::Deserializer::from_slice(body).into_iter::<IgnoredAny>().enumerate() {
+        for (i, value) in serde_json::Deserializer::from_slice(body).into_iter::<Checked>().enumerate() {
             if let Err(e) = value {
                 return format!("invalid JSON on line {} (value {i}, counting from 0): {e}", e.line());
             }
         }
         "invalid JSON".to_string()
+    }
+}
+
+/// Any JSON value, read and checked as the events are (strings must be UTF-8) but not kept:
+/// serde's `IgnoredAny` skips strings without checking them, so it would find no error in a
+/// body the event parser refuses.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Checked, D::Error> {
+        d.deserialize_any(CheckedVisitor)
+    }
+}
+
+struct CheckedVisitor;
+
+impl<'de> Visitor<'de> for CheckedVisitor {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(Checked)
     }
 }
 
@@ -366,7 +413,7 @@ impl<'de> Visitor<'de> for CountedArray<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {
+        while seq.next_element::<Checked>()?.is_some() {
             self.index.set(self.index.get() + 1);
         }
         Ok(())
@@ -417,11 +464,11 @@ fn reference_count(body: &[u8]) -> Option<usize> {
     let start = skip_whitespace(body, 0);
     if body.get(start) == Some(&b'[') {
         let mut de = serde_json::Deserializer::from_slice(body);
-        let values = Vec::<IgnoredAny>::deserialize(&mut de).ok()?;
+        let values = Vec::<Checked>::deserialize(&mut de).ok()?;
         de.end().ok()?;
         Some(values.len())
     } else {
-        serde_json::Deserializer::from_slice(body).into_iter::<IgnoredAny>().try_fold(0, |n, v| v.ok().map(|_| n + 1))
+        serde_json::Deserializer::from_slice(body).into_iter::<Checked>().try_fold(0, |n, v| v.ok().map(|_| n + 1))
     }
 }
 
@@ -481,5 +528,10 @@ mod tests {
             let _ = parse_body_for_fuzzing(body);
         }
         assert_eq!(parse_body_for_fuzzing(b"{} {} {}"), Ok(3));
+        // A string that is not UTF-8 is refused, with its place named.
+        let e = parse_body_for_fuzzing(b"[\"a\", \"\xff\"]").unwrap_err();
+        assert!(e.contains("element 1"), "{e}");
+        let e = parse_body_for_fuzzing(b"{\"a\": 1}\n{\"b\": \"\xc3\"}").unwrap_err();
+        assert!(e.contains("line 2"), "{e}");
     }
 }
