@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
 SLUICE = os.path.join(TARGET, "release", "sluice")
 LOADGEN = os.path.join(TARGET, "release", "sluice-loadgen")
-LOGHUB = os.path.join(ROOT, "..", "shared", "data", "loghub")
+LOGHUB = os.path.join(ROOT, "tests", "data", "loghub")
 LINE_BYTES = 250
 
 

@@ -191,15 +191,15 @@ pub(crate) fn str_value(s: &str) -> Value {
     Value::String(Str::new(s))
 }
 
-/// Reads a file of the shared loghub sample set; panics with a clear message when it is missing
-/// (the tests depend on real log lines and must not pass silently without them).
+/// Reads one of the loghub samples kept in the repository (`tests/data/loghub`); panics with a
+/// clear message when it is missing (the tests depend on real log lines and must not pass
+/// silently without them).
 #[cfg(test)]
 pub(crate) fn loghub(name: &str) -> String {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/loghub");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/loghub");
     let path = format!("{dir}/{name}");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("cannot read test data {path}: {e}; these tests need the shared loghub samples in shared/data/loghub")
-    })
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read test data {path}: {e}; the loghub samples are in tests/data/loghub"))
 }
 
 /// A processor built from a YAML snippet, for tests.

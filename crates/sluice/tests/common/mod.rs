@@ -11,13 +11,10 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
+/// One of the loghub samples kept in the repository (`tests/data/loghub`).
 pub fn loghub(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/loghub").join(name);
-    assert!(
-        p.exists(),
-        "sample log {} is missing: the tests need ../shared/data/loghub beside the checkout",
-        p.display()
-    );
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/loghub").join(name);
+    assert!(p.exists(), "sample log {} is missing (the samples are in tests/data/loghub)", p.display());
     p
 }
 
