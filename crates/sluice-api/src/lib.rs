@@ -446,18 +446,28 @@ fn memory_metrics(out: &mut String, m: &sluice_core::MemoryBudget) {
         ("sluice_memory_waiting", "Inputs waiting now for room in the memory budget.", m.waiting() as f64),
     ];
     for (name, help, v) in gauges {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        unlabelled(out, name, "gauge", help, v);
     }
-    let seconds = m.wait_nanos() as f64 / 1e9;
-    let _ = writeln!(
-        out,
-        "# HELP sluice_memory_wait_seconds_total Time inputs waited for room in the memory budget, waits in progress included.\n# TYPE sluice_memory_wait_seconds_total counter\nsluice_memory_wait_seconds_total {seconds}"
-    );
-    let _ = writeln!(
-        out,
-        "# HELP sluice_memory_refused_total Charges refused: larger than the budget allows, or not granted in time.\n# TYPE sluice_memory_refused_total counter\nsluice_memory_refused_total {}",
-        m.refused()
-    );
+    let counters: [(&str, &str, f64); 2] = [
+        (
+            "sluice_memory_wait_seconds_total",
+            "Time inputs waited for room in the memory budget, waits in progress included.",
+            m.wait_nanos() as f64 / 1e9,
+        ),
+        (
+            "sluice_memory_refused_total",
+            "Charges refused: larger than the budget allows, or not granted in time.",
+            m.refused() as f64,
+        ),
+    ];
+    for (name, help, v) in counters {
+        unlabelled(out, name, "counter", help, v);
+    }
+}
+
+/// One series without labels (no empty braces).
+fn unlabelled(out: &mut String, name: &str, kind: &str, help: &str, value: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
 }
 
 fn registry_metrics(out: &mut String, r: &sluice_core::metrics::RegistryMetrics) {
@@ -479,7 +489,7 @@ fn registry_metrics(out: &mut String, r: &sluice_core::metrics::RegistryMetrics)
         ("sluice_registry_write_errors_total", "Failed registry writes (retried).", &r.write_errors),
     ];
     for (name, help, c) in counters {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.get());
+        unlabelled(out, name, "counter", help, c.get() as f64);
     }
     let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let gauges: [(&str, &str, f64); 4] = [
@@ -493,7 +503,7 @@ fn registry_metrics(out: &mut String, r: &sluice_core::metrics::RegistryMetrics)
         ),
     ];
     for (name, help, v) in gauges {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        unlabelled(out, name, "gauge", help, v);
     }
 }
 

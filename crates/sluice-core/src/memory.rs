@@ -80,11 +80,6 @@ impl MemoryBudget {
         })
     }
 
-    /// A budget too large to ever be waited on, for tests and tools that run no inputs.
-    pub fn unlimited() -> Arc<MemoryBudget> {
-        MemoryBudget::new(usize::MAX)
-    }
-
     pub fn limit(&self) -> usize {
         self.limit_granules.saturating_mul(GRANULE)
     }

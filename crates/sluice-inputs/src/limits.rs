@@ -49,7 +49,7 @@ impl ConnectionSlots {
     }
 
     /// A slot, if fewer than `max` are taken; it is given back when dropped.
-    pub fn try_take(self: &Arc<Self>) -> Option<ConnectionSlot> {
+    fn try_take(self: &Arc<Self>) -> Option<ConnectionSlot> {
         let mut open = self.open.load(Ordering::Relaxed);
         loop {
             if open >= self.max {
@@ -90,7 +90,8 @@ impl ConnectionSlots {
         ConnectionSlot { slots: self.clone(), id: self.next_id.fetch_add(1, Ordering::Relaxed) }
     }
 
-    pub fn open(&self) -> usize {
+    #[cfg(test)]
+    fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed)
     }
 
