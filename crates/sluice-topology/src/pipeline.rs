@@ -195,12 +195,7 @@ impl RunningPipeline {
     pub async fn stop(mut self, timeout: Duration, drain: bool) -> PipelineSummary {
         let name = self.spec.name.clone();
         self.input_stop.cancel();
-        let inputs_done = tokio::time::timeout(timeout, async {
-            for h in &mut self.inputs {
-                let _ = h.await;
-            }
-        })
-        .await;
+        let inputs_done = tokio::time::timeout(timeout, join_finished(&mut self.inputs)).await;
         if inputs_done.is_err() {
             tracing::warn!(pipeline = %name, "inputs did not stop in time; aborting them");
             self.inputs.iter().for_each(JoinHandle::abort);
@@ -218,23 +213,13 @@ impl RunningPipeline {
             }
         }
         self.queue.close();
-        let drained = tokio::time::timeout(timeout, async {
-            for h in &mut self.workers {
-                let _ = h.await;
-            }
-        })
-        .await;
+        let drained = tokio::time::timeout(timeout, join_finished(&mut self.workers)).await;
         if drained.is_err() {
             let left = self.queue.stats().events;
             tracing::error!(pipeline = %name, timeout = ?timeout, events_left = left,
                 "drain timeout reached; aborting deliveries in progress");
             self.abort.cancel();
-            let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                for h in &mut self.workers {
-                    let _ = h.await;
-                }
-            })
-            .await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), join_finished(&mut self.workers)).await;
             self.workers.iter().for_each(JoinHandle::abort);
         }
         self.queue.shutdown().await;
@@ -268,5 +253,16 @@ impl RunningPipeline {
             seconds_millis: m.started.elapsed().as_millis() as u64,
             input_errors: self.input_errors.load(Ordering::SeqCst),
         }
+    }
+}
+
+/// Waits for every task, dropping each handle once it has finished: cut short (by a timeout)
+/// and called again, it waits only for the tasks still running. A finished handle must not be
+/// awaited twice (tokio panics), which awaiting them all in place would do after a timeout that
+/// came while a later task was still running.
+async fn join_finished(handles: &mut Vec<JoinHandle<()>>) {
+    while let Some(first) = handles.first_mut() {
+        let _ = first.await;
+        handles.remove(0);
     }
 }

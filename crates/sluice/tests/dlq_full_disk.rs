@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{BIN, Sluice, free_port, http, metric, try_http, wait_until};
+use common::{BIN, Sluice, free_port, http, metric, summary, try_http, wait_until};
 use sluice_testkit::SmallTmpfs;
 
 #[test]
@@ -78,4 +78,44 @@ pipelines:
         (0..REQUESTS).map(|r| format!("rejected {r}")).collect::<Vec<_>>(),
         "every rejected event stored"
     );
+}
+
+#[test]
+fn a_drain_timeout_while_the_dead_letter_queue_is_full_leaves_the_batch_unacknowledged() {
+    let Some(mount) = SmallTmpfs::mount("4m") else { return };
+    let port = free_port();
+    let data = mount.path().join("data");
+    let mut s = Sluice::start(&format!(
+        "data_dir: '{}'
+api: {{address: '127.0.0.1:0'}}
+shutdown_timeout: 1s
+pipelines:
+  web:
+    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
+    outputs: [{{type: file, id: by_name, path: '{{dir}}/out/%{{/name}}.log'}}]
+    dead_letter_queue: {{enabled: true, sync: commit}}
+",
+        data.display()
+    ));
+    s.wait_port(port);
+    let api = s.api();
+    let _ballast = mount.fill();
+    let address = format!("127.0.0.1:{port}");
+    let client = std::thread::spawn(move || {
+        let body = format!("{{\"name\":\"{}\",\"message\":\"rejected\"}}\n", "n".repeat(300));
+        try_http(&address, "POST", "/", &[], body.as_bytes())
+    });
+    let retries = |api: &str| {
+        metric(&http(api, "GET", "/metrics", &[], b"").1, "sluice_dlq_write_retries_total{pipeline=\"web\"}")
+    };
+    wait_until("the dead letter queue retried on the full disk", Duration::from_secs(30), || retries(&api) >= 1.0);
+    s.signal("TERM");
+    let (status, log) = s.wait(Duration::from_secs(30));
+    // Not acknowledged: the client is not told its events were handled, and the drain says so.
+    let (code, _) = client.join().unwrap().expect("answered");
+    assert_eq!(code, 503);
+    assert!(!status.success(), "events were left unfinished: {log}");
+    let sum = summary(&log, "web");
+    assert_eq!((sum["unfinished"], sum["dead_lettered"]), (1, 0), "{log}");
+    assert!(!log.contains("they are lost"), "{log}");
 }
