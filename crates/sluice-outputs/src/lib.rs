@@ -159,3 +159,34 @@ pub fn encode_json_lines(events: &[&Event], out: &mut Vec<u8>) {
 /// The default pause before the first retry, doubled each time up to the maximum.
 pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_millis(100);
 pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// What the outputs' unit tests share: a context, and a spec from a line of YAML.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::sync::Arc;
+
+    use sluice_config::model::ComponentSpec;
+    use sluice_core::bus::PipelineBus;
+    use sluice_core::metrics::{ComponentKind, ComponentMetrics};
+    use tokio_util::sync::CancellationToken;
+
+    use crate::OutputContext;
+
+    /// A context for an output `out` of type `type_name` in pipeline `pipeline`.
+    pub fn context(pipeline: &str, type_name: &str) -> OutputContext {
+        OutputContext {
+            pipeline: pipeline.into(),
+            id: "out".into(),
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, type_name)),
+            bus: Arc::new(PipelineBus::default()),
+            abort: CancellationToken::new(),
+        }
+    }
+
+    /// The spec of an output written as a YAML flow mapping.
+    pub fn spec(yaml: &str) -> ComponentSpec {
+        let text = format!("pipelines:\n  p:\n    inputs: [{{type: stdin}}]\n    outputs:\n      - {yaml}\n");
+        let root = sluice_config::model::load_str(&text, "test.yml").unwrap_or_else(|e| panic!("{e}"));
+        root.pipelines.into_iter().next().unwrap().outputs.remove(0)
+    }
+}

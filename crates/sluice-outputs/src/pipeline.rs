@@ -117,21 +117,12 @@ impl Output for PipelineOutput {
 
 #[cfg(test)]
 mod tests {
-    use sluice_core::bus::PipelineBus;
-    use sluice_core::metrics::{ComponentKind, ComponentMetrics};
-    use tokio_util::sync::CancellationToken;
 
     use super::*;
 
     #[tokio::test]
     async fn a_receiver_not_running_holds_the_batch_counting_a_retry_until_shutdown_aborts() {
-        let ctx = OutputContext {
-            pipeline: "up".into(),
-            id: "out".into(),
-            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "pipeline")),
-            bus: Arc::new(PipelineBus::default()),
-            abort: CancellationToken::new(),
-        };
+        let ctx = crate::test_support::context("up", "pipeline");
         let (metrics, abort) = (ctx.metrics.clone(), ctx.abort.clone());
         let out = PipelineOutput { send_to: vec!["down".into()], stall: StallLog::default(), ctx };
         let event = Event::from_message_at("x", 0);

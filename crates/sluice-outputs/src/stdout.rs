@@ -134,9 +134,6 @@ mod tests {
     use std::task::{Context, Poll};
 
     use parking_lot::Mutex;
-    use sluice_core::bus::PipelineBus;
-    use sluice_core::metrics::{ComponentKind, ComponentMetrics};
-    use tokio_util::sync::CancellationToken;
 
     use super::*;
 
@@ -163,16 +160,8 @@ mod tests {
     }
 
     fn output(yaml: &str, failures: Vec<ErrorKind>) -> (Stdout, Arc<Mutex<Vec<u8>>>) {
-        let text = format!("pipelines:\n  p:\n    inputs: [{{type: stdin}}]\n    outputs:\n      - {yaml}\n");
-        let root = sluice_config::model::load_str(&text, "test.yml").unwrap_or_else(|e| panic!("{e}"));
-        let spec = root.pipelines.into_iter().next().unwrap().outputs.remove(0);
-        let ctx = OutputContext {
-            pipeline: "test".into(),
-            id: "out".into(),
-            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "stdout")),
-            bus: Arc::new(PipelineBus::default()),
-            abort: CancellationToken::new(),
-        };
+        let spec = crate::test_support::spec(yaml);
+        let ctx = crate::test_support::context("test", "stdout");
         let kept = Arc::new(Mutex::new(Vec::new()));
         let sink = Box::new(Flaky { failures, kept: kept.clone() });
         (build_with(&spec, ctx, sink).unwrap_or_else(|e| panic!("{e}")), kept)

@@ -1,26 +1,13 @@
 //! Faults the file system would have to be broken to show: a write that fails part-way (ENOSPC,
 //! EIO), a rollback that fails, a permission refused on open. Injected through `Files::injected`.
 
-use std::sync::Arc;
-
-use sluice_core::bus::PipelineBus;
-use sluice_core::metrics::{ComponentKind, ComponentMetrics};
 use sluice_core::{Map, Value};
-use tokio_util::sync::CancellationToken;
 
 use super::*;
 
 fn output(yaml: &str) -> FileOutput {
-    let text = format!("pipelines:\n  p:\n    inputs: [{{type: stdin}}]\n    outputs:\n      - {yaml}\n");
-    let root = sluice_config::model::load_str(&text, "test.yml").unwrap_or_else(|e| panic!("{e}"));
-    let spec = root.pipelines.into_iter().next().unwrap().outputs.remove(0);
-    let ctx = OutputContext {
-        pipeline: "test".into(),
-        id: "out".into(),
-        metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "file")),
-        bus: Arc::new(PipelineBus::default()),
-        abort: CancellationToken::new(),
-    };
+    let spec = crate::test_support::spec(yaml);
+    let ctx = crate::test_support::context("test", "file");
     build_file(&spec, ctx).unwrap_or_else(|e| panic!("{e}"))
 }
 
