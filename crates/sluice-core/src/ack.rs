@@ -118,9 +118,21 @@ impl AckSet {
         self.groups.iter().map(|(_, n)| n).sum()
     }
 
-    /// Appends another batch's set (its events follow ours).
-    pub fn append(&mut self, mut other: AckSet) {
-        self.groups.append(&mut other.groups);
+    /// Appends another batch's set (its events follow ours). Where our last acker is the
+    /// other's first, the two counts are merged, so that a set built from many pieces of one
+    /// input batch (a stateful processor holding what it consumed) stays one pair long.
+    pub fn append(&mut self, other: AckSet) {
+        for (acker, n) in other.groups {
+            match self.groups.last_mut() {
+                Some((last, count)) if Arc::ptr_eq(&last.0, &acker.0) => *count += n,
+                _ => self.groups.push((acker, n)),
+            }
+        }
+    }
+
+    /// A set covering `count` events of one acker.
+    pub fn of(acker: &Acker, count: usize) -> AckSet {
+        AckSet::single(acker.clone(), count)
     }
 
     /// Splits off the part covering the first `n` events; `self` keeps the rest.
@@ -183,6 +195,19 @@ mod tests {
         assert_eq!(set.covered(), 3);
         front.complete();
         assert_eq!(a2.pending(), 3);
+    }
+
+    #[test]
+    fn appending_pieces_of_one_acker_merges_them() {
+        let (a, _r) = Acker::with_notify(6);
+        let (b, _r2) = Acker::with_notify(1);
+        let mut set = AckSet::none();
+        set.append(AckSet::of(&a, 2));
+        set.append(AckSet::of(&a, 3));
+        assert_eq!(set.groups.len(), 1);
+        set.append(AckSet::of(&b, 1));
+        set.append(AckSet::of(&a, 1));
+        assert_eq!((set.groups.len(), set.covered()), (3, 7));
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! - [`Batch`]: events travel in batches; a batch carries the [`AckSet`] of the input batches its
 //!   events came from, so an acknowledgement costs one atomic operation per input batch, never one
 //!   per event.
+//! - [`KeySpec`]: identification keys, encoded without ambiguity and hashed alike on every node,
+//!   for stateful processors' groups and cluster routing.
 //! - [`MemoryBudget`]: the node's one budget for events in flight; a batch carries its
 //!   [`MemoryCharge`] and gives it back when dropped.
 //! - [`Queue`]: the interface between inputs and workers, implemented by the memory queue and the
@@ -27,6 +29,7 @@ pub mod ack;
 pub mod batch;
 pub mod bus;
 pub mod event;
+pub mod key;
 pub mod memory;
 pub mod metrics;
 pub mod path;
@@ -37,6 +40,7 @@ pub mod value;
 pub use ack::{AckSet, Acker};
 pub use batch::Batch;
 pub use event::Event;
+pub use key::{KeyHash, KeySpec};
 pub use memory::{ChargeError, MemoryBudget, MemoryCharge};
 pub use path::{FieldPath, PathError};
 pub use queue::{HistogramSnapshot, Queue, QueueClosed, QueueStats, ShardStats};

@@ -33,6 +33,9 @@ mod drop;
 mod grok;
 mod json;
 mod mutate;
+pub mod stateful;
+
+pub use stateful::{Consumed, Emitted, Stateful, StatefulStats};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -55,6 +58,12 @@ pub fn sends_to_dead_letter_queue(spec: &ComponentSpec) -> bool {
 
 pub trait Processor: Send + Sync {
     fn process(&self, event: &mut Event) -> Verdict;
+
+    /// The processor's stateful form, if it has one: the worker then calls
+    /// [`Stateful::consume`] on whole batches instead of `process` on each event.
+    fn stateful(&self) -> Option<&dyn Stateful> {
+        None
+    }
 }
 
 /// The processor types this build knows, for messages.
