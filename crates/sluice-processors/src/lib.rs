@@ -26,6 +26,7 @@ use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::Event;
 
+mod aggregate;
 mod common;
 mod date;
 mod dissect;
@@ -67,11 +68,12 @@ pub trait Processor: Send + Sync {
 }
 
 /// The processor types this build knows, for messages.
-pub const TYPES: &[&str] = &["date", "dissect", "drop", "grok", "json", "mutate"];
+pub const TYPES: &[&str] = &["aggregate", "date", "dissect", "drop", "grok", "json", "mutate"];
 
 /// Builds a processor from its config section; every setting is checked here.
 pub fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
     match spec.type_name.as_str() {
+        "aggregate" => aggregate::build(spec),
         "date" => date::build(spec),
         "dissect" => dissect::build(spec),
         "drop" => drop::build(spec),
