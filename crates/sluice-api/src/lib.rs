@@ -432,6 +432,9 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
     if let Some(m) = registry.memory() {
         memory_metrics(&mut out, &m);
     }
+    for section in registry.sections() {
+        section.render_prometheus(&mut out);
+    }
     out
 }
 
@@ -585,7 +588,11 @@ pub fn render_stats(state: &ApiState) -> Json {
             "refused": m.refused(),
         })
     });
-    json!({"uptime_seconds": state.started.elapsed().as_secs_f64(), "pipelines": pipelines, "registry": registry, "memory": memory})
+    let mut doc = json!({"uptime_seconds": state.started.elapsed().as_secs_f64(), "pipelines": pipelines, "registry": registry, "memory": memory});
+    for section in state.registry.sections() {
+        doc[section.key()] = section.stats();
+    }
+    doc
 }
 
 async fn stats(State(state): State<Arc<ApiState>>) -> impl IntoResponse {

@@ -3,5 +3,331 @@
 //! that owns them.
 //!
 //! - [`ring`]: the consistent-hash ring every node computes alike from the same membership.
+//! - [`config`]: the `cluster:` section.
+//! - [`router`]: the forwarding stage a worker runs before the first processor that declares
+//!   identification keys: events this node owns go on; the others go to their owner's link.
+//! - [`link`]: one peer's outbound link: window, coalescing, pipelining, retries, down/probing.
+//! - [`server`]: the receiving side; a batch is answered once its pipeline has taken it.
+//! - [`frame`]: the checksummed wire format; [`transport`]: TCP or TLS connections.
+//! - [`discovery`]: the membership, static or from DNS, and the ring rebuilt when it changes.
+//! - [`metrics`]: per peer and node-wide figures for `/metrics` and `/stats`.
+//!
+//! Guarantees: the origin's acknowledgement of a forwarded event is released only when the
+//! owner has taken it durably (its queue) or delivered it; a worker never waits on a peer's
+//! answer, only for room in its window; nothing handed to a link is dropped: it is delivered,
+//! resent, or handed back to this node (`on_peer_failure: local`, or the peer left the ring).
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use sluice_core::{AckSet, Acker, Event, KeySpec};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub mod config;
+pub mod discovery;
+pub mod frame;
+pub mod link;
+pub mod metrics;
 pub mod ring;
+pub mod router;
+pub mod server;
+pub mod transport;
+
+pub use config::{ClusterConfig, PeerFailurePolicy};
+pub use router::{RouteError, RouteReport, Router};
+pub use server::Inbound;
+
+use crate::link::{Fallback, LinkSettings, PeerLink, Piece};
+use crate::metrics::{ClusterView, NodeMetrics, PeerMetrics};
+use crate::ring::Ring;
+use crate::server::InboundEntry;
+
+/// The ring as one node sees it at one moment, with the link of every other member.
+pub(crate) struct Topology {
+    pub ring: Ring,
+    /// This node's index in `ring.members()`.
+    pub me: usize,
+    /// By member index; `None` for this node.
+    pub links: Vec<Option<Arc<PeerLink>>>,
+}
+
+pub(crate) struct Shared {
+    pub config: ClusterConfig,
+    topology: RwLock<Arc<Topology>>,
+    links: Mutex<HashMap<String, Arc<PeerLink>>>,
+    inbound: RwLock<HashMap<String, InboundEntry>>,
+    pub metrics: NodeMetrics,
+    link_settings: Arc<LinkSettings>,
+    stop: CancellationToken,
+    me: std::sync::Weak<Shared>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cluster({})", self.config.node)
+    }
+}
+
+impl Shared {
+    pub(crate) fn topology(&self) -> Arc<Topology> {
+        self.topology.read().clone()
+    }
+
+    pub(crate) fn inbound(&self, pipeline: &str) -> Option<InboundEntry> {
+        self.inbound.read().get(pipeline).cloned()
+    }
+
+    /// Counts received events that this node's ring gives to another node.
+    pub(crate) fn count_not_owned(&self, keys: &KeySpec, events: &[Event]) {
+        let topo = self.topology();
+        if topo.ring.len() <= 1 {
+            return;
+        }
+        let mut scratch = Vec::new();
+        let not_owned = events.iter().filter(|e| topo.ring.owner(keys.hash(e, &mut scratch).hash) != topo.me).count();
+        if not_owned > 0 {
+            self.metrics.events_received_not_owned.add(not_owned as u64);
+            tracing::debug!(events = not_owned, "received events this node does not own (rings disagree for now)");
+        }
+    }
+
+    /// Builds the ring from a membership and starts or stops links to match it.
+    pub(crate) fn set_members(&self, mut members: Vec<String>) {
+        if !members.contains(&self.config.node) {
+            members.push(self.config.node.clone());
+        }
+        members.sort();
+        members.dedup();
+        {
+            let current = self.topology();
+            if current.ring.members() == members.as_slice() {
+                return;
+            }
+        }
+        let ring = Ring::new(&members, self.config.virtual_nodes);
+        let me = ring.index_of(&self.config.node).expect("this node is a member");
+        let mut removed = Vec::new();
+        let links = {
+            let mut links = self.links.lock();
+            for (name, link) in links.iter() {
+                if !members.contains(name) {
+                    removed.push(link.clone());
+                }
+            }
+            links.retain(|name, _| members.contains(name));
+            let mut by_index = Vec::with_capacity(members.len());
+            for (i, name) in ring.members().iter().enumerate() {
+                if i == me {
+                    by_index.push(None);
+                    continue;
+                }
+                let link = links.entry(name.clone()).or_insert_with(|| {
+                    let link = PeerLink::new(name.clone(), self.link_settings.clone());
+                    let fallback: Arc<dyn Fallback> = self.me.upgrade().expect("the cluster is alive");
+                    tokio::spawn(link.clone().run(fallback));
+                    link
+                });
+                by_index.push(Some(link.clone()));
+            }
+            by_index
+        };
+        let old = std::mem::replace(&mut *self.topology.write(), Arc::new(Topology { ring, me, links }));
+        if old.ring.len() > 0 {
+            self.metrics.ring_changes.add(1);
+            tracing::info!(members = ?members, "cluster membership changed; ring rebuilt");
+        }
+        // After the new ring is in place: what they hold is routed by it.
+        for link in removed {
+            tracing::info!(peer = %link.name, "peer left the ring; routing what was meant for it again");
+            link.close();
+        }
+    }
+
+    /// Routes events again with the current ring (from a link that left the ring, or went
+    /// down with `local`). `acks` covers `events`.
+    async fn route_again(self: Arc<Self>, pipeline: Arc<str>, events: Vec<Event>, acks: AckSet, local_only: bool) {
+        let Some(entry) = self.inbound(&pipeline) else {
+            tracing::error!(pipeline = %pipeline, events = events.len(),
+                "events handed back by a peer link have no pipeline to go to here; they are not acknowledged");
+            return;
+        };
+        let n = events.len();
+        if local_only {
+            self.metrics.events_local_fallback.add(n as u64);
+            if let Err(e) = entry.sink.take(events, acks).await {
+                tracing::error!(pipeline = %pipeline, error = %e, "events handed back by a peer link were not taken");
+            }
+            return;
+        }
+        let router = Router::new(self.clone(), pipeline.clone(), entry.keys.clone());
+        let mut events = events;
+        let mut acks = acks;
+        let mut memory = sluice_core::MemoryCharge::none();
+        let never = CancellationToken::new();
+        match router.route(&mut events, &mut acks, &mut memory, &never).await {
+            Ok(_) => {
+                if !events.is_empty()
+                    && let Err(e) = entry.sink.take(events, acks).await
+                {
+                    tracing::error!(pipeline = %pipeline, error = %e, "events routed again were not taken");
+                }
+            }
+            Err(_) => tracing::error!(pipeline = %pipeline, "routing handed-back events again was aborted"),
+        }
+    }
+}
+
+impl Fallback for Shared {
+    fn reroute(&self, from: &str, pieces: Vec<Piece>, down: bool) {
+        let Some(shared) = self.me.upgrade() else { return };
+        for piece in pieces {
+            let mut events = Vec::with_capacity(piece.events as usize);
+            let mut body = &piece.body[..];
+            if let Err(e) = sluice_segment::codec::decode_batch_into(&mut body, &mut events) {
+                // Encoded by this process moments ago: a failure here is a bug, said loudly.
+                tracing::error!(peer = %from, error = %e, "cannot decode events handed back by a peer link; they are not acknowledged");
+                continue;
+            }
+            let shared = shared.clone();
+            tokio::spawn(shared.route_again(piece.pipeline.clone(), events, piece.acks, down));
+        }
+    }
+}
+
+impl ClusterView for Shared {
+    fn node(&self) -> &str {
+        &self.config.node
+    }
+
+    fn node_metrics(&self) -> &NodeMetrics {
+        &self.metrics
+    }
+
+    fn members(&self) -> Vec<String> {
+        self.topology().ring.members().to_vec()
+    }
+
+    fn peers(&self) -> Vec<(String, Arc<PeerMetrics>)> {
+        let mut v: Vec<_> = self.links.lock().iter().map(|(n, l)| (n.clone(), l.metrics.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+/// This node's part in a cluster.
+#[derive(Clone)]
+pub struct Cluster {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.shared.fmt(f)
+    }
+}
+
+impl Cluster {
+    /// Binds the listener, learns the membership and starts the links. Fails with a message
+    /// naming the address, the name or the file at fault.
+    pub async fn start(config: ClusterConfig) -> Result<Cluster, String> {
+        let acceptor = transport::Acceptor::new(config.tls.as_ref())?;
+        let connector = transport::Connector::new(config.tls.as_ref())?;
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| format!("cluster.listen: cannot listen on {}: {e}", config.listen))?;
+        let link_settings = Arc::new(LinkSettings {
+            node: config.node.clone(),
+            cluster_name: config.cluster_name.clone(),
+            forwarding: config.forwarding.clone(),
+            policy: config.on_peer_failure,
+            connector,
+        });
+        let alone = Ring::new(&[config.node.clone()], config.virtual_nodes);
+        let shared = Arc::new_cyclic(|me| Shared {
+            topology: RwLock::new(Arc::new(Topology { ring: alone, me: 0, links: vec![None] })),
+            links: Mutex::new(HashMap::new()),
+            inbound: RwLock::new(HashMap::new()),
+            metrics: NodeMetrics::default(),
+            link_settings,
+            stop: CancellationToken::new(),
+            me: me.clone(),
+            config,
+        });
+        discovery::start(&shared).await?;
+        tokio::spawn(server::serve(listener, acceptor, shared.clone(), shared.stop.clone()));
+        tracing::info!(node = %shared.config.node, listen = %shared.config.listen,
+            members = ?shared.topology().ring.members(), "cluster node started");
+        Ok(Cluster { shared })
+    }
+
+    pub fn node(&self) -> &str {
+        &self.shared.config.node
+    }
+
+    pub fn config(&self) -> &ClusterConfig {
+        &self.shared.config
+    }
+
+    /// The forwarding stage of one pipeline.
+    pub fn router(&self, pipeline: &str, keys: KeySpec) -> Router {
+        Router::new(self.shared.clone(), Arc::from(pipeline), keys)
+    }
+
+    /// Where events forwarded for `pipeline` are taken on this node.
+    pub fn register_inbound(&self, pipeline: &str, keys: KeySpec, sink: Arc<dyn Inbound>) {
+        self.shared.inbound.write().insert(pipeline.to_string(), InboundEntry { sink, keys });
+    }
+
+    /// From now on peers' batches for `pipeline` are answered "retry".
+    pub fn unregister_inbound(&self, pipeline: &str) {
+        self.shared.inbound.write().remove(pipeline);
+    }
+
+    /// Waits until every link has had everything it holds acknowledged, or `timeout`; returns
+    /// the bytes still held.
+    pub async fn drain(&self, timeout: Duration) -> usize {
+        let links: Vec<Arc<PeerLink>> = self.shared.links.lock().values().cloned().collect();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut left = 0;
+        for l in links {
+            left += l.drained(deadline.saturating_duration_since(tokio::time::Instant::now())).await;
+        }
+        left
+    }
+
+    /// Stops listening and stops every link (what they still hold is not acknowledged).
+    pub fn shutdown(&self) {
+        self.shared.stop.cancel();
+        for l in self.shared.links.lock().values() {
+            l.close();
+        }
+    }
+
+    /// The section `/metrics` and `/stats` render.
+    pub fn metrics_section(&self) -> Arc<dyn sluice_core::metrics::MetricsSection> {
+        Arc::new(metrics::ClusterSection(self.shared.clone()))
+    }
+
+    pub fn metrics(&self) -> &NodeMetrics {
+        &self.shared.metrics
+    }
+
+    pub fn members(&self) -> Vec<String> {
+        self.shared.topology().ring.members().to_vec()
+    }
+}
+
+/// An acknowledgement that completes `inner` once `count` events are handled through it: lets
+/// a worker split one batch (with any number of input ackers) into parts handled in different
+/// places, each part holding a share of one acker.
+pub fn join_acks(inner: AckSet, count: usize) -> Acker {
+    Acker::new(count, move |outcome| {
+        if outcome == sluice_core::ack::AckOutcome::Handled {
+            inner.complete();
+        }
+        // Abandoned: dropping `inner` uncompleted lets its inputs hear so.
+    })
+}

@@ -42,6 +42,8 @@ pub struct RootConfig {
     pub shutdown_timeout: Duration,
     pub registry: RegistryConfig,
     pub memory: MemoryConfig,
+    /// The `cluster:` section as written, checked by the cluster crate (`None`: a single node).
+    pub cluster: Option<Node>,
     pub pipelines: Vec<PipelineSpec>,
 }
 
@@ -259,7 +261,8 @@ impl ComponentSpec {
     }
 }
 
-fn same_content(a: &Node, b: &Node) -> bool {
+/// True when two nodes were written alike (places in the file do not count).
+pub fn same_content(a: &Node, b: &Node) -> bool {
     match (&a.kind, &b.kind) {
         (NodeKind::Scalar { value: x, plain: p }, NodeKind::Scalar { value: y, plain: q }) => x == y && p == q,
         (NodeKind::Seq(x), NodeKind::Seq(y)) => x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same_content(a, b)),
@@ -284,7 +287,8 @@ pub fn load_str(text: &str, file: &str) -> Result<RootConfig, ConfigErrors> {
     from_root(&root)
 }
 
-const ROOT_KEYS: &[&str] = &["data_dir", "api", "log", "shutdown_timeout", "registry", "memory", "pipelines"];
+const ROOT_KEYS: &[&str] =
+    &["data_dir", "api", "log", "shutdown_timeout", "registry", "memory", "cluster", "pipelines"];
 const PIPELINE_KEYS: &[&str] = &["workers", "batch", "queue", "inputs", "processors", "outputs", "dead_letter_queue"];
 const COMPONENT_META_KEYS: &[&str] = &["type", "id", "if"];
 
@@ -389,6 +393,7 @@ pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
         shutdown_timeout: shutdown_timeout.map(|d| d.0).unwrap_or(Duration::from_secs(30)),
         registry: registry.unwrap_or_default(),
         memory: memory.unwrap_or_default(),
+        cluster: read("cluster").cloned(),
         pipelines,
     })
 }

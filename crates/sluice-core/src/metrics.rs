@@ -151,6 +151,15 @@ pub struct PipelineMetrics {
     pub dead_letter_write_retries: Counter,
     /// The pipeline's dead letter queue, when it has one.
     pub dead_letter_queue: OnceLock<Arc<dyn DeadLetterStatsSource>>,
+    /// Events stateful processors took into their groups (handled once what the group emits is).
+    pub consumed: Counter,
+    /// Events stateful processors emitted (counted in `events_out` once delivered).
+    pub emitted: Counter,
+    /// Cluster mode: events handed to the peers that own them (handled there).
+    pub forwarded: Counter,
+    /// Cluster mode: events peers forwarded to this node (or links handed back), taken into
+    /// this pipeline's forwarded-events queue.
+    pub received: Counter,
 }
 
 /// A point-in-time view of a pipeline's dead letter queue, for metrics: where it is, its
@@ -225,6 +234,10 @@ impl PipelineMetrics {
             dead_letter_lost: Counter::default(),
             dead_letter_write_retries: Counter::default(),
             dead_letter_queue: OnceLock::new(),
+            consumed: Counter::default(),
+            emitted: Counter::default(),
+            forwarded: Counter::default(),
+            received: Counter::default(),
         }
     }
 
@@ -260,6 +273,16 @@ pub struct MetricsRegistry {
     pipelines: RwLock<Vec<Arc<PipelineMetrics>>>,
     registry: RwLock<Option<Arc<RegistryMetrics>>>,
     memory: RwLock<Option<Arc<crate::MemoryBudget>>>,
+    sections: RwLock<Vec<Arc<dyn MetricsSection>>>,
+}
+
+/// A part of the node that renders its own figures (the cluster, a stateful processor): its
+/// Prometheus lines are appended to `/metrics`, its JSON goes under its key in `/stats`.
+pub trait MetricsSection: Send + Sync + std::fmt::Debug {
+    /// Unique among sections; the key in `/stats` (sections with one key are merged under it).
+    fn key(&self) -> String;
+    fn render_prometheus(&self, out: &mut String);
+    fn stats(&self) -> serde_json::Value;
 }
 
 impl MetricsRegistry {
@@ -293,6 +316,22 @@ impl MetricsRegistry {
 
     pub fn memory(&self) -> Option<Arc<crate::MemoryBudget>> {
         self.memory.read().clone()
+    }
+
+    /// Adds a section, replacing the one with the same key.
+    pub fn add_section(&self, section: Arc<dyn MetricsSection>) {
+        let mut all = self.sections.write();
+        let key = section.key();
+        all.retain(|s| s.key() != key);
+        all.push(section);
+    }
+
+    pub fn remove_section(&self, key: &str) {
+        self.sections.write().retain(|s| s.key() != key);
+    }
+
+    pub fn sections(&self) -> Vec<Arc<dyn MetricsSection>> {
+        self.sections.read().clone()
     }
 }
 

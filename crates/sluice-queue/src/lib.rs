@@ -25,11 +25,32 @@ pub const TYPES: &[&str] = &["memory", "persisted"];
 /// Builds the queue a pipeline's `queue:` section describes.
 /// Nothing is opened here: a persisted queue opens its directory in [`Queue::start`].
 pub fn build(spec: &ComponentSpec, pipeline: &str, data_dir: &Path) -> Result<Arc<dyn Queue>, ConfigError> {
+    build_beside(spec, pipeline, data_dir, None)
+}
+
+/// The queue a pipeline in cluster mode takes its peers' forwarded events into: of the same
+/// kind and settings as its own queue, so they are taken exactly as its inputs' events are;
+/// persisted beside it, in `<its path>.forwarded`.
+pub fn build_forwarded(spec: &ComponentSpec, pipeline: &str, data_dir: &Path) -> Result<Arc<dyn Queue>, ConfigError> {
+    build_beside(spec, pipeline, data_dir, Some("forwarded"))
+}
+
+fn build_beside(
+    spec: &ComponentSpec,
+    pipeline: &str,
+    data_dir: &Path,
+    suffix: Option<&str>,
+) -> Result<Arc<dyn Queue>, ConfigError> {
     match spec.type_name.as_str() {
         "memory" => Ok(Arc::new(memory::MemoryQueue::from_config(spec.settings()?).map_err(|m| spec.error(m))?)),
         "persisted" => {
             let config: persisted::PersistedQueueConfig = spec.settings()?;
-            let settings = config.settings(data_dir, pipeline).map_err(|m| spec.error(m))?;
+            let mut settings = config.settings(data_dir, pipeline).map_err(|m| spec.error(m))?;
+            if let Some(suffix) = suffix {
+                let mut name = settings.path.file_name().unwrap_or_default().to_os_string();
+                name.push(format!(".{suffix}"));
+                settings.path.set_file_name(name);
+            }
             Ok(Arc::new(persisted::PersistedQueue::new(settings)))
         }
         other => Err(spec.error(format!(

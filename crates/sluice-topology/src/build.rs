@@ -45,6 +45,9 @@ pub struct BuiltPipeline {
     pub outputs: Arc<Vec<BuiltOutput>>,
     /// Cancelled when the drain timeout runs out, to cut output retries short.
     pub abort: CancellationToken,
+    /// The first processor that declares identification keys, and its keys: in cluster mode
+    /// the forwarding stage runs just before it.
+    pub keyed: Option<(usize, sluice_core::KeySpec)>,
 }
 
 fn condition(spec: &ComponentSpec) -> Result<Option<Condition>, ConfigError> {
@@ -132,6 +135,10 @@ pub fn build_pipeline(
     }
     let queue = queue?;
     let _ = metrics.queue.set(queue.clone());
+    let keyed = processors
+        .iter()
+        .enumerate()
+        .find_map(|(i, p)| p.processor.stateful().map(|s| (i, s.identification_keys().clone())));
     Some(BuiltPipeline {
         spec: spec.clone(),
         metrics,
@@ -140,6 +147,7 @@ pub fn build_pipeline(
         processors: Arc::new(processors),
         outputs: Arc::new(outputs),
         abort,
+        keyed,
     })
 }
 

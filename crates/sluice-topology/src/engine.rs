@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use sluice_cluster::{Cluster, ClusterConfig};
 use sluice_config::ConfigErrors;
 use sluice_config::model::RootConfig;
 use sluice_core::MemoryBudget;
@@ -53,12 +54,23 @@ pub struct Engine {
     /// The one memory budget of every pipeline's inputs; its size is read at start (a reload
     /// that changes `memory` takes effect at the next restart).
     memory: Arc<MemoryBudget>,
+    /// Cluster mode: this node's part in the cluster (its section is read at start).
+    cluster: Option<Cluster>,
 }
 
 impl Engine {
     /// Builds every component of a config without starting anything.
     pub fn validate(config: &RootConfig) -> Result<(), ConfigErrors> {
-        build_all(config, &Arc::new(PipelineBus::default())).map(|_| ())
+        let cluster = cluster_config(config);
+        let built = build_all(config, &Arc::new(PipelineBus::default())).map(|_| ());
+        match (cluster, built) {
+            (Ok(_), b) => b,
+            (Err(mut e), Ok(())) => Err(std::mem::take(&mut e)),
+            (Err(mut e), Err(b)) => {
+                e.0.extend(b.0);
+                Err(e)
+            }
+        }
     }
 
     /// Builds and starts every pipeline; nothing starts if anything fails to build.
@@ -67,7 +79,16 @@ impl Engine {
         let metrics = Arc::new(MetricsRegistry::default());
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
+        let cluster_config = cluster_config(&config)?;
         let built = build_all(&config, &bus)?;
+        let cluster = match cluster_config {
+            Some(c) => {
+                let cluster = Cluster::start(c).await.map_err(sluice_config::ConfigError::new)?;
+                metrics.add_section(cluster.metrics_section());
+                Some(cluster)
+            }
+            None => None,
+        };
         let memory = MemoryBudget::new(config.memory.budget.as_usize());
         metrics.set_memory(memory.clone());
         let registry = if built.iter().any(uses_registry) {
@@ -79,8 +100,17 @@ impl Engine {
         for b in built {
             metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(b, &bus, &config.data_dir, &registry, &memory, inputs_changed.clone(), None)
-                .await
+            match RunningPipeline::start(
+                b,
+                &bus,
+                &config.data_dir,
+                &registry,
+                &memory,
+                inputs_changed.clone(),
+                None,
+                cluster.as_ref(),
+            )
+            .await
             {
                 Ok(p) => {
                     running.insert(name, p);
@@ -90,6 +120,9 @@ impl Engine {
                         p.stop(config.shutdown_timeout, false).await;
                     }
                     close_registry(&registry).await;
+                    if let Some(c) = &cluster {
+                        c.shutdown();
+                    }
                     return Err(sluice_config::ConfigError::new(e).into());
                 }
             }
@@ -100,6 +133,7 @@ impl Engine {
             state: Mutex::new(State { config, running, feeds, stopped: Vec::new(), registry }),
             inputs_changed,
             memory,
+            cluster,
         })
     }
 
@@ -171,6 +205,7 @@ impl Engine {
                 &self.memory,
                 self.inputs_changed.clone(),
                 reuse,
+                self.cluster.as_ref(),
             )
             .await
             {
@@ -191,8 +226,9 @@ impl Engine {
             || state.config.data_dir != config.data_dir
             || state.config.registry != config.registry
             || state.config.memory != config.memory
+            || !same_cluster(&state.config, &config)
         {
-            tracing::warn!("changes to `api`, `data_dir`, `registry` and `memory` take effect at the next restart");
+            tracing::warn!("changes to `api`, `data_dir`, `registry`, `memory` and `cluster` take effect at the next restart");
         }
         state.feeds = feeds;
         state.config = config;
@@ -234,7 +270,15 @@ impl Engine {
         }
         // Every input has stopped and every acknowledgement has arrived: write what is pending.
         close_registry(&state.registry).await;
+        if let Some(c) = &self.cluster {
+            c.shutdown();
+        }
         summaries
+    }
+
+    /// Cluster mode: this node's part in the cluster.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_ref()
     }
 
     /// The registry of input positions.
@@ -249,6 +293,19 @@ impl Engine {
 
     pub fn bus(&self) -> &Arc<PipelineBus> {
         &self.bus
+    }
+}
+
+/// The checked `cluster:` section, if there is one.
+pub fn cluster_config(config: &RootConfig) -> Result<Option<ClusterConfig>, ConfigErrors> {
+    config.cluster.as_ref().map(ClusterConfig::from_node).transpose()
+}
+
+fn same_cluster(a: &RootConfig, b: &RootConfig) -> bool {
+    match (&a.cluster, &b.cluster) {
+        (None, None) => true,
+        (Some(x), Some(y)) => sluice_config::model::same_content(x, y),
+        _ => false,
     }
 }
 

@@ -17,7 +17,9 @@
 pub mod build;
 pub mod dead_letter;
 pub mod engine;
+pub mod inbound;
 pub mod pipeline;
+pub mod stateful;
 pub mod worker;
 
 pub use build::{BuiltPipeline, build_all};

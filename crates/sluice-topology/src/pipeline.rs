@@ -16,7 +16,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::build::{BuiltOutput, BuiltPipeline};
 use crate::dead_letter::{DeadLetterSink, OpenDeadLetterQueue, StatsSource};
-use crate::worker::Worker;
+use crate::inbound::InboundQueue;
+use crate::stateful::Emitters;
+use crate::worker::{Stages, Worker};
+
+/// Cluster mode: the queue of events peers forwarded to this pipeline, and its workers.
+struct Forwarded {
+    cluster: sluice_cluster::Cluster,
+    queue: Arc<dyn Queue>,
+    workers: Vec<JoinHandle<()>>,
+}
 
 pub struct RunningPipeline {
     pub spec: PipelineSpec,
@@ -27,6 +36,9 @@ pub struct RunningPipeline {
     workers: Vec<JoinHandle<()>>,
     outputs: Arc<Vec<BuiltOutput>>,
     abort: CancellationToken,
+    stages: Arc<Stages>,
+    emitters: Option<Emitters>,
+    forwarded: Option<Forwarded>,
     /// Inputs still running that are not fed by other pipelines.
     pub external_inputs: Arc<AtomicUsize>,
     /// Inputs that stopped with an error.
@@ -55,6 +67,10 @@ pub struct PipelineSummary {
     pub queued: Option<u64>,
     /// With a dead letter queue: events written to it (from processors and outputs).
     pub dead_lettered: Option<u64>,
+    /// With stateful processors: events they consumed into groups, and events they emitted.
+    pub consumed_emitted: Option<(u64, u64)>,
+    /// In cluster mode: events forwarded to the nodes that own them, and received from peers.
+    pub forwarded_received: Option<(u64, u64)>,
     pub seconds_millis: u64,
     pub input_errors: usize,
 }
@@ -72,6 +88,12 @@ impl fmt::Display for PipelineSummary {
         if let Some(d) = self.dead_lettered {
             write!(f, " dead_lettered={d}")?;
         }
+        if let Some((c, e)) = self.consumed_emitted {
+            write!(f, " consumed={c} emitted={e}")?;
+        }
+        if let Some((fw, r)) = self.forwarded_received {
+            write!(f, " forwarded={fw} received={r}")?;
+        }
         write!(f, " seconds={}.{:03}", self.seconds_millis / 1000, self.seconds_millis % 1000)
     }
 }
@@ -88,8 +110,9 @@ impl RunningPipeline {
         memory: &Arc<sluice_core::MemoryBudget>,
         inputs_changed: Arc<Notify>,
         reuse: Option<OpenDeadLetterQueue>,
+        cluster: Option<&sluice_cluster::Cluster>,
     ) -> Result<RunningPipeline, String> {
-        let BuiltPipeline { spec, metrics, queue, inputs, processors, outputs, abort } = built;
+        let BuiltPipeline { spec, metrics, queue, inputs, processors, outputs, abort, keyed } = built;
         let dead_letter_queue = match reuse {
             Some(d) => Some(d),
             None => OpenDeadLetterQueue::open(&spec, data_dir)?,
@@ -144,22 +167,47 @@ impl RunningPipeline {
             }));
         }
 
-        let workers = (0..spec.workers)
-            .map(|index| {
-                let w = Worker {
-                    pipeline: spec.name.clone(),
-                    index,
-                    queue: queue.clone(),
-                    processors: processors.clone(),
-                    outputs: outputs.clone(),
-                    metrics: metrics.clone(),
-                    batch_size: spec.batch.size,
-                    batch_delay: spec.batch.delay.0,
-                    dead_letters: sink.clone(),
-                };
-                tokio::spawn(w.run())
-            })
-            .collect();
+        let router = match (cluster, &keyed) {
+            (Some(c), Some((k, keys))) => Some((*k, c.router(&spec.name, keys.clone()), c.clone(), keys.clone())),
+            _ => None,
+        };
+        let stages = Arc::new(Stages {
+            pipeline: spec.name.clone(),
+            processors: processors.clone(),
+            outputs: outputs.clone(),
+            metrics: metrics.clone(),
+            dead_letters: sink.clone(),
+            router: router.as_ref().map(|(k, r, _, _)| (*k, r.clone())),
+            abort: abort.clone(),
+        });
+        let start_workers = |queue: &Arc<dyn Queue>, from: usize| -> Vec<JoinHandle<()>> {
+            (0..spec.workers)
+                .map(|index| {
+                    let w = Worker {
+                        index,
+                        queue: queue.clone(),
+                        stages: stages.clone(),
+                        from,
+                        batch_size: spec.batch.size,
+                        batch_delay: spec.batch.delay.0,
+                    };
+                    tokio::spawn(w.run())
+                })
+                .collect()
+        };
+        let forwarded = match router {
+            Some((k, _, cluster, keys)) => {
+                let fq = sluice_queue::build_forwarded(&spec.queue, &spec.name, data_dir).map_err(|e| e.to_string())?;
+                fq.start().await.map_err(|e| format!("pipeline {}: forwarded-events queue: {e}", spec.name))?;
+                let inbound = InboundQueue { queue: fq.clone(), memory: memory.clone(), metrics: metrics.clone() };
+                cluster.register_inbound(&spec.name, keys, Arc::new(inbound));
+                let workers = start_workers(&fq, k);
+                Some(Forwarded { cluster, queue: fq, workers })
+            }
+            None => None,
+        };
+        let workers = start_workers(&queue, 0);
+        let emitters = stages.processors.iter().any(|p| p.processor.stateful().is_some()).then(|| Emitters::start(&stages));
 
         tracing::info!(pipeline = %spec.name, workers = spec.workers, batch_size = spec.batch.size,
             queue = %spec.queue.type_name, "pipeline started");
@@ -172,6 +220,9 @@ impl RunningPipeline {
             workers,
             outputs,
             abort,
+            stages,
+            emitters,
+            forwarded,
             external_inputs,
             input_errors,
             has_dead_letter_queue: dead_letter_queue.is_some(),
@@ -223,6 +274,30 @@ impl RunningPipeline {
             self.workers.iter().for_each(JoinHandle::abort);
         }
         self.queue.shutdown().await;
+        // Cluster mode: what this pipeline forwarded is acknowledged by its owners (or the
+        // time is up); then the events peers forwarded here are drained like the queue's.
+        if let Some(mut f) = self.forwarded.take() {
+            let left = f.cluster.drain(timeout).await;
+            if left > 0 {
+                tracing::warn!(pipeline = %name, bytes = left, "events forwarded to peers were not all acknowledged within the drain timeout; their inputs will see them again");
+            }
+            f.cluster.unregister_inbound(&name);
+            f.queue.inputs_ended();
+            f.queue.close();
+            if tokio::time::timeout(timeout, join_finished(&mut f.workers)).await.is_err() {
+                tracing::error!(pipeline = %name, "drain timeout reached on forwarded events; aborting deliveries in progress");
+                self.abort.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(5), join_finished(&mut f.workers)).await;
+                f.workers.iter().for_each(JoinHandle::abort);
+            }
+            f.queue.shutdown().await;
+        }
+        // Every group is concluded and what it emits delivered before the outputs close.
+        if let Some(e) = self.emitters.take()
+            && tokio::time::timeout(timeout, e.finish(&self.stages)).await.is_err()
+        {
+            tracing::error!(pipeline = %name, "concluding the stateful processors' groups did not finish within the drain timeout");
+        }
         for o in self.outputs.iter() {
             o.output.close().await;
         }
@@ -239,7 +314,11 @@ impl RunningPipeline {
         let m = &self.metrics;
         let events_in: u64 =
             m.components.read().iter().filter(|c| c.kind == ComponentKind::Input).map(|c| c.events_out.get()).sum();
-        let handled = m.events_out.get() + m.dropped.get() + m.diverted_to_dead_letter_queue.get();
+        // Emitted events are counted out but never came in; consumed and forwarded ones are
+        // handled elsewhere; received ones came in through no input.
+        let handled = (m.events_out.get() + m.dropped.get() + m.diverted_to_dead_letter_queue.get() + m.consumed.get()
+            + m.forwarded.get())
+        .saturating_sub(m.emitted.get() + m.received.get());
         let queued = self.queue.persistent().then(|| self.queue.stats().events);
         PipelineSummary {
             name: self.spec.name.clone(),
@@ -250,6 +329,8 @@ impl RunningPipeline {
             unfinished: events_in.saturating_sub(handled + queued.unwrap_or(0)),
             queued,
             dead_lettered: self.has_dead_letter_queue.then(|| m.dead_lettered.get()),
+            consumed_emitted: self.stages.processors.iter().any(|p| p.processor.stateful().is_some()).then(|| (m.consumed.get(), m.emitted.get())),
+            forwarded_received: self.stages.router.is_some().then(|| (m.forwarded.get(), m.received.get())),
             seconds_millis: m.started.elapsed().as_millis() as u64,
             input_errors: self.input_errors.load(Ordering::SeqCst),
         }

@@ -18,66 +18,140 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice_cluster::Router;
 use sluice_core::metrics::PipelineMetrics;
-use sluice_core::{Event, Queue};
+use sluice_core::{AckSet, Batch, Event, Queue};
 use sluice_dlq::DeadLetter;
 use sluice_processors::Verdict;
+use tokio_util::sync::CancellationToken;
 
 use crate::build::{BuiltOutput, BuiltProcessor};
 use crate::dead_letter::DeadLetterSink;
 
-pub struct Worker {
+/// Everything a batch goes through after the queue: processors (with the forwarding stage
+/// before processor `forward_at`), outputs, the dead letter queue.
+pub struct Stages {
     pub pipeline: String,
-    pub index: usize,
-    pub queue: Arc<dyn Queue>,
     pub processors: Arc<Vec<BuiltProcessor>>,
     pub outputs: Arc<Vec<BuiltOutput>>,
     pub metrics: Arc<PipelineMetrics>,
+    pub dead_letters: Arc<DeadLetterSink>,
+    /// Cluster mode: the forwarding stage, run before processor `forward_at`.
+    pub router: Option<(usize, Router)>,
+    /// Cancelled by the drain timeout: a wait for room in a peer's window gives up.
+    pub abort: CancellationToken,
+}
+
+pub struct Worker {
+    pub index: usize,
+    pub queue: Arc<dyn Queue>,
+    pub stages: Arc<Stages>,
+    /// The processor batches start at (after the forwarding stage, for forwarded events).
+    pub from: usize,
     pub batch_size: usize,
     pub batch_delay: Duration,
-    pub dead_letters: Arc<DeadLetterSink>,
 }
 
 impl Worker {
     pub async fn run(self) {
-        while let Some(mut batch) = self.queue.pop(self.batch_size, self.batch_delay).await {
-            let started = Instant::now();
-            let taken = batch.len() as u64;
-            self.metrics.events_in.add(taken);
-            let mut dead_letters = Vec::new();
-            let dropped = self.process(&mut batch.events, &mut dead_letters);
-            let mut delivered = self.deliver(&batch.events, &mut dead_letters).await;
-            // Entries from processors are not in the batch any more: they are handled here. A
-            // dead letter queue that cannot write (a full disk) holds the batch until it can;
-            // a drain timeout meanwhile leaves the batch unacknowledged, like an output's.
-            if delivered.is_some() && self.dead_letters.write(dead_letters).await.is_err() {
-                delivered = None;
+        while let Some(batch) = self.queue.pop(self.batch_size, self.batch_delay).await {
+            self.stages.metrics.events_in.add(batch.len() as u64);
+            self.stages.handle(batch, self.from, self.from == 0, self.index).await;
+        }
+    }
+}
+
+impl Stages {
+    /// True when a batch may be split into parts handled in different places.
+    fn splits_batches(&self, from: usize) -> bool {
+        self.router.is_some() || self.processors[from.min(self.processors.len())..].iter().any(|p| p.processor.stateful().is_some())
+    }
+
+    /// Runs a batch from processor `from` to the outputs and acknowledges it; `route` says
+    /// whether the forwarding stage applies (not to events forwarded here).
+    pub async fn handle(&self, mut batch: Batch, from: usize, route: bool, worker: usize) {
+        let started = Instant::now();
+        if !batch.acks.is_empty() && self.splits_batches(from) {
+            let n = batch.len();
+            let inner = std::mem::take(&mut batch.acks);
+            batch.acks = AckSet::single(sluice_cluster::join_acks(inner, n), n);
+        }
+        let mut dead_letters = Vec::new();
+        let mut delivered = Some(0);
+        let mut dropped = 0;
+        let end = self.processors.len();
+        match &self.router {
+            Some((k, router)) if route && *k >= from => {
+                dropped += self.process(from..*k, &mut batch, &mut dead_letters);
+                if !batch.events.is_empty() {
+                    let before = batch.len();
+                    match router.route(&mut batch.events, &mut batch.acks, &mut batch.memory, &self.abort).await {
+                        Ok(_) => self.metrics.forwarded.add((before - batch.len()) as u64),
+                        Err(_) => delivered = None,
+                    }
+                }
+                if delivered.is_some() {
+                    dropped += self.process(*k..end, &mut batch, &mut dead_letters);
+                }
             }
-            let elapsed = started.elapsed();
-            self.metrics.batch_duration.observe(elapsed);
-            self.metrics.worker_busy_nanos.add(elapsed.as_nanos() as u64);
-            self.metrics.dropped.add(dropped);
-            match delivered {
-                Some(failed) => {
-                    self.metrics.events_out.add(batch.events.len() as u64);
-                    self.metrics.failed.add(failed);
-                    batch.complete();
-                }
-                None => {
-                    tracing::warn!(pipeline = %self.pipeline, worker = self.index, events = batch.len(),
-                        "shutdown cut delivery short; these events are not acknowledged");
-                    drop(batch);
-                }
+            _ => dropped += self.process(from..end, &mut batch, &mut dead_letters),
+        }
+        if delivered.is_some() {
+            delivered = self.deliver(&batch.events, &mut dead_letters).await;
+        }
+        // Entries from processors are not in the batch any more: they are handled here. A
+        // dead letter queue that cannot write (a full disk) holds the batch until it can;
+        // a drain timeout meanwhile leaves the batch unacknowledged, like an output's.
+        if delivered.is_some() && self.dead_letters.write(dead_letters).await.is_err() {
+            delivered = None;
+        }
+        let elapsed = started.elapsed();
+        self.metrics.batch_duration.observe(elapsed);
+        self.metrics.worker_busy_nanos.add(elapsed.as_nanos() as u64);
+        self.metrics.dropped.add(dropped);
+        match delivered {
+            Some(failed) => {
+                self.metrics.events_out.add(batch.events.len() as u64);
+                self.metrics.failed.add(failed);
+                batch.complete();
+            }
+            None => {
+                tracing::warn!(pipeline = %self.pipeline, worker, events = batch.len(),
+                    "shutdown cut delivery short; these events are not acknowledged");
+                drop(batch);
             }
         }
     }
 
-    /// Applies the processors; returns how many events they dropped. Events sent to the dead
-    /// letter queue leave `events` for `dead_letters`.
-    fn process(&self, events: &mut Vec<Event>, dead_letters: &mut Vec<DeadLetter>) -> u64 {
+    /// Applies processors `range`; returns how many events they dropped. Events sent to the
+    /// dead letter queue leave the batch for `dead_letters`; events a stateful processor
+    /// consumes leave it with their share of its acknowledgements.
+    fn process(&self, range: std::ops::Range<usize>, batch: &mut Batch, dead_letters: &mut Vec<DeadLetter>) -> u64 {
         let mut dropped_total = 0;
-        for p in self.processors.iter() {
+        for p in &self.processors[range] {
             let started = Instant::now();
+            if let Some(stateful) = p.processor.stateful() {
+                let before = batch.len() as u64;
+                let selected = |e: &Event| p.condition.as_ref().is_none_or(|c| c.eval(e));
+                let c = stateful.consume(&mut batch.events, &selected, &mut batch.acks);
+                p.metrics.events_in.add(before);
+                p.metrics.events_out.add(before - c.consumed - c.dropped);
+                p.metrics.dropped.add(c.dropped);
+                p.metrics.duration.observe(started.elapsed());
+                self.metrics.consumed.add(c.consumed);
+                // What a stateful processor consumed gave its memory back with it: the share
+                // of the batch's charge goes with the events that left.
+                let left = batch.len();
+                if (left as u64) < before {
+                    drop(batch.memory.split_share((before as usize) - left, before as usize));
+                }
+                dropped_total += c.dropped;
+                if batch.events.is_empty() {
+                    break;
+                }
+                continue;
+            }
+            let events = &mut batch.events;
             let before = events.len();
             let (mut seen, mut dropped, mut failed, mut dead) = (0u64, 0u64, 0u64, 0u64);
             events.retain_mut(|e| {
@@ -223,16 +297,22 @@ mod tests {
             condition: None,
             metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "picky")),
         };
-        let worker = Worker {
+        let stages = Stages {
             pipeline: "p".to_string(),
-            index: 0,
-            queue: queue.clone(),
             processors: Arc::new(Vec::new()),
             outputs: Arc::new(vec![output]),
             metrics: metrics.clone(),
+            dead_letters: Arc::new(DeadLetterSink::new("p", dlq, metrics.clone(), Default::default())),
+            router: None,
+            abort: CancellationToken::new(),
+        };
+        let worker = Worker {
+            index: 0,
+            queue: queue.clone(),
+            stages: Arc::new(stages),
+            from: 0,
             batch_size: 100,
             batch_delay: Duration::from_millis(1),
-            dead_letters: Arc::new(DeadLetterSink::new("p", dlq, metrics.clone(), Default::default())),
         };
         (worker, queue, metrics)
     }

@@ -1,0 +1,237 @@
+//! The cluster's figures: per peer and for the node, rendered at `/metrics` and `/stats`.
+
+use std::fmt::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use sluice_core::metrics::{Counter, Histogram, LATENCY_BUCKETS, MetricsSection};
+
+/// A peer link's state, as shown in metrics (`sluice_cluster_peer_up` and `/stats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PeerState {
+    /// Not connected yet.
+    Connecting = 0,
+    Up = 1,
+    /// Failed `failures_before_down` times in a row; probed until it answers.
+    Down = 2,
+    /// Down, and a probe (a new connection) is under way.
+    Probing = 3,
+}
+
+impl PeerState {
+    pub fn name(self) -> &'static str {
+        match self {
+            PeerState::Connecting => "connecting",
+            PeerState::Up => "up",
+            PeerState::Down => "down",
+            PeerState::Probing => "probing",
+        }
+    }
+
+    fn from_u8(v: u8) -> PeerState {
+        match v {
+            1 => PeerState::Up,
+            2 => PeerState::Down,
+            3 => PeerState::Probing,
+            _ => PeerState::Connecting,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct PeerMetrics {
+    pub events_forwarded: Counter,
+    pub batches_forwarded: Counter,
+    /// Batches sent again (after a timeout, a lost connection, or a "retry" answer).
+    pub batches_retried: Counter,
+    /// Connections that failed or timed out, and batches the peer answered "not taken".
+    pub failures: Counter,
+    /// Events handed back to this node's own processing (`on_peer_failure: local`) or re-routed
+    /// because the peer left the ring.
+    pub events_rerouted: Counter,
+    /// From sending a batch to its acknowledgement.
+    pub latency: Histogram,
+    pub bytes_in_flight: AtomicU64,
+    state: AtomicU8,
+}
+
+impl PeerMetrics {
+    pub fn state(&self) -> PeerState {
+        PeerState::from_u8(self.state.load(Ordering::Relaxed))
+    }
+
+    pub fn set_state(&self, s: PeerState) {
+        self.state.store(s as u8, Ordering::Relaxed);
+    }
+}
+
+/// Node-wide counters.
+#[derive(Debug, Default)]
+pub struct NodeMetrics {
+    /// Events routed to this node by its own ring and processed here.
+    pub events_local: Counter,
+    /// Events handed to a peer link.
+    pub events_forwarded: Counter,
+    /// Events received from peers and taken into a pipeline.
+    pub events_received: Counter,
+    /// Received events this node's ring says another node owns (rings disagreeing for a
+    /// moment, during a membership change); processed here anyway.
+    pub events_received_not_owned: Counter,
+    /// Events whose key tuple lacked some identification key (routed with the others lacking
+    /// the same keys).
+    pub events_missing_keys: Counter,
+    /// Events processed here because their owner was down (`on_peer_failure: local`).
+    pub events_local_fallback: Counter,
+    /// Time workers waited for room in a peer's window.
+    pub worker_wait_nanos: Counter,
+    /// The longest single wait of a worker on a peer, in nanoseconds.
+    pub worker_wait_max_nanos: AtomicU64,
+    /// Connections refused at the handshake (wrong cluster, version, TLS).
+    pub handshakes_refused: Counter,
+    pub ring_changes: Counter,
+}
+
+/// What `/metrics` and `/stats` show of the cluster; filled by the running cluster.
+pub trait ClusterView: Send + Sync + std::fmt::Debug {
+    fn node(&self) -> &str;
+    fn node_metrics(&self) -> &NodeMetrics;
+    /// The ring's members, this node included.
+    fn members(&self) -> Vec<String>;
+    fn peers(&self) -> Vec<(String, Arc<PeerMetrics>)>;
+}
+
+#[derive(Debug)]
+pub struct ClusterSection(pub Arc<dyn ClusterView>);
+
+fn line(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+impl MetricsSection for ClusterSection {
+    fn key(&self) -> String {
+        "cluster".to_string()
+    }
+
+    fn render_prometheus(&self, out: &mut String) {
+        let v = &self.0;
+        let n = v.node_metrics();
+        let node: [(&str, &str, &Counter); 7] = [
+            ("sluice_cluster_events_local_total", "Events this node owns by its ring and processed here.", &n.events_local),
+            ("sluice_cluster_events_forwarded_total", "Events handed to peers that own them.", &n.events_forwarded),
+            ("sluice_cluster_events_received_total", "Events received from peers.", &n.events_received),
+            (
+                "sluice_cluster_events_received_not_owned_total",
+                "Received events this node's ring gives to another node (processed here anyway).",
+                &n.events_received_not_owned,
+            ),
+            ("sluice_cluster_events_missing_keys_total", "Events lacking some identification key.", &n.events_missing_keys),
+            (
+                "sluice_cluster_events_local_fallback_total",
+                "Events processed here because their owner was down (on_peer_failure: local).",
+                &n.events_local_fallback,
+            ),
+            ("sluice_cluster_handshakes_refused_total", "Peer connections refused at the handshake.", &n.handshakes_refused),
+        ];
+        for (name, help, c) in node {
+            line(out, name, "counter", help);
+            let _ = writeln!(out, "{name} {}", c.get());
+        }
+        line(out, "sluice_cluster_worker_wait_seconds_total", "counter", "Time workers waited for room in a peer's window.");
+        let _ = writeln!(out, "sluice_cluster_worker_wait_seconds_total {}", n.worker_wait_nanos.get() as f64 / 1e9);
+        line(out, "sluice_cluster_worker_wait_max_seconds", "gauge", "The longest single wait of a worker on a peer.");
+        let _ = writeln!(
+            out,
+            "sluice_cluster_worker_wait_max_seconds {}",
+            n.worker_wait_max_nanos.load(Ordering::Relaxed) as f64 / 1e9
+        );
+        line(out, "sluice_cluster_ring_members", "gauge", "Nodes on this node's ring, itself included.");
+        let _ = writeln!(out, "sluice_cluster_ring_members {}", v.members().len());
+
+        let peers = v.peers();
+        let per_peer: [(&str, &str, fn(&PeerMetrics) -> f64); 6] = [
+            ("sluice_cluster_peer_events_forwarded_total", "Events sent to the peer and acknowledged.", |p| {
+                p.events_forwarded.get() as f64
+            }),
+            ("sluice_cluster_peer_batches_forwarded_total", "Batches sent to the peer and acknowledged.", |p| {
+                p.batches_forwarded.get() as f64
+            }),
+            ("sluice_cluster_peer_batches_retried_total", "Batches sent to the peer again.", |p| {
+                p.batches_retried.get() as f64
+            }),
+            ("sluice_cluster_peer_failures_total", "Connections to the peer that failed or timed out.", |p| {
+                p.failures.get() as f64
+            }),
+            (
+                "sluice_cluster_peer_events_rerouted_total",
+                "Events meant for the peer processed elsewhere (down with on_peer_failure: local, or left the ring).",
+                |p| p.events_rerouted.get() as f64,
+            ),
+            ("sluice_cluster_peer_bytes_in_flight", "Encoded bytes for the peer not yet acknowledged.", |p| {
+                p.bytes_in_flight.load(Ordering::Relaxed) as f64
+            }),
+        ];
+        for (name, help, pick) in per_peer {
+            line(out, name, if name.ends_with("_total") { "counter" } else { "gauge" }, help);
+            for (peer, m) in &peers {
+                let _ = writeln!(out, "{name}{{peer=\"{peer}\"}} {}", pick(m));
+            }
+        }
+        line(out, "sluice_cluster_peer_up", "gauge", "1 when the link to the peer is up; see /stats for its state.");
+        for (peer, m) in &peers {
+            let _ = writeln!(out, "sluice_cluster_peer_up{{peer=\"{peer}\",state=\"{}\"}} {}", m.state().name(), (m.state() == PeerState::Up) as u8);
+        }
+        line(out, "sluice_cluster_peer_latency_seconds", "histogram", "From sending a batch to the peer's acknowledgement.");
+        for (peer, m) in &peers {
+            let (buckets, sum, count) = m.latency.snapshot();
+            for (i, c) in buckets.iter().enumerate() {
+                let le = LATENCY_BUCKETS.get(i).map(|b| b.to_string()).unwrap_or_else(|| "+Inf".to_string());
+                let _ = writeln!(out, "sluice_cluster_peer_latency_seconds_bucket{{peer=\"{peer}\",le=\"{le}\"}} {c}");
+            }
+            let _ = writeln!(out, "sluice_cluster_peer_latency_seconds_sum{{peer=\"{peer}\"}} {sum}");
+            let _ = writeln!(out, "sluice_cluster_peer_latency_seconds_count{{peer=\"{peer}\"}} {count}");
+        }
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let v = &self.0;
+        let n = v.node_metrics();
+        let peers: serde_json::Map<String, serde_json::Value> = v
+            .peers()
+            .into_iter()
+            .map(|(name, m)| {
+                let (_, sum, count) = m.latency.snapshot();
+                (
+                    name,
+                    serde_json::json!({
+                        "state": m.state().name(),
+                        "events_forwarded": m.events_forwarded.get(),
+                        "batches_forwarded": m.batches_forwarded.get(),
+                        "batches_retried": m.batches_retried.get(),
+                        "failures": m.failures.get(),
+                        "events_rerouted": m.events_rerouted.get(),
+                        "bytes_in_flight": m.bytes_in_flight.load(Ordering::Relaxed),
+                        "latency_mean_seconds": if count > 0 { sum / count as f64 } else { 0.0 },
+                    }),
+                )
+            })
+            .collect();
+        serde_json::json!({
+            "node": v.node(),
+            "members": v.members(),
+            "events": {
+                "local": n.events_local.get(),
+                "forwarded": n.events_forwarded.get(),
+                "received": n.events_received.get(),
+                "received_not_owned": n.events_received_not_owned.get(),
+                "missing_keys": n.events_missing_keys.get(),
+                "local_fallback": n.events_local_fallback.get(),
+            },
+            "worker_wait_seconds": n.worker_wait_nanos.get() as f64 / 1e9,
+            "worker_wait_max_seconds": n.worker_wait_max_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            "handshakes_refused": n.handshakes_refused.get(),
+            "ring_changes": n.ring_changes.get(),
+            "peers": peers,
+        })
+    }
+}
