@@ -1,5 +1,6 @@
 //! Per-event cost of the parsing processors on typical lines. Each iteration gets a fresh event
-//! (cloned outside the timed part), as a worker would.
+//! (cloned outside the timed part), as a worker would. `aggregate` is measured per batch, as
+//! its worker calls it.
 
 // The allocator the `sluice` binary uses.
 #[global_allocator]
@@ -7,8 +8,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::hint::black_box;
 
-use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use sluice_core::Event;
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use sluice_core::{AckSet, Acker, Event, Value};
 use sluice_processors::{Verdict, build, spec_from_yaml};
 
 /// 12 fields, 250 bytes: what a shipper typically sends.
@@ -28,6 +29,50 @@ fn run(c: &mut Criterion, name: &str, yaml: &str, line: &str) {
     c.bench_function(name, |b| {
         b.iter_batched(|| event.clone(), |mut e| black_box(p.process(black_box(&mut e))), BatchSize::SmallInput)
     });
+}
+
+/// `aggregate` with `count` over 10,000 distinct users, in batches of 1000 events, each batch
+/// with an acker of its own. The groups outlive the run, so this is the steady state: every
+/// event folds into an open group and its acknowledgement is held.
+fn aggregate_count(c: &mut Criterion) {
+    const KEYS: u64 = 10_000;
+    const BATCH: usize = 1000;
+    let p = build(
+        &spec_from_yaml("type: aggregate\nidentification_keys: [/user]\naction: count\ngroup_duration: 1h").unwrap(),
+    )
+    .unwrap();
+    let stateful = p.stateful().expect("aggregate is stateful");
+    // Every key once per 10 batches, in a scattered order (7919 is prime to 10,000).
+    let batches: Vec<Vec<Event>> = (0..KEYS as usize / BATCH)
+        .map(|j| {
+            (j * BATCH..(j + 1) * BATCH)
+                .map(|i| {
+                    let mut e = Event::from_message_at(SSH_LINE, 0);
+                    e.fields.insert("user", Value::from(format!("user-{}", i as u64 * 7919 % KEYS)));
+                    e
+                })
+                .collect()
+        })
+        .collect();
+    let mut group = c.benchmark_group("aggregate");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    let mut i = 0;
+    group.bench_function("count_10k_keys_batch_1000", |b| {
+        b.iter_batched(
+            || {
+                i += 1;
+                let (acker, _) = Acker::with_notify(BATCH);
+                (batches[i % batches.len()].clone(), AckSet::of(&acker, BATCH))
+            },
+            |(mut events, mut acks)| {
+                let consumed = stateful.consume(&mut events, &|_| true, &mut acks);
+                black_box((consumed, events, acks))
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+    assert_eq!(stateful.stats().groups_open, KEYS);
 }
 
 fn bench(c: &mut Criterion) {
@@ -57,5 +102,5 @@ fn bench(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, bench, aggregate_count);
 criterion_main!(benches);

@@ -246,7 +246,7 @@ impl Action {
                 buckets: vec![0; buckets.len()].into(),
             }),
             Action::RemoveDuplicates => GroupState::Seen,
-            Action::RateLimiter { per_second } => GroupState::Bucket { tokens: *per_second, last: now },
+            Action::RateLimiter { per_second } => GroupState::Bucket { tokens: bucket_size(*per_second), last: now },
             Action::PercentSampler { .. } => GroupState::Sampled { seen: 0, kept: 0 },
         }
     }
@@ -288,10 +288,9 @@ impl Action {
             }
             (Action::RemoveDuplicates, GroupState::Seen) => Fate::Drop,
             (Action::RateLimiter { per_second }, GroupState::Bucket { tokens, last }) => {
-                // A token bucket holding at most one second's worth, refilled by elapsed time.
                 let elapsed = now.saturating_duration_since(*last).as_secs_f64();
                 *last = (*last).max(now);
-                *tokens = (*tokens + elapsed * per_second).min(*per_second);
+                *tokens = (*tokens + elapsed * per_second).min(bucket_size(*per_second));
                 if *tokens >= 1.0 {
                     *tokens -= 1.0;
                     Fate::Keep
@@ -384,6 +383,12 @@ impl Action {
         e.fields.insert(TIMESTAMP, Value::Timestamp(end_nanos));
         Some(e)
     }
+}
+
+/// The rate limiter's bucket holds one second's worth of events (at least one), refilled by the
+/// time elapsed; a new group's bucket starts full.
+fn bucket_size(per_second: f64) -> f64 {
+    per_second.max(1.0)
 }
 
 /// What happens to an event folded into a group.

@@ -296,6 +296,7 @@ impl Stateful for Aggregate {
             }
             out.events.append(&mut shard.evicted);
             shard.release(due, self.duration, &mut out.acks);
+            shard.compact();
         }
         self.concluded.fetch_add(concluded, Ordering::Relaxed);
         self.emitted.fetch_add(out.events.len() as u64, Ordering::Relaxed);

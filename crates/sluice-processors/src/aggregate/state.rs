@@ -210,6 +210,15 @@ impl Shard {
         }
     }
 
+    /// Gives memory back after a burst of groups has concluded.
+    pub(crate) fn compact(&mut self) {
+        let len = self.groups.len();
+        if self.groups.capacity() > 1024 && len * 4 < self.groups.capacity() {
+            self.groups.shrink_to(len * 2);
+            self.order.shrink_to(len * 2);
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.groups.len()
     }

@@ -249,6 +249,10 @@ fn rate_limiter_lets_events_per_second_through_per_group() {
     assert_eq!(left.len(), 1, "half a second refills one token");
     let (left, _) = feed(&a, t0 + secs(10.0), &five);
     assert_eq!(left.len(), 2, "the bucket holds at most one second's worth");
+    let slow = agg("type: aggregate\nidentification_keys: [/k]\naction: {rate_limiter: {events_per_second: 0.5}}");
+    assert_eq!(feed(&slow, t0, &five).0.len(), 1, "a rate under one still lets the first event through");
+    assert_eq!(feed(&slow, t0 + secs(1.0), &five).0.len(), 0);
+    assert_eq!(feed(&slow, t0 + secs(2.0), &five).0.len(), 1);
 }
 
 #[test]
