@@ -17,7 +17,10 @@
 //!   equal share) early, as if its time were up: nothing is lost, and it counts in
 //!   `groups_evicted` (and in `groups_concluded`).
 //! - Consumed events' acknowledgements are held until a conclusion returns them with (or after)
-//!   the events their groups emitted; see [`state`] for how they are kept per time slot.
+//!   the events their groups emitted; see [`state`] for how they are kept per time slot. As a
+//!   slot spans many groups, a conclusion may return acknowledgements of events whose groups
+//!   were emitted by an earlier conclusion (or none with no events at all): they are safe to
+//!   complete only because the emitter handles each conclusion's events before the next one.
 //! - `sum` and `histogram` skip values that are missing or not numbers (text is not parsed):
 //!   the event still counts in `sum`'s `/count`, adds nothing to its `/sum`, and is not observed
 //!   by `histogram`; such events are counted by [`Aggregate::values_skipped`].

@@ -486,3 +486,59 @@ fn events_missing_keys_form_their_own_groups() {
         vec![(None, None, 2), (None, Some("h".into()), 1), (Some("a".into()), None, 2), (Some("a".into()), null, 1)]
     );
 }
+
+/// Consumers on several threads and a concluding thread at once: every event is counted once
+/// and every acknowledgement comes back, the last ones at shutdown.
+#[test]
+fn concurrent_consumers_and_conclusions_lose_nothing() {
+    let a = Arc::new(agg(
+        "type: aggregate\nidentification_keys: [/k]\naction: count\ngroup_duration: 20ms\nmax_groups: 3000",
+    ));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let concluder = {
+        let (a, done) = (a.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut emitted = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let out = a.conclude(Instant::now(), false);
+                emitted.extend(out.events);
+                out.acks.complete();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            emitted
+        })
+    };
+    let consumers: Vec<_> = (0..4)
+        .map(|t| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                let mut ackers = Vec::new();
+                for b in 0..100 {
+                    let mut events: Vec<Event> = (0..100)
+                        .map(|i| {
+                            let mut e = Event::new(Map::new());
+                            e.fields.insert("k", Value::Int(((t * 7 + b * 13 + i) % 5000) as i64));
+                            e
+                        })
+                        .collect();
+                    let (acker, _) = Acker::with_notify(100);
+                    let mut acks = AckSet::of(&acker, 100);
+                    a.consume(&mut events, &all, &mut acks);
+                    assert!(events.is_empty() && acks.is_empty());
+                    ackers.push(acker);
+                }
+                ackers
+            })
+        })
+        .collect();
+    let ackers: Vec<Acker> = consumers.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    done.store(true, Ordering::Relaxed);
+    let mut emitted = concluder.join().unwrap();
+    let out = a.conclude(Instant::now(), true);
+    emitted.extend(out.events);
+    out.acks.complete();
+    assert_eq!(emitted.iter().map(|e| int(e, "/count")).sum::<i64>(), 40_000);
+    assert!(ackers.iter().all(|a| a.pending() == 0));
+    let s = a.stats();
+    assert_eq!((s.groups_open, s.events_consumed, s.events_emitted), (0, 40_000, emitted.len() as u64));
+}
