@@ -113,10 +113,6 @@ impl Node {
     fn output_len(&self) -> u64 {
         std::fs::metadata(self.output()).map(|m| m.len()).unwrap_or(0)
     }
-
-    fn pid(&self) -> u32 {
-        self.s.child.id()
-    }
 }
 
 /// `count` per user in one node's output, and how many aggregate lines each user has there.
@@ -190,23 +186,36 @@ fn cluster_addresses(n: usize) -> Vec<String> {
     (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect()
 }
 
-/// Starts `n` nodes on 127.0.0.1 with tcp inputs and a static membership.
-fn start_static(n: usize, cluster_extra: &str, queue: &str, group_duration: &str) -> Vec<Node> {
-    let members = cluster_addresses(n);
+/// Starts one node per cluster address, with `extra(i)` as more of node `i`'s `cluster:`
+/// section and `input(port)` as its one input on a free port.
+fn start_nodes(
+    members: &[String],
+    discovery: &str,
+    extra: impl Fn(usize) -> String,
+    queue: &str,
+    group_duration: &str,
+    input: fn(u16) -> String,
+) -> Vec<Node> {
     let mut nodes = Vec::new();
-    for m in &members {
+    for (i, m) in members.iter().enumerate() {
         let port = free_port();
         let spec = NodeSpec {
             cluster: m.clone(),
-            discovery: static_discovery(&members),
-            cluster_extra: cluster_extra.to_string(),
+            discovery: discovery.to_string(),
+            cluster_extra: extra(i),
             queue: queue.to_string(),
-            input: tcp_input(port),
+            input: input(port),
             group_duration: group_duration.to_string(),
         };
         nodes.push(Node::start(config(&spec), port, m));
     }
     nodes
+}
+
+/// Starts `n` nodes on 127.0.0.1 with tcp inputs and a static membership.
+fn start_static(n: usize, cluster_extra: &str, queue: &str, group_duration: &str) -> Vec<Node> {
+    let members = cluster_addresses(n);
+    start_nodes(&members, &static_discovery(&members), |_| cluster_extra.to_string(), queue, group_duration, tcp_input)
 }
 
 /// Every user's aggregates are on exactly one node; returns the sum of all counts.
@@ -269,4 +278,407 @@ fn three_nodes_aggregate_every_key_on_exactly_one_node() {
     let sum = assert_each_user_on_one_node(&all);
     eprintln!("sent {sent}, counts summed {sum} (settled before shutdown: {settled})");
     assert_eq!(sum, sent, "the counts across nodes add up to the events sent");
+}
+
+fn http_input(port: u16) -> String {
+    format!("{{type: http, address: '127.0.0.1:{port}'}}")
+}
+
+/// Events per request of the `http` clients.
+const HTTP_BATCH: u64 = 100;
+
+/// Posts batches of numbered events until told to stop or `limit` events were sent, going on
+/// past refused connections (a node being restarted); returns the numbers answered 200.
+fn http_client(port: u16, first: u64, limit: u64, stop: Arc<AtomicBool>) -> Vec<u64> {
+    let addr = format!("127.0.0.1:{port}");
+    let mut acked = Vec::new();
+    let mut next = first;
+    while !stop.load(Ordering::SeqCst) && next < first + limit {
+        let body: String = (next..next + HTTP_BATCH).map(|n| event(n, 0)).collect();
+        match try_http(&addr, "POST", "/", &[], body.as_bytes()) {
+            // Paced, so that the load lasts through a kill and a restart.
+            Ok((200, _)) => {
+                acked.extend(next..next + HTTP_BATCH);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+        next += HTTP_BATCH;
+    }
+    acked
+}
+
+#[test]
+fn a_killed_node_loses_no_acknowledged_event() {
+    let extra = "  on_peer_failure: hold\n  forwarding: {retry_backoff: 50ms, retry_backoff_max: 500ms}";
+    let queue = "{type: persisted, shards: 2, segment_bytes: 256KiB, max_bytes: 64MiB, checkpoint_interval: 50ms}";
+    let members = cluster_addresses(3);
+    let mut nodes =
+        start_nodes(&members, &static_discovery(&members), |_| extra.to_string(), queue, "500ms", http_input);
+    const LIMIT: u64 = 40_000;
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let (port, stop) = (n.port, stop.clone());
+            std::thread::spawn(move || http_client(port, i as u64 * LIMIT, LIMIT, stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let victim = nodes.remove(1);
+    let accepted: Vec<u64> = nodes.iter().map(Node::accepted).collect();
+    eprintln!("SIGKILL {} after {} events accepted (the others: {accepted:?})", victim.cluster, victim.accepted());
+    let Node { s, port, cluster, config, .. } = victim;
+    let dir = s.kill_into_dir();
+    std::thread::sleep(Duration::from_millis(500));
+    nodes.insert(1, Node::start_in(dir, config, port, &cluster));
+    std::thread::sleep(Duration::from_millis(2000));
+    stop.store(true, Ordering::SeqCst);
+    assert!(nodes[1].accepted() > 0, "the restarted node took no events");
+    let acked: Vec<u64> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    let acknowledged = acked.len() as u64;
+    assert!(acknowledged > 0, "no request was answered 200");
+    let all: Vec<&Node> = nodes.iter().collect();
+    let settled = eventually(Duration::from_secs(90), || total(&all) >= acknowledged);
+    let logs = stop_all(&mut nodes.iter_mut().collect::<Vec<_>>());
+    for (n, log) in nodes.iter().zip(&logs) {
+        eprintln!("{}: {:?}", n.cluster, summary(log, "web"));
+    }
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    for n in &acked {
+        *expected.entry(format!("u{}", n % USERS)).or_insert(0) += 1;
+    }
+    let mut got: BTreeMap<String, u64> = BTreeMap::new();
+    for n in &nodes {
+        for (user, c) in counts(&n.output()) {
+            *got.entry(user).or_insert(0) += c;
+        }
+    }
+    let sum: u64 = got.values().sum();
+    eprintln!(
+        "acknowledged {acknowledged}, counts summed {sum}, duplicates {} (settled before shutdown: {settled})",
+        sum as i64 - acknowledged as i64
+    );
+    let short: Vec<_> = expected
+        .iter()
+        .filter(|(u, want)| got.get(*u).copied().unwrap_or(0) < **want)
+        .map(|(u, want)| (u, *want, got.get(u).copied().unwrap_or(0)))
+        .collect();
+    assert!(short.is_empty(), "users counted fewer times than acknowledged (user, acknowledged, counted): {short:?}");
+    assert!(sum >= acknowledged);
+}
+
+/// Sends numbered events on one connection in chunks until told to stop; returns how many.
+fn steady_sender(port: u16, first: u64, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) -> u64 {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut next = first;
+    while !stop.load(Ordering::SeqCst) {
+        let chunk: String = (next..next + 500).map(|n| event(n, 0)).collect();
+        conn.write_all(chunk.as_bytes()).unwrap();
+        next += 500;
+        sent.store(next - first, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    conn.shutdown(std::net::Shutdown::Write).unwrap();
+    next - first
+}
+
+fn peer<'a>(cluster: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    &cluster["peers"][name]
+}
+
+#[test]
+fn a_hung_peer_with_hold_loses_nothing_once_it_returns() {
+    let extra = "  on_peer_failure: hold
+  forwarding: {request_timeout: 60s, retry_backoff: 50ms, retry_backoff_max: 500ms, batch_bytes: 16KiB, max_in_flight: 64KiB}";
+    let mut nodes = start_static(2, extra, "{type: memory, max_events: 2000}", "250ms");
+    // Warm up: both nodes take part, the link is connected.
+    const WARM: u64 = 2_000;
+    send_tcp(nodes[0].port, 0, WARM, 0);
+    let all: Vec<&Node> = nodes.iter().collect();
+    assert!(eventually(Duration::from_secs(30), || total(&all) == WARM), "the warm-up events were not all aggregated");
+    let hung = nodes[1].cluster.clone();
+    nodes[1].s.signal("STOP");
+    const LOAD: u64 = 60_000;
+    let port = nodes[0].port;
+    let sender = std::thread::spawn(move || send_tcp(port, WARM, LOAD, 100));
+    std::thread::sleep(Duration::from_secs(2));
+    let before = nodes[0].accepted();
+    std::thread::sleep(Duration::from_secs(1));
+    let after = nodes[0].accepted();
+    let c = nodes[0].cluster_stats();
+    eprintln!("while {hung} is stopped: accepted {before} then {after} of {}; peer {}", WARM + LOAD, peer(&c, &hung));
+    assert_eq!(before, after, "the node kept accepting with its peer's window full");
+    assert!(after < WARM + LOAD, "the node took everything although its peer was stopped (no backpressure)");
+    assert!(peer(&c, &hung)["bytes_in_flight"].as_u64().unwrap() > 0, "{c}");
+    assert!(!sender.is_finished(), "the client could send everything while the owner of some keys was stopped");
+    nodes[1].s.signal("CONT");
+    sender.join().unwrap();
+    let sent = WARM + LOAD;
+    let all: Vec<&Node> = nodes.iter().collect();
+    let settled = eventually(Duration::from_secs(90), || total(&all) >= sent);
+    let logs = stop_all(&mut nodes.iter_mut().collect::<Vec<_>>());
+    for (n, log) in nodes.iter().zip(&logs) {
+        eprintln!("{}: {:?}", n.cluster, summary(log, "web"));
+    }
+    let all: Vec<&Node> = nodes.iter().collect();
+    let sum = assert_each_user_on_one_node(&all);
+    eprintln!("sent {sent}, counts summed {sum} (settled before shutdown: {settled})");
+    assert_eq!(sum, sent, "with `hold` every event is counted once");
+}
+
+#[test]
+fn a_hung_peer_with_local_keeps_flowing() {
+    let extra = "  on_peer_failure: local
+  forwarding: {request_timeout: 1s, failures_before_down: 1, retry_backoff: 50ms, retry_backoff_max: 500ms, batch_bytes: 16KiB, max_in_flight: 64KiB}";
+    let mut nodes = start_static(2, extra, "{type: memory, max_events: 2000}", "250ms");
+    let (stop, counter) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (port, flag, n) = (nodes[0].port, stop.clone(), counter.clone());
+    let sender = std::thread::spawn(move || steady_sender(port, 0, flag, n));
+    let all: Vec<&Node> = nodes.iter().collect();
+    assert!(
+        eventually(Duration::from_secs(30), || nodes[1].cluster_stats()["events"]["received"].as_u64() > Some(0)),
+        "nothing reached the second node before it was stopped"
+    );
+    let hung = nodes[1].cluster.clone();
+    nodes[1].s.signal("STOP");
+    let down = eventually(Duration::from_secs(15), || {
+        matches!(peer(&nodes[0].cluster_stats(), &hung)["state"].as_str(), Some("down" | "probing"))
+    });
+    let c = nodes[0].cluster_stats();
+    assert!(down, "the stopped peer is not marked down: {c}");
+    assert!(
+        eventually(Duration::from_secs(15), || nodes[0].cluster_stats()["events"]["local_fallback"].as_u64() > Some(0)),
+        "no event of the stopped peer was processed here: {}",
+        nodes[0].cluster_stats()
+    );
+    let (len, sent_then) = (nodes[0].output_len(), counter.load(Ordering::SeqCst));
+    assert!(
+        eventually(Duration::from_secs(15), || nodes[0].output_len() > len
+            && counter.load(Ordering::SeqCst) > sent_then),
+        "the output stopped growing (or the client stopped sending) while the peer was stopped"
+    );
+    let c = nodes[0].cluster_stats();
+    eprintln!("while {hung} is stopped: {c}");
+    let wait_max = c["worker_wait_max_seconds"].as_f64().unwrap();
+    assert!(wait_max < 2.0, "a worker waited {wait_max}s on the stopped peer (request_timeout is 1s)");
+    nodes[1].s.signal("CONT");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    let sent = sender.join().unwrap();
+    let settled = eventually(Duration::from_secs(90), || total(&all) >= sent);
+    let logs = stop_all(&mut nodes.iter_mut().collect::<Vec<_>>());
+    for (n, log) in nodes.iter().zip(&logs) {
+        eprintln!("{}: {:?}", n.cluster, summary(log, "web"));
+    }
+    let all: Vec<&Node> = nodes.iter().collect();
+    let sum = total(&all);
+    eprintln!(
+        "sent {sent}, counts summed {sum}, duplicates {} (settled before shutdown: {settled})",
+        sum as i64 - sent as i64
+    );
+    assert!(sum >= sent, "events were lost: sent {sent}, counted {sum}");
+}
+
+fn tls_extra(cert: &Path, key: &Path, ca: &Path) -> String {
+    format!(
+        "  on_peer_failure: hold\n  tls: {{cert: '{}', key: '{}', ca: '{}', client_auth: required}}",
+        cert.display(),
+        key.display(),
+        ca.display()
+    )
+}
+
+#[test]
+fn mutual_tls_between_nodes() {
+    let certs_dir = tempfile::tempdir().unwrap();
+    let certs = sluice_tls::testing::CertSet::generate(certs_dir.path(), &["node-a", "node-b"]);
+    let names = ["node-a", "node-b"];
+    let members = cluster_addresses(2);
+    let mut nodes = start_nodes(
+        &members,
+        &static_discovery(&members),
+        |i| tls_extra(&certs.cert(names[i]), &certs.key(names[i]), &certs.ca_cert),
+        "{type: memory}",
+        "500ms",
+        tcp_input,
+    );
+    const PER_NODE: u64 = 20_000;
+    for (i, n) in nodes.iter().enumerate() {
+        send_tcp(n.port, i as u64 * PER_NODE, PER_NODE, 0);
+    }
+    let sent = PER_NODE * 2;
+    let all: Vec<&Node> = nodes.iter().collect();
+    let settled = eventually(Duration::from_secs(60), || total(&all) >= sent);
+    for (i, n) in nodes.iter().enumerate() {
+        let c = n.cluster_stats();
+        let other = &nodes[1 - i].cluster;
+        assert_eq!(peer(&c, other)["state"], "up", "{c}");
+        assert!(c["events"]["forwarded"].as_u64().unwrap() > 0 && c["events"]["received"].as_u64().unwrap() > 0, "{c}");
+    }
+    let logs = stop_all(&mut nodes.iter_mut().collect::<Vec<_>>());
+    for (n, log) in nodes.iter().zip(&logs) {
+        let s = summary(log, "web");
+        eprintln!("{}: {s:?}", n.cluster);
+        assert!(s["forwarded"] > 0 && s["received"] > 0, "{}: {log}", n.cluster);
+    }
+    let all: Vec<&Node> = nodes.iter().collect();
+    let sum = assert_each_user_on_one_node(&all);
+    eprintln!("sent {sent}, counts summed {sum} (settled before shutdown: {settled})");
+    assert_eq!(sum, sent);
+}
+
+#[test]
+fn a_node_with_a_certificate_from_another_ca_is_refused() {
+    let certs_dir = tempfile::tempdir().unwrap();
+    let good = sluice_tls::testing::CertSet::generate(certs_dir.path(), &["node-a"]);
+    let rogue = sluice_tls::testing::CertSet::generate_other_ca(certs_dir.path(), &["node-b"]);
+    let members = cluster_addresses(2);
+    let mut nodes = start_nodes(
+        &members,
+        &static_discovery(&members),
+        |i| match i {
+            0 => tls_extra(&good.cert("node-a"), &good.key("node-a"), &good.ca_cert),
+            _ => tls_extra(&rogue.cert("node-b"), &rogue.key("node-b"), &rogue.ca_cert),
+        },
+        "{type: memory}",
+        "500ms",
+        tcp_input,
+    );
+    // Events for both to forward, so that each dials the other.
+    for (i, n) in nodes.iter().enumerate() {
+        send_tcp(n.port, i as u64 * 1000, 1000, 0);
+    }
+    let tls_problem = |log: &str| {
+        log.lines().any(|l| {
+            (l.contains("certificate") || l.contains("TLS") || l.contains("handshake"))
+                && (l.contains("CA") || l.contains("UnknownIssuer") || l.contains("not signed"))
+        })
+    };
+    let both = eventually(Duration::from_secs(30), || nodes.iter().all(|n| tls_problem(&n.s.log())));
+    for n in &nodes {
+        let log = n.s.log();
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains("certificate") || l.contains("TLS")).take(4).collect();
+        eprintln!("{}:\n  {}", n.cluster, lines.join("\n  "));
+    }
+    assert!(both, "not both nodes logged the certificate problem:\n{}\n---\n{}", nodes[0].s.log(), nodes[1].s.log());
+    let c = nodes[0].cluster_stats();
+    let state = peer(&c, &nodes[1].cluster)["state"].clone();
+    eprintln!("the good node sees the rogue peer as {state}; handshakes refused {}", c["handshakes_refused"]);
+    assert_ne!(state, "up", "{c}");
+    // Neither can deliver what it holds for the other; the processes are killed on drop.
+    for n in nodes.iter_mut() {
+        let _ = n.s.child.kill();
+    }
+}
+
+/// The hosts file as it was, put back when the test ends, however it ends.
+struct HostsGuard {
+    original: String,
+}
+
+const HOSTS: &str = "/etc/hosts";
+const NAME: &str = "sluice-test-cluster";
+
+impl HostsGuard {
+    fn set(&self, ips: &[&str]) {
+        let mut text = self.original.clone();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        for ip in ips {
+            text.push_str(&format!("{ip} {NAME}\n"));
+        }
+        std::fs::write(HOSTS, text).unwrap();
+    }
+}
+
+impl Drop for HostsGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::write(HOSTS, &self.original);
+    }
+}
+
+fn members_of(n: &Node) -> usize {
+    n.cluster_stats()["members"].as_array().map(Vec::len).unwrap_or(0)
+}
+
+#[test]
+fn dns_discovery_from_the_hosts_file() {
+    let writable = std::fs::OpenOptions::new().append(true).open(HOSTS).is_ok();
+    if !writable {
+        eprintln!(
+            "skipped: {HOSTS} is not writable (the test adds a name resolving to 127.0.0.1 and 127.0.0.2; run as root)"
+        );
+        return;
+    }
+    let Ok(probe) = std::net::TcpListener::bind("127.0.0.2:0") else {
+        eprintln!("skipped: cannot listen on 127.0.0.2 (no loopback range beyond 127.0.0.1 here)");
+        return;
+    };
+    drop(probe);
+    let original = std::fs::read_to_string(HOSTS).unwrap();
+    assert!(!original.contains(NAME), "{HOSTS} still has {NAME} from an earlier run: remove it");
+    let hosts = HostsGuard { original };
+    hosts.set(&["127.0.0.1", "127.0.0.2"]);
+    // One cluster port on both addresses.
+    let port = loop {
+        let p = free_port();
+        if std::net::TcpListener::bind(("127.0.0.2", p)).is_ok() {
+            break p;
+        }
+    };
+    let members = vec![format!("127.0.0.1:{port}"), format!("127.0.0.2:{port}")];
+    let discovery = format!("{{dns: {{name: {NAME}, port: {port}, refresh: 500ms}}}}");
+    let mut nodes = start_nodes(
+        &members,
+        &discovery,
+        |_| "  on_peer_failure: hold".to_string(),
+        "{type: memory}",
+        "250ms",
+        tcp_input,
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || nodes.iter().all(|n| members_of(n) == 2)),
+        "the nodes did not find each other by name: {} / {}",
+        nodes[0].cluster_stats(),
+        nodes[1].cluster_stats()
+    );
+    let (stop, counter) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (port1, flag, n) = (nodes[0].port, stop.clone(), counter.clone());
+    let sender = std::thread::spawn(move || steady_sender(port1, 0, flag, n));
+    assert!(
+        eventually(Duration::from_secs(20), || nodes[0].cluster_stats()["events"]["forwarded"].as_u64() > Some(0)
+            && nodes[1].cluster_stats()["events"]["received"].as_u64() > Some(0)),
+        "nothing was forwarded between the nodes: {}",
+        nodes[0].cluster_stats()
+    );
+    // The second node leaves the name while events flow.
+    hosts.set(&["127.0.0.1"]);
+    let left = eventually(Duration::from_secs(10), || members_of(&nodes[0]) == 1);
+    assert!(left, "the first node still has {} members: {}", members_of(&nodes[0]), nodes[0].cluster_stats());
+    let (len, sent_then) = (nodes[0].output_len(), counter.load(Ordering::SeqCst));
+    assert!(
+        eventually(Duration::from_secs(15), || nodes[0].output_len() > len
+            && counter.load(Ordering::SeqCst) > sent_then),
+        "the first node's output stopped growing once the second left its ring"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let sent = sender.join().unwrap();
+    let all: Vec<&Node> = nodes.iter().collect();
+    let settled = eventually(Duration::from_secs(60), || total(&all) >= sent);
+    let c = nodes[0].cluster_stats();
+    let logs = stop_all(&mut nodes.iter_mut().collect::<Vec<_>>());
+    for (n, log) in nodes.iter().zip(&logs) {
+        eprintln!("{}: {:?}", n.cluster, summary(log, "web"));
+    }
+    let all: Vec<&Node> = nodes.iter().collect();
+    let sum = total(&all);
+    eprintln!(
+        "sent {sent}, counts summed {sum}, duplicates {} (settled before shutdown: {settled}); first node at the end: {c}",
+        sum as i64 - sent as i64
+    );
+    assert!(sum >= sent, "events were lost: sent {sent}, counted {sum}");
+    drop(hosts);
 }
