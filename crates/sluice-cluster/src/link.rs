@@ -308,7 +308,11 @@ impl PeerLink {
         let answer = tokio::time::timeout(f.request_timeout.0, frame::read_frame(&mut reader))
             .await
             .map_err(|_| format!("no answer to the handshake within {:?}", f.request_timeout.0))?
-            .map_err(|e| format!("handshake: {e}"))?
+            .map_err(|e| match e {
+                // TLS 1.3: a server refusing our certificate says so on the first read.
+                frame::FrameError::Io(io) => format!("handshake: {}", sluice_tls::describe_handshake_error(&io)),
+                other => format!("handshake: {other}"),
+            })?
             .ok_or("the peer closed the connection during the handshake")?;
         match answer.kind {
             Kind::Welcome => {

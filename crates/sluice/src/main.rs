@@ -11,6 +11,7 @@
 //!   and exits as on SIGTERM.
 
 mod allocator;
+mod cluster_cli;
 mod dlq_cli;
 
 use std::path::{Path, PathBuf};
@@ -77,6 +78,11 @@ enum Command {
         #[command(subcommand)]
         command: dlq_cli::DlqCommand,
     },
+    /// Shows the hash ring a cluster config makes, and which node owns a key.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster_cli::ClusterCommand,
+    },
     /// Prints the version.
     Version,
 }
@@ -131,6 +137,7 @@ fn main() -> ExitCode {
             registry_show(data_dir, config.as_deref(), json)
         }
         Command::Dlq { command } => dlq_cli::run(command),
+        Command::Cluster { command } => cluster_cli::run(command),
         Command::Run { config, log_level } => match run(config.as_deref(), log_level) {
             Ok(code) => code,
             Err(e) => {
