@@ -189,7 +189,9 @@ impl RunningPipeline {
                         stages: stages.clone(),
                         from,
                         batch_size: spec.batch.size,
-                        batch_delay: spec.batch.delay.0,
+                        // A forwarded batch is already a batch: it is processed as it arrives,
+                        // never held back waiting for more.
+                        batch_delay: if from == 0 { spec.batch.delay.0 } else { Duration::ZERO },
                     };
                     tokio::spawn(w.run())
                 })
