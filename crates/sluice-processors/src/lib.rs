@@ -11,6 +11,10 @@
 //! pipeline's dead letter queue with the reason. The `if:` condition common to all processors is
 //! applied by the worker, not here.
 //!
+//! `aggregate` is different: it keeps groups across batches and emits events on a timer, so the
+//! worker hands it whole batches through its [`Stateful`] form (it locks each shard of its group
+//! table once per batch, never per event); see [`stateful`].
+//!
 //! ```
 //! use sluice_core::Event;
 //! let spec = sluice_processors::spec_from_yaml("type: mutate\nuppercase: [/message]\n").unwrap();
