@@ -60,6 +60,9 @@ struct AggregateConfig {
     action: ActionConfig,
 }
 
+/// Groups live in memory: a year is far beyond any use, and keeps instants from overflowing.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 fn default_duration() -> HumanDuration {
     HumanDuration(Duration::from_secs(180))
 }
@@ -95,8 +98,8 @@ impl Aggregate {
             return Err(spec.key_error("identification_keys", "give at least one field, like [/user, /host]"));
         }
         let duration = c.group_duration.0;
-        if duration.is_zero() {
-            return Err(spec.key_error("group_duration", "must be more than 0"));
+        if duration.is_zero() || duration > MAX_DURATION {
+            return Err(spec.key_error("group_duration", "must be more than 0 and at most 365 days"));
         }
         if c.max_groups == 0 {
             return Err(spec.key_error("max_groups", "must be at least 1"));

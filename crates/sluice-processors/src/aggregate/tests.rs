@@ -91,6 +91,8 @@ fn config_errors_name_their_key() {
     assert!(e.contains("group_duration") && e.contains("at least 1s"), "{e}");
     let e = build_err(&format!("{base}action: count\ngroup_duration: 0"));
     assert!(e.contains("group_duration"), "{e}");
+    let e = build_err(&format!("{base}action: count\ngroup_duration: 400d"));
+    assert!(e.contains("group_duration") && e.contains("365 days"), "{e}");
     let e = build_err(&format!("{base}action: count\nmax_groups: 0"));
     assert!(e.contains("max_groups"), "{e}");
     let e = build_err(&format!("{base}action: count\naggregate_when: '/a =='"));
