@@ -180,7 +180,7 @@ impl RunningPipeline {
             router: router.as_ref().map(|(k, r, _, _)| (*k, r.clone())),
             abort: abort.clone(),
         });
-        let start_workers = |queue: &Arc<dyn Queue>, from: usize| -> Vec<JoinHandle<()>> {
+        let start_workers = |queue: &Arc<dyn Queue>, from: usize, route: bool, delay: Duration| -> Vec<JoinHandle<()>> {
             (0..spec.workers)
                 .map(|index| {
                     let w = Worker {
@@ -188,10 +188,9 @@ impl RunningPipeline {
                         queue: queue.clone(),
                         stages: stages.clone(),
                         from,
+                        route,
                         batch_size: spec.batch.size,
-                        // A forwarded batch is already a batch: it is processed as it arrives,
-                        // never held back waiting for more.
-                        batch_delay: if from == 0 { spec.batch.delay.0 } else { Duration::ZERO },
+                        batch_delay: delay,
                     };
                     tokio::spawn(w.run())
                 })
@@ -203,12 +202,14 @@ impl RunningPipeline {
                 fq.start().await.map_err(|e| format!("pipeline {}: forwarded-events queue: {e}", spec.name))?;
                 let inbound = InboundQueue { queue: fq.clone(), memory: memory.clone(), metrics: metrics.clone() };
                 cluster.register_inbound(&spec.name, keys, Arc::new(inbound));
-                let workers = start_workers(&fq, k);
+                // A forwarded batch is already a batch: it is processed as it arrives, never
+                // held back waiting for more.
+                let workers = start_workers(&fq, k, false, Duration::ZERO);
                 Some(Forwarded { cluster, queue: fq, workers })
             }
             None => None,
         };
-        let workers = start_workers(&queue, 0);
+        let workers = start_workers(&queue, 0, true, spec.batch.delay.0);
         let emitters = stages.processors.iter().any(|p| p.processor.stateful().is_some()).then(|| Emitters::start(&stages));
 
         tracing::info!(pipeline = %spec.name, workers = spec.workers, batch_size = spec.batch.size,

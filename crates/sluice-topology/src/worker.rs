@@ -48,6 +48,8 @@ pub struct Worker {
     pub stages: Arc<Stages>,
     /// The processor batches start at (after the forwarding stage, for forwarded events).
     pub from: usize,
+    /// Whether batches go through the forwarding stage (not forwarded events: never twice).
+    pub route: bool,
     pub batch_size: usize,
     pub batch_delay: Duration,
 }
@@ -56,7 +58,7 @@ impl Worker {
     pub async fn run(self) {
         while let Some(batch) = self.queue.pop(self.batch_size, self.batch_delay).await {
             self.stages.metrics.events_in.add(batch.len() as u64);
-            self.stages.handle(batch, self.from, self.from == 0, self.index).await;
+            self.stages.handle(batch, self.from, self.route, self.index).await;
         }
     }
 }
@@ -311,6 +313,7 @@ mod tests {
             queue: queue.clone(),
             stages: Arc::new(stages),
             from: 0,
+            route: true,
             batch_size: 100,
             batch_delay: Duration::from_millis(1),
         };
