@@ -92,3 +92,110 @@ async fn conclude(stages: &Stages, index: usize, all: bool) {
     };
     stages.handle(Batch::new(events, batch_acks, 0), index + 1, false, usize::MAX).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+    use parking_lot::Mutex;
+    use sluice_core::metrics::{ComponentKind, ComponentMetrics, PipelineMetrics};
+    use sluice_core::{Event, Value};
+    use sluice_outputs::{Aborted, Delivery, Output};
+
+    use super::*;
+    use crate::build::{BuiltOutput, BuiltProcessor};
+    use crate::dead_letter::DeadLetterSink;
+
+    /// Keeps what it is sent.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<Event>>);
+
+    #[async_trait]
+    impl Output for Recorder {
+        async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
+            self.0.lock().extend(events.iter().map(|e| (*e).clone()));
+            Ok(Delivery { rejected: Vec::new() })
+        }
+    }
+
+    fn stages(recorder: Arc<Recorder>) -> Arc<Stages> {
+        let metrics = Arc::new(PipelineMetrics::new("p", 1));
+        let spec = sluice_processors::spec_from_yaml(
+            "type: aggregate\nidentification_keys: [/user]\ngroup_duration: 1h\naction: count\n",
+        )
+        .unwrap();
+        let processor = BuiltProcessor {
+            id: "agg".to_string(),
+            processor: sluice_processors::build(&spec).unwrap(),
+            condition: None,
+            metrics: Arc::new(ComponentMetrics::new("agg", ComponentKind::Processor, "aggregate")),
+        };
+        let output = BuiltOutput {
+            id: "out".to_string(),
+            output: recorder,
+            condition: None,
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "recorder")),
+        };
+        Arc::new(Stages {
+            pipeline: "p".to_string(),
+            processors: Arc::new(vec![processor]),
+            outputs: Arc::new(vec![output]),
+            metrics: metrics.clone(),
+            dead_letters: Arc::new(DeadLetterSink::new("p", None, metrics, Default::default())),
+            router: None,
+            abort: CancellationToken::new(),
+        })
+    }
+
+    fn event(user: &str) -> Event {
+        let mut e = Event::from_message("x");
+        e.fields.insert("user", Value::from(user));
+        e
+    }
+
+    /// The inputs of consumed events hear of them only once what their group emitted is
+    /// delivered; every group is concluded at the end.
+    #[tokio::test]
+    async fn consumed_events_are_acknowledged_when_their_aggregate_is_delivered() {
+        let recorder = Arc::new(Recorder::default());
+        let stages = stages(recorder.clone());
+        let emitters = Emitters::start(&stages);
+        let (acker, mut acked) = Acker::with_notify(5);
+        let events = vec![event("a"), event("b"), event("a"), event("a"), event("b")];
+        stages.handle(Batch::new(events, AckSet::single(acker, 5), 5), 0, true, 0).await;
+        assert!(recorder.0.lock().is_empty(), "a one-hour group emitted at once");
+        assert!(acked.try_recv().is_err(), "the batch was acknowledged before its groups concluded");
+        emitters.finish(&stages).await;
+        assert_eq!(acked.try_recv().unwrap(), AckOutcome::Handled);
+        let mut counts: Vec<(String, i64)> = recorder
+            .0
+            .lock()
+            .iter()
+            .map(|e| {
+                let user = e.fields.get("user").and_then(Value::as_str).unwrap().to_string();
+                let Some(Value::Int(n)) = e.fields.get("count") else { panic!("no count in {e:?}") };
+                (user, *n)
+            })
+            .collect();
+        counts.sort();
+        assert_eq!(counts, [("a".to_string(), 3), ("b".to_string(), 2)]);
+        assert_eq!((stages.metrics.consumed.get(), stages.metrics.emitted.get()), (5, 2));
+        assert_eq!(stages.metrics.events_out.get(), 2);
+    }
+
+    /// Emitted events that are never delivered leave the consumed events' inputs hearing
+    /// "abandoned", not nothing.
+    #[tokio::test]
+    async fn held_acknowledgements_are_abandoned_when_their_aggregate_is_not_delivered() {
+        let recorder = Arc::new(Recorder::default());
+        let stages = stages(recorder);
+        let (acker, acked) = Acker::with_notify(2);
+        stages.handle(Batch::new(vec![event("a"), event("a")], AckSet::single(acker, 2), 2), 0, true, 0).await;
+        let p = &stages.processors[0];
+        let emitted = p.processor.stateful().unwrap().conclude(Instant::now(), true);
+        assert_eq!(emitted.events.len(), 1);
+        drop(emitted);
+        assert_eq!(acked.await.unwrap(), AckOutcome::Abandoned);
+    }
+}
