@@ -8,7 +8,8 @@
 //! - a hung peer (SIGSTOP): with `hold` the others push back and lose nothing once it returns;
 //!   with `local` they mark it down and keep processing its keys themselves;
 //! - mutual TLS between nodes, and a node whose certificate another CA signed is refused;
-//! - DNS discovery from the hosts file, with a member leaving while traffic flows (root only).
+//! - DNS discovery from the hosts file, with a member leaving and coming back while traffic
+//!   flows (root only).
 
 mod common;
 
@@ -662,6 +663,15 @@ fn dns_discovery_from_the_hosts_file() {
         eventually(Duration::from_secs(15), || nodes[0].output_len() > len
             && counter.load(Ordering::SeqCst) > sent_then),
         "the first node's output stopped growing once the second left its ring"
+    );
+    // And joins it again: the first node forwards to it again.
+    let forwarded = |n: &Node| n.cluster_stats()["events"]["forwarded"].as_u64().unwrap_or(0);
+    let before = forwarded(&nodes[0]);
+    hosts.set(&["127.0.0.1", "127.0.0.2"]);
+    assert!(
+        eventually(Duration::from_secs(15), || members_of(&nodes[0]) == 2 && forwarded(&nodes[0]) > before),
+        "the second node, back under the name, did not rejoin the first node's ring: {}",
+        nodes[0].cluster_stats()
     );
     stop.store(true, Ordering::SeqCst);
     let sent = sender.join().unwrap();
