@@ -22,7 +22,7 @@
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Points per member unless the configuration says otherwise: with 256, the largest of three
-/// members' shares of the hash space is typically within 10 % of the smallest (see the tests).
+/// members' shares of the hash space is on average 12 % above the smallest (see the tests).
 pub const DEFAULT_VIRTUAL_NODES: u32 = 256;
 
 /// The largest direct index, in bits (4 Mi slots); rings with more points scan a little longer.
