@@ -416,6 +416,28 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
     for (name, help, pick) in component_counters {
         counter(&mut out, name, help, &comps.iter().map(|(l, c)| (l.clone(), pick(c))).collect::<Vec<_>>());
     }
+    // Components' own state figures (a stateful processor's groups), one series per name.
+    let mut figures: Vec<(sluice_core::metrics::StateFigure, String)> = Vec::new();
+    for (labels, c) in &comps {
+        if let Some(state) = c.state.get() {
+            figures.extend(state.figures().into_iter().map(|f| (f, labels.clone())));
+        }
+    }
+    let mut names: Vec<&'static str> = figures.iter().map(|(f, _)| f.name).collect();
+    names.dedup();
+    names.sort();
+    names.dedup();
+    for name in names {
+        let rows: Vec<&(sluice_core::metrics::StateFigure, String)> =
+            figures.iter().filter(|(f, _)| f.name == name).collect();
+        let full = format!("sluice_component_{name}");
+        let (help, is_counter) = (rows[0].0.help, rows[0].0.counter);
+        if is_counter {
+            counter(&mut out, &full, help, &rows.iter().map(|(f, l)| (l.clone(), f.value)).collect::<Vec<_>>());
+        } else {
+            gauge(&mut out, &full, help, &rows.iter().map(|(f, l)| (l.clone(), f.value as f64)).collect::<Vec<_>>());
+        }
+    }
     histogram(
         &mut out,
         "sluice_component_duration_seconds",
@@ -540,6 +562,9 @@ pub fn render_stats(state: &ApiState) -> Json {
                     "events": {"in": c.events_in.get(), "out": c.events_out.get(), "dropped": c.dropped.get(), "failed": c.failed.get()},
                     "retries": c.retries.get(),
                     "refused": c.refused.get(),
+                    "state": c.state.get().map(|s| {
+                        s.figures().into_iter().map(|f| (f.name.trim_end_matches("_total").to_string(), json!(f.value))).collect::<serde_json::Map<_, _>>()
+                    }),
                 })
             })
             .collect();

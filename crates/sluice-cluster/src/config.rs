@@ -214,7 +214,10 @@ impl ClusterConfig {
             ));
         }
         if f.request_timeout.0.is_zero() || f.connect_timeout.0.is_zero() || f.retry_backoff.0.is_zero() {
-            errors.push(at("forwarding", "`request_timeout`, `connect_timeout` and `retry_backoff` must be more than 0".into()));
+            errors.push(at(
+                "forwarding",
+                "`request_timeout`, `connect_timeout` and `retry_backoff` must be more than 0".into(),
+            ));
         }
         if f.retry_backoff_max.0 < f.retry_backoff.0 {
             errors.push(at("forwarding", "`retry_backoff_max` must be at least `retry_backoff`".into()));

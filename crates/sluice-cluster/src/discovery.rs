@@ -25,7 +25,9 @@ pub(crate) async fn start(shared: &Arc<Shared>) -> Result<(), String> {
                     }
                     shared.set_members(members);
                 }
-                Err(e) => tracing::warn!(name = %dns.name, error = %e, "cluster discovery: cannot resolve yet; retrying"),
+                Err(e) => {
+                    tracing::warn!(name = %dns.name, error = %e, "cluster discovery: cannot resolve yet; retrying")
+                }
             }
             let weak = Arc::downgrade(shared);
             let stop = shared.stop.clone();

@@ -91,7 +91,9 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>
             if got == 0 {
                 return Ok(None);
             }
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed inside a frame").into());
+            return Err(
+                std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed inside a frame").into()
+            );
         }
         got += n;
     }
@@ -217,7 +219,10 @@ pub fn decode_batch(frame: &Frame) -> Result<BatchFrame, FrameError> {
             .map_err(|e| FrameError::Malformed(Kind::Batch, format!("events: {e}")))?;
     }
     if events.len() != count {
-        return Err(FrameError::Malformed(Kind::Batch, format!("{} events where the header says {count}", events.len())));
+        return Err(FrameError::Malformed(
+            Kind::Batch,
+            format!("{} events where the header says {count}", events.len()),
+        ));
     }
     Ok(BatchFrame { seq, pipeline, events })
 }

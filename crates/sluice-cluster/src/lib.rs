@@ -135,7 +135,7 @@ impl Shared {
             by_index
         };
         let old = std::mem::replace(&mut *self.topology.write(), Arc::new(Topology { ring, me, links }));
-        if old.ring.len() > 0 {
+        if !old.ring.is_empty() {
             self.metrics.ring_changes.add(1);
             tracing::info!(members = ?members, "cluster membership changed; ring rebuilt");
         }
@@ -245,7 +245,7 @@ impl Cluster {
             policy: config.on_peer_failure,
             connector,
         });
-        let alone = Ring::new(&[config.node.clone()], config.virtual_nodes);
+        let alone = Ring::new(std::slice::from_ref(&config.node), config.virtual_nodes);
         let shared = Arc::new_cyclic(|me| Shared {
             topology: RwLock::new(Arc::new(Topology { ring: alone, me: 0, links: vec![None] })),
             links: Mutex::new(HashMap::new()),

@@ -101,6 +101,8 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug {
     fn peers(&self) -> Vec<(String, Arc<PeerMetrics>)>;
 }
 
+type PickPeer = fn(&PeerMetrics) -> f64;
+
 #[derive(Debug)]
 pub struct ClusterSection(pub Arc<dyn ClusterView>);
 
@@ -117,7 +119,11 @@ impl MetricsSection for ClusterSection {
         let v = &self.0;
         let n = v.node_metrics();
         let node: [(&str, &str, &Counter); 7] = [
-            ("sluice_cluster_events_local_total", "Events this node owns by its ring and processed here.", &n.events_local),
+            (
+                "sluice_cluster_events_local_total",
+                "Events this node owns by its ring and processed here.",
+                &n.events_local,
+            ),
             ("sluice_cluster_events_forwarded_total", "Events handed to peers that own them.", &n.events_forwarded),
             ("sluice_cluster_events_received_total", "Events received from peers.", &n.events_received),
             (
@@ -125,19 +131,32 @@ impl MetricsSection for ClusterSection {
                 "Received events this node's ring gives to another node (processed here anyway).",
                 &n.events_received_not_owned,
             ),
-            ("sluice_cluster_events_missing_keys_total", "Events lacking some identification key.", &n.events_missing_keys),
+            (
+                "sluice_cluster_events_missing_keys_total",
+                "Events lacking some identification key.",
+                &n.events_missing_keys,
+            ),
             (
                 "sluice_cluster_events_local_fallback_total",
                 "Events processed here because their owner was down (on_peer_failure: local).",
                 &n.events_local_fallback,
             ),
-            ("sluice_cluster_handshakes_refused_total", "Peer connections refused at the handshake.", &n.handshakes_refused),
+            (
+                "sluice_cluster_handshakes_refused_total",
+                "Peer connections refused at the handshake.",
+                &n.handshakes_refused,
+            ),
         ];
         for (name, help, c) in node {
             line(out, name, "counter", help);
             let _ = writeln!(out, "{name} {}", c.get());
         }
-        line(out, "sluice_cluster_worker_wait_seconds_total", "counter", "Time workers waited for room in a peer's window.");
+        line(
+            out,
+            "sluice_cluster_worker_wait_seconds_total",
+            "counter",
+            "Time workers waited for room in a peer's window.",
+        );
         let _ = writeln!(out, "sluice_cluster_worker_wait_seconds_total {}", n.worker_wait_nanos.get() as f64 / 1e9);
         line(out, "sluice_cluster_worker_wait_max_seconds", "gauge", "The longest single wait of a worker on a peer.");
         let _ = writeln!(
@@ -149,7 +168,7 @@ impl MetricsSection for ClusterSection {
         let _ = writeln!(out, "sluice_cluster_ring_members {}", v.members().len());
 
         let peers = v.peers();
-        let per_peer: [(&str, &str, fn(&PeerMetrics) -> f64); 6] = [
+        let per_peer: [(&str, &str, PickPeer); 6] = [
             ("sluice_cluster_peer_events_forwarded_total", "Events sent to the peer and acknowledged.", |p| {
                 p.events_forwarded.get() as f64
             }),
@@ -179,9 +198,19 @@ impl MetricsSection for ClusterSection {
         }
         line(out, "sluice_cluster_peer_up", "gauge", "1 when the link to the peer is up; see /stats for its state.");
         for (peer, m) in &peers {
-            let _ = writeln!(out, "sluice_cluster_peer_up{{peer=\"{peer}\",state=\"{}\"}} {}", m.state().name(), (m.state() == PeerState::Up) as u8);
+            let _ = writeln!(
+                out,
+                "sluice_cluster_peer_up{{peer=\"{peer}\",state=\"{}\"}} {}",
+                m.state().name(),
+                (m.state() == PeerState::Up) as u8
+            );
         }
-        line(out, "sluice_cluster_peer_latency_seconds", "histogram", "From sending a batch to the peer's acknowledgement.");
+        line(
+            out,
+            "sluice_cluster_peer_latency_seconds",
+            "histogram",
+            "From sending a batch to the peer's acknowledgement.",
+        );
         for (peer, m) in &peers {
             let (buckets, sum, count) = m.latency.snapshot();
             for (i, c) in buckets.iter().enumerate() {

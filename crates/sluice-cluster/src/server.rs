@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::{AckSet, Acker, Event, KeySpec};
 use sluice_core::ack::AckOutcome;
+use sluice_core::{AckSet, Acker, Event, KeySpec};
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;

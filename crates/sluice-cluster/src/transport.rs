@@ -39,10 +39,9 @@ impl Connector {
             Some(tls) => {
                 let host = address.rsplit_once(':').map(|(h, _)| h).unwrap_or(address);
                 let host = host.trim_start_matches('[').trim_end_matches(']');
-                let stream = tls
-                    .connect(host, tcp)
-                    .await
-                    .map_err(|e| format!("TLS handshake with {address}: {}", sluice_tls::describe_handshake_error(&e)))?;
+                let stream = tls.connect(host, tcp).await.map_err(|e| {
+                    format!("TLS handshake with {address}: {}", sluice_tls::describe_handshake_error(&e))
+                })?;
                 Ok(Box::new(stream))
             }
         }
@@ -69,8 +68,10 @@ impl Acceptor {
         match &self.tls {
             None => Ok(Box::new(tcp)),
             Some(tls) => {
-                let stream =
-                    tls.accept(tcp).await.map_err(|e| format!("TLS handshake: {}", sluice_tls::describe_handshake_error(&e)))?;
+                let stream = tls
+                    .accept(tcp)
+                    .await
+                    .map_err(|e| format!("TLS handshake: {}", sluice_tls::describe_handshake_error(&e)))?;
                 Ok(Box::new(stream))
             }
         }

@@ -198,6 +198,9 @@ mod tests {
         // Nodes of different builds must route alike: this value may never change.
         let s = spec(&["/user"]);
         let h = s.hash(&event(&[("user", Value::from("alice"))]), &mut Vec::new());
-        assert_eq!(h, KeyHash { hash: xxhash_rust::xxh3::xxh3_64(&[STRING, 5, b'a', b'l', b'i', b'c', b'e']), missing: 0 });
+        assert_eq!(
+            h,
+            KeyHash { hash: xxhash_rust::xxh3::xxh3_64(&[STRING, 5, b'a', b'l', b'i', b'c', b'e']), missing: 0 }
+        );
     }
 }

@@ -102,6 +102,30 @@ pub struct ComponentMetrics {
     pub refused: Counter,
     /// Time spent per batch in this component.
     pub duration: Histogram,
+    /// Figures of the component's own state (a stateful processor's groups).
+    pub state: OnceLock<Arc<dyn ComponentState>>,
+}
+
+/// A component that reports figures of its own state, rendered at `/metrics` as
+/// `sluice_component_<name>` with the component's labels, and in `/stats` under its `state`.
+pub trait ComponentState: Send + Sync {
+    fn figures(&self) -> Vec<StateFigure>;
+}
+
+impl std::fmt::Debug for dyn ComponentState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ComponentState")
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct StateFigure {
+    /// `groups_open`, `groups_concluded_total`, …
+    pub name: &'static str,
+    pub help: &'static str,
+    /// A counter (only grows) rather than a gauge.
+    pub counter: bool,
+    pub value: u64,
 }
 
 impl ComponentMetrics {
@@ -117,6 +141,7 @@ impl ComponentMetrics {
             retries: Counter::default(),
             refused: Counter::default(),
             duration: Histogram::default(),
+            state: OnceLock::new(),
         }
     }
 }

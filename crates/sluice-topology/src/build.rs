@@ -103,12 +103,13 @@ pub fn build_pipeline(
             ));
         }
         match sluice_processors::build(c) {
-            Ok(processor) => processors.push(BuiltProcessor {
-                id: c.id.clone(),
-                processor,
-                condition: cond,
-                metrics: metrics.component(&c.id, ComponentKind::Processor, &c.type_name),
-            }),
+            Ok(processor) => {
+                let m = metrics.component(&c.id, ComponentKind::Processor, &c.type_name);
+                if processor.stateful().is_some() {
+                    let _ = m.state.set(Arc::new(crate::stateful::StatefulFigures(processor.clone())));
+                }
+                processors.push(BuiltProcessor { id: c.id.clone(), processor, condition: cond, metrics: m })
+            }
             Err(e) => errors.push(e),
         }
     }

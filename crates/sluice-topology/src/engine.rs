@@ -18,7 +18,7 @@ use sluice_registry::{Registry, RegistryOptions};
 
 use crate::build::{build_all, build_pipeline, check_dead_letter_queue_paths, check_links, upstream_first};
 use crate::dead_letter::OpenDeadLetterQueue;
-use crate::pipeline::{PipelineSummary, RunningPipeline};
+use crate::pipeline::{NodeServices, PipelineSummary, RunningPipeline};
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -100,18 +100,15 @@ impl Engine {
         for b in built {
             metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
-            match RunningPipeline::start(
-                b,
-                &bus,
-                &config.data_dir,
-                &registry,
-                &memory,
-                inputs_changed.clone(),
-                None,
-                cluster.as_ref(),
-            )
-            .await
-            {
+            let node = NodeServices {
+                bus: &bus,
+                data_dir: &config.data_dir,
+                registry: &registry,
+                memory: &memory,
+                inputs_changed: &inputs_changed,
+                cluster: cluster.as_ref(),
+            };
+            match RunningPipeline::start(b, &node, None).await {
                 Ok(p) => {
                     running.insert(name, p);
                 }
@@ -197,18 +194,15 @@ impl Engine {
             self.metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
             let reuse = kept_dead_letter_queues.remove(&name);
-            match RunningPipeline::start(
-                b,
-                &self.bus,
-                &config.data_dir,
-                &state.registry,
-                &self.memory,
-                self.inputs_changed.clone(),
-                reuse,
-                self.cluster.as_ref(),
-            )
-            .await
-            {
+            let node = NodeServices {
+                bus: &self.bus,
+                data_dir: &config.data_dir,
+                registry: &state.registry,
+                memory: &self.memory,
+                inputs_changed: &self.inputs_changed,
+                cluster: self.cluster.as_ref(),
+            };
+            match RunningPipeline::start(b, &node, reuse).await {
                 Ok(p) => {
                     state.running.insert(name, p);
                 }
@@ -228,7 +222,9 @@ impl Engine {
             || state.config.memory != config.memory
             || !same_cluster(&state.config, &config)
         {
-            tracing::warn!("changes to `api`, `data_dir`, `registry`, `memory` and `cluster` take effect at the next restart");
+            tracing::warn!(
+                "changes to `api`, `data_dir`, `registry`, `memory` and `cluster` take effect at the next restart"
+            );
         }
         state.feeds = feeds;
         state.config = config;

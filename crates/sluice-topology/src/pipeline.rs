@@ -98,20 +98,28 @@ impl fmt::Display for PipelineSummary {
     }
 }
 
+/// What the node's pipelines share: the bus between them, the data directory, the registry
+/// of input positions, the memory budget, and the cluster in cluster mode.
+pub struct NodeServices<'a> {
+    pub bus: &'a Arc<PipelineBus>,
+    pub data_dir: &'a std::path::Path,
+    pub registry: &'a Arc<sluice_registry::Registry>,
+    pub memory: &'a Arc<sluice_core::MemoryBudget>,
+    /// Notified when an input ends.
+    pub inputs_changed: &'a Arc<Notify>,
+    pub cluster: Option<&'a sluice_cluster::Cluster>,
+}
+
 impl RunningPipeline {
     /// Opens the dead letter queue (or takes over `reuse`, the one of the pipeline's previous
     /// version), opens the queue, then starts workers and inputs. Fails only if a queue cannot
     /// open.
     pub async fn start(
         built: BuiltPipeline,
-        bus: &Arc<PipelineBus>,
-        data_dir: &std::path::Path,
-        registry: &Arc<sluice_registry::Registry>,
-        memory: &Arc<sluice_core::MemoryBudget>,
-        inputs_changed: Arc<Notify>,
+        node: &NodeServices<'_>,
         reuse: Option<OpenDeadLetterQueue>,
-        cluster: Option<&sluice_cluster::Cluster>,
     ) -> Result<RunningPipeline, String> {
+        let &NodeServices { bus, data_dir, registry, memory, inputs_changed, cluster } = node;
         let BuiltPipeline { spec, metrics, queue, inputs, processors, outputs, abort, keyed } = built;
         let dead_letter_queue = match reuse {
             Some(d) => Some(d),
@@ -180,22 +188,23 @@ impl RunningPipeline {
             router: router.as_ref().map(|(k, r, _, _)| (*k, r.clone())),
             abort: abort.clone(),
         });
-        let start_workers = |queue: &Arc<dyn Queue>, from: usize, route: bool, delay: Duration| -> Vec<JoinHandle<()>> {
-            (0..spec.workers)
-                .map(|index| {
-                    let w = Worker {
-                        index,
-                        queue: queue.clone(),
-                        stages: stages.clone(),
-                        from,
-                        route,
-                        batch_size: spec.batch.size,
-                        batch_delay: delay,
-                    };
-                    tokio::spawn(w.run())
-                })
-                .collect()
-        };
+        let start_workers =
+            |queue: &Arc<dyn Queue>, from: usize, route: bool, delay: Duration| -> Vec<JoinHandle<()>> {
+                (0..spec.workers)
+                    .map(|index| {
+                        let w = Worker {
+                            index,
+                            queue: queue.clone(),
+                            stages: stages.clone(),
+                            from,
+                            route,
+                            batch_size: spec.batch.size,
+                            batch_delay: delay,
+                        };
+                        tokio::spawn(w.run())
+                    })
+                    .collect()
+            };
         let forwarded = match router {
             Some((k, _, cluster, keys)) => {
                 let fq = sluice_queue::build_forwarded(&spec.queue, &spec.name, data_dir).map_err(|e| e.to_string())?;
@@ -210,7 +219,8 @@ impl RunningPipeline {
             None => None,
         };
         let workers = start_workers(&queue, 0, true, spec.batch.delay.0);
-        let emitters = stages.processors.iter().any(|p| p.processor.stateful().is_some()).then(|| Emitters::start(&stages));
+        let emitters =
+            stages.processors.iter().any(|p| p.processor.stateful().is_some()).then(|| Emitters::start(&stages));
 
         tracing::info!(pipeline = %spec.name, workers = spec.workers, batch_size = spec.batch.size,
             queue = %spec.queue.type_name, "pipeline started");
@@ -319,7 +329,10 @@ impl RunningPipeline {
             m.components.read().iter().filter(|c| c.kind == ComponentKind::Input).map(|c| c.events_out.get()).sum();
         // Emitted events are counted out but never came in; consumed and forwarded ones are
         // handled elsewhere; received ones came in through no input.
-        let handled = (m.events_out.get() + m.dropped.get() + m.diverted_to_dead_letter_queue.get() + m.consumed.get()
+        let handled = (m.events_out.get()
+            + m.dropped.get()
+            + m.diverted_to_dead_letter_queue.get()
+            + m.consumed.get()
             + m.forwarded.get())
         .saturating_sub(m.emitted.get() + m.received.get());
         let queued = self.queue.persistent().then(|| self.queue.stats().events);
@@ -332,7 +345,12 @@ impl RunningPipeline {
             unfinished: events_in.saturating_sub(handled + queued.unwrap_or(0)),
             queued,
             dead_lettered: self.has_dead_letter_queue.then(|| m.dead_lettered.get()),
-            consumed_emitted: self.stages.processors.iter().any(|p| p.processor.stateful().is_some()).then(|| (m.consumed.get(), m.emitted.get())),
+            consumed_emitted: self
+                .stages
+                .processors
+                .iter()
+                .any(|p| p.processor.stateful().is_some())
+                .then(|| (m.consumed.get(), m.emitted.get())),
             forwarded_received: self.stages.router.is_some().then(|| (m.forwarded.get(), m.received.get())),
             seconds_millis: m.started.elapsed().as_millis() as u64,
             input_errors: self.input_errors.load(Ordering::SeqCst),

@@ -16,6 +16,36 @@ use tokio_util::sync::CancellationToken;
 
 use crate::worker::Stages;
 
+/// A stateful processor's figures for `/metrics` and `/stats`.
+pub struct StatefulFigures(pub Arc<dyn sluice_processors::Processor>);
+
+impl sluice_core::metrics::ComponentState for StatefulFigures {
+    fn figures(&self) -> Vec<sluice_core::metrics::StateFigure> {
+        use sluice_core::metrics::StateFigure;
+        let Some(s) = self.0.stateful() else { return Vec::new() };
+        let st = s.stats();
+        let f = |name, help, counter, value| StateFigure { name, help, counter, value };
+        vec![
+            f("groups_open", "Groups a stateful processor holds open now.", false, st.groups_open),
+            f(
+                "groups_concluded_total",
+                "Groups a stateful processor concluded (their time was up, or at shutdown).",
+                true,
+                st.groups_concluded,
+            ),
+            f(
+                "groups_evicted_total",
+                "Groups concluded early because max_groups was reached.",
+                true,
+                st.groups_evicted,
+            ),
+            f("events_consumed_total", "Events a stateful processor took into its groups.", true, st.events_consumed),
+            f("events_emitted_total", "Events a stateful processor emitted.", true, st.events_emitted),
+            f("events_missing_keys_total", "Events lacking some identification key.", true, st.events_missing_keys),
+        ]
+    }
+}
+
 pub struct Emitters {
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,

@@ -66,7 +66,8 @@ impl Worker {
 impl Stages {
     /// True when a batch may be split into parts handled in different places.
     fn splits_batches(&self, from: usize) -> bool {
-        self.router.is_some() || self.processors[from.min(self.processors.len())..].iter().any(|p| p.processor.stateful().is_some())
+        self.router.is_some()
+            || self.processors[from.min(self.processors.len())..].iter().any(|p| p.processor.stateful().is_some())
     }
 
     /// Runs a batch from processor `from` to the outputs and acknowledges it; `route` says

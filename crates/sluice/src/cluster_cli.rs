@@ -59,7 +59,8 @@ fn load(path: &Path) -> Result<(sluice_config::model::RootConfig, ClusterConfig,
         Discovery::Static(m) => m.clone(),
         Discovery::Dns(d) => {
             use std::net::ToSocketAddrs;
-            let addrs = (d.name.as_str(), d.port).to_socket_addrs().map_err(|e| format!("resolving `{}`: {e}", d.name))?;
+            let addrs =
+                (d.name.as_str(), d.port).to_socket_addrs().map_err(|e| format!("resolving `{}`: {e}", d.name))?;
             addrs.map(|a| a.to_string()).collect()
         }
     };
@@ -109,7 +110,10 @@ fn route(path: &Path, pipeline: Option<&str>, pairs: &[String]) -> Result<(), St
             [] => return Err("no pipeline has a processor with identification keys".to_string()),
             _ => {
                 let names: Vec<&str> = keyed.iter().map(|(n, _)| n.as_str()).collect();
-                return Err(format!("several pipelines have keyed processors ({}): say which with --pipeline", names.join(", ")));
+                return Err(format!(
+                    "several pipelines have keyed processors ({}): say which with --pipeline",
+                    names.join(", ")
+                ));
             }
         },
     };
@@ -130,7 +134,8 @@ fn route(path: &Path, pipeline: Option<&str>, pairs: &[String]) -> Result<(), St
     let owner = &ring.members()[ring.owner(h.hash)];
     println!("{owner}");
     if h.missing > 0 {
-        let missing: Vec<&str> = keys.paths().iter().filter(|p| event.get(p).is_none()).map(FieldPath::as_str).collect();
+        let missing: Vec<&str> =
+            keys.paths().iter().filter(|p| event.get(p).is_none()).map(FieldPath::as_str).collect();
         eprintln!("note: without {}: routed like every event that lacks them", missing.join(", "));
     }
     eprintln!("hash {:016x}, pipeline `{name}`", h.hash);
