@@ -24,6 +24,9 @@ const TIMESTAMP: u8 = 7;
 const ARRAY: u8 = 8;
 const OBJECT: u8 = 9;
 
+/// Strings up to this long take the stack path of [`KeySpec::hash`] (their length is one byte).
+const SHORT_STRING: usize = 30;
+
 /// The identification keys of a stateful processor, parsed once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpec {
@@ -66,6 +69,19 @@ impl KeySpec {
     /// The hash of the event's key tuple; `scratch` is reused between calls.
     #[inline]
     pub fn hash(&self, event: &Event, scratch: &mut Vec<u8>) -> KeyHash {
+        // The common case, one short string key: the same bytes as `encode` writes, built on
+        // the stack (no vector to grow, and one contiguous write before the hash reads it).
+        if let [path] = self.paths.as_slice()
+            && let Some(Value::String(s)) = event.get(path)
+            && s.len() <= SHORT_STRING
+        {
+            let bytes = s.as_bytes();
+            let mut buf = [0u8; SHORT_STRING + 2];
+            buf[0] = STRING;
+            buf[1] = bytes.len() as u8;
+            buf[2..2 + bytes.len()].copy_from_slice(bytes);
+            return KeyHash { hash: hash_key(&buf[..2 + bytes.len()]), missing: 0 };
+        }
         let missing = self.encode(event, scratch);
         KeyHash { hash: hash_key(scratch), missing }
     }
@@ -191,6 +207,17 @@ mod tests {
         }
         let mut out = Vec::new();
         assert_eq!(s.encode(&event(&[]), &mut out), 1);
+    }
+
+    #[test]
+    fn the_short_string_path_hashes_what_encode_writes() {
+        let s = spec(&["/user"]);
+        for len in [0, 1, 13, 14, 15, 16, 29, 30, 31, 127, 128, 300] {
+            let e = event(&[("user", Value::from("x".repeat(len).as_str()))]);
+            let mut bytes = Vec::new();
+            s.encode(&e, &mut bytes);
+            assert_eq!(s.hash(&e, &mut Vec::new()).hash, hash_key(&bytes), "length {len}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! dead-lettered). At shutdown, after the workers have stopped, every group is concluded.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use sluice_core::ack::AckOutcome;
@@ -49,6 +50,10 @@ impl sluice_core::metrics::ComponentState for StatefulFigures {
 pub struct Emitters {
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// Set once a delivery of emitted events was cut short (a drain timeout): a stateful
+    /// processor's held acknowledgements may belong to groups emitted earlier, so from then on
+    /// none is completed — their inputs hear "abandoned" and send again.
+    cut_short: Arc<AtomicBool>,
 }
 
 /// The stateful processors of a pipeline, by index.
@@ -59,10 +64,11 @@ fn stateful_indexes(stages: &Stages) -> Vec<usize> {
 impl Emitters {
     pub fn start(stages: &Arc<Stages>) -> Emitters {
         let stop = CancellationToken::new();
+        let cut_short = Arc::new(AtomicBool::new(false));
         let tasks = stateful_indexes(stages)
             .into_iter()
             .map(|index| {
-                let (stages, stop) = (stages.clone(), stop.clone());
+                let (stages, stop, cut_short) = (stages.clone(), stop.clone(), cut_short.clone());
                 tokio::spawn(async move {
                     let tick = stages.processors[index].processor.stateful().expect("stateful").tick();
                     let mut timer = tokio::time::interval(tick);
@@ -72,12 +78,12 @@ impl Emitters {
                             _ = timer.tick() => {}
                             _ = stop.cancelled() => return,
                         }
-                        conclude(&stages, index, false).await;
+                        conclude(&stages, index, false, &cut_short).await;
                     }
                 })
             })
             .collect();
-        Emitters { stop, tasks }
+        Emitters { stop, tasks, cut_short }
     }
 
     /// Stops the timers, then concludes every group, in processor order (what one emits may
@@ -88,20 +94,22 @@ impl Emitters {
             let _ = t.await;
         }
         for index in stateful_indexes(stages) {
-            conclude(stages, index, true).await;
+            conclude(stages, index, true, &self.cut_short).await;
         }
     }
 }
 
 /// Concludes processor `index`'s due groups (all if `all`) and handles what they emit.
-async fn conclude(stages: &Stages, index: usize, all: bool) {
+async fn conclude(stages: &Stages, index: usize, all: bool, cut_short: &Arc<AtomicBool>) {
     let p = &stages.processors[index];
     let stateful = p.processor.stateful().expect("stateful");
     let Emitted { events, acks } = stateful.conclude(Instant::now(), all);
     if events.is_empty() {
         // Nothing to deliver: what was consumed is handled (a pass-through action's groups
-        // expiring, or groups that emit nothing).
-        acks.complete();
+        // expiring, groups that emit nothing, or groups emitted by an earlier conclusion).
+        if !cut_short.load(Ordering::SeqCst) {
+            acks.complete();
+        }
         return;
     }
     let n = events.len();
@@ -111,16 +119,19 @@ async fn conclude(stages: &Stages, index: usize, all: bool) {
         AckSet::none()
     } else {
         let held = acks;
+        let cut = cut_short.clone();
         AckSet::single(
             Acker::new(n, move |outcome| {
-                if outcome == AckOutcome::Handled {
+                if outcome == AckOutcome::Handled && !cut.load(Ordering::SeqCst) {
                     held.complete();
                 }
             }),
             n,
         )
     };
-    stages.handle(Batch::new(events, batch_acks, 0), index + 1, false, usize::MAX).await;
+    if !stages.handle(Batch::new(events, batch_acks, 0), index + 1, false, usize::MAX).await {
+        cut_short.store(true, Ordering::SeqCst);
+    }
 }
 
 #[cfg(test)]

@@ -71,8 +71,9 @@ impl Stages {
     }
 
     /// Runs a batch from processor `from` to the outputs and acknowledges it; `route` says
-    /// whether the forwarding stage applies (not to events forwarded here).
-    pub async fn handle(&self, mut batch: Batch, from: usize, route: bool, worker: usize) {
+    /// whether the forwarding stage applies (not to events forwarded here). Returns false if
+    /// shutdown cut the delivery short (the batch was not acknowledged).
+    pub async fn handle(&self, mut batch: Batch, from: usize, route: bool, worker: usize) -> bool {
         let started = Instant::now();
         if !batch.acks.is_empty() && self.splits_batches(from) {
             let n = batch.len();
@@ -117,11 +118,13 @@ impl Stages {
                 self.metrics.events_out.add(batch.events.len() as u64);
                 self.metrics.failed.add(failed);
                 batch.complete();
+                true
             }
             None => {
                 tracing::warn!(pipeline = %self.pipeline, worker, events = batch.len(),
                     "shutdown cut delivery short; these events are not acknowledged");
                 drop(batch);
+                false
             }
         }
     }
