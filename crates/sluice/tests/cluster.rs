@@ -116,11 +116,13 @@ impl Node {
     }
 }
 
-/// `count` per user in one node's output, and how many aggregate lines each user has there.
+/// `count` per user in one node's output. Read while the node runs, too: a last line not
+/// finished yet (no newline) is left for the next read.
 fn counts(path: &Path) -> BTreeMap<String, u64> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |end| &text[..=end]);
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+    for line in complete.lines().filter(|l| !l.trim().is_empty()) {
         let v: serde_json::Value =
             serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: not JSON ({e}): {line}", path.display()));
         let user = v["user"].as_str().unwrap_or_else(|| panic!("{}: no /user in {line}", path.display()));
