@@ -40,7 +40,7 @@ pub use config::{ClusterConfig, PeerFailurePolicy};
 pub use router::{RouteError, RouteReport, Router};
 pub use server::Inbound;
 
-use crate::link::{Fallback, LinkSettings, PeerLink, Piece};
+use crate::link::{Fallback, LinkSettings, PeerLink, Returned};
 use crate::metrics::{ClusterView, NodeMetrics, PeerMetrics};
 use crate::ring::Ring;
 use crate::server::InboundEntry;
@@ -181,18 +181,10 @@ impl Shared {
 }
 
 impl Fallback for Shared {
-    fn reroute(&self, from: &str, pieces: Vec<Piece>, down: bool) {
+    fn reroute(&self, _from: &str, returned: Vec<Returned>, down: bool) {
         let Some(shared) = self.me.upgrade() else { return };
-        for piece in pieces {
-            let mut events = Vec::with_capacity(piece.events as usize);
-            let mut body = &piece.body[..];
-            if let Err(e) = sluice_segment::codec::decode_batch_into(&mut body, &mut events) {
-                // Encoded by this process moments ago: a failure here is a bug, said loudly.
-                tracing::error!(peer = %from, error = %e, "cannot decode events handed back by a peer link; they are not acknowledged");
-                continue;
-            }
-            let shared = shared.clone();
-            tokio::spawn(shared.route_again(piece.pipeline.clone(), events, piece.acks, down));
+        for r in returned {
+            tokio::spawn(shared.clone().route_again(r.pipeline, r.events, r.acks, down));
         }
     }
 }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use sluice_core::{AckSet, MemoryCharge};
+use sluice_core::{AckSet, Event, MemoryCharge};
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -40,10 +40,18 @@ pub struct Piece {
     pub enqueued: Instant,
 }
 
+/// Events a link gives back, with the acknowledgements they hold.
+#[derive(Debug)]
+pub struct Returned {
+    pub pipeline: Arc<str>,
+    pub events: Vec<Event>,
+    pub acks: AckSet,
+}
+
 /// Where a link sends what it cannot deliver: back to this node to be routed again (the peer
 /// left the ring) or processed here (the peer is down and the policy is `local`).
 pub trait Fallback: Send + Sync {
-    fn reroute(&self, from: &str, pieces: Vec<Piece>, down: bool);
+    fn reroute(&self, from: &str, returned: Vec<Returned>, down: bool);
 }
 
 struct Sent {
@@ -204,27 +212,57 @@ impl PeerLink {
         self.room.notify_waiters();
     }
 
-    /// Everything held, for the fallback.
-    fn take_all(&self) -> Vec<Piece> {
-        let mut st = self.state.lock();
-        let mut pieces: Vec<Piece> = Vec::new();
-        for (_, sent) in std::mem::take(&mut st.unacked) {
-            pieces.extend(sent.pieces);
-        }
-        pieces.extend(st.pending.drain(..));
-        st.bytes = 0;
-        self.metrics.bytes_in_flight.store(0, Ordering::Relaxed);
-        drop(st);
+    /// Everything held, decoded, for the fallback. Sent frames are decoded from the frame
+    /// (their pieces' bodies were let go when it was built), in the pieces' order.
+    fn take_all(&self) -> Vec<Returned> {
+        let (sent, pending) = {
+            let mut st = self.state.lock();
+            let sent = std::mem::take(&mut st.unacked);
+            let pending: Vec<Piece> = st.pending.drain(..).collect();
+            st.bytes = 0;
+            self.metrics.bytes_in_flight.store(0, Ordering::Relaxed);
+            (sent, pending)
+        };
         self.room.notify_waiters();
-        pieces
+        let mut returned = Vec::new();
+        for (_, s) in sent {
+            let payload =
+                frame::Frame { kind: Kind::Batch, flags: s.frame[5], payload: s.frame[frame::HEADER_LEN..].to_vec() };
+            let mut events = match frame::decode_batch(&payload) {
+                Ok(b) => b.events,
+                Err(e) => {
+                    // Built by this process: a failure here is a bug, said loudly.
+                    tracing::error!(peer = %self.name, error = %e, "cannot decode a frame held for a peer; its events are not acknowledged");
+                    continue;
+                }
+            };
+            for p in s.pieces {
+                let rest = events.split_off((p.events as usize).min(events.len()));
+                returned.push(Returned {
+                    pipeline: p.pipeline,
+                    events: std::mem::replace(&mut events, rest),
+                    acks: p.acks,
+                });
+            }
+        }
+        for p in pending {
+            let mut events = Vec::with_capacity(p.events as usize);
+            let mut body = &p.body[..];
+            if let Err(e) = sluice_segment::codec::decode_batch_into(&mut body, &mut events) {
+                tracing::error!(peer = %self.name, error = %e, "cannot decode events held for a peer; they are not acknowledged");
+                continue;
+            }
+            returned.push(Returned { pipeline: p.pipeline, events, acks: p.acks });
+        }
+        returned
     }
 
     fn hand_back(&self, fallback: &dyn Fallback, down: bool) {
-        let pieces = self.take_all();
-        if !pieces.is_empty() {
-            let events: u64 = pieces.iter().map(|p| p.events as u64).sum();
-            self.metrics.events_rerouted.add(events);
-            fallback.reroute(&self.name, pieces, down);
+        let returned = self.take_all();
+        if !returned.is_empty() {
+            let events: usize = returned.iter().map(|r| r.events.len()).sum();
+            self.metrics.events_rerouted.add(events as u64);
+            fallback.reroute(&self.name, returned, down);
         }
     }
 
@@ -509,15 +547,17 @@ impl PeerLink {
         if !full && first.enqueued.elapsed() < f.batch_timeout.0 {
             return None;
         }
-        let pieces: Vec<Piece> = st.pending.drain(..count).collect();
+        let mut pieces: Vec<Piece> = st.pending.drain(..count).collect();
         let seq = st.next_seq;
         st.next_seq += 1;
         drop(st);
         let mut body = Vec::with_capacity(size);
         let mut events: u64 = 0;
-        for p in &pieces {
+        for p in &mut pieces {
             body.extend_from_slice(&p.body);
             events += p.events as u64;
+            // The frame holds them now; one copy is enough (the memory charge stays).
+            p.body = Vec::new();
         }
         let compress = f.compression == Compression::Lz4;
         let (flags, payload) = frame::batch_payload(seq, &pipeline, events as u32, &body, compress);
@@ -528,3 +568,7 @@ impl PeerLink {
         Some(wire)
     }
 }
+
+#[cfg(test)]
+#[path = "link_tests.rs"]
+mod tests;
