@@ -193,13 +193,12 @@ async fn with_local_a_peer_that_stops_answering_is_marked_down_and_its_events_co
         }
     })
     .await;
-    let back = fallback.0.lock();
+    let back = std::mem::take(&mut *fallback.0.lock());
     assert_eq!(back.len(), 1);
     assert!(back[0].1, "handed back as down");
     assert_eq!(back[0].0.events.len(), 5, "decoded from the frame, every event");
     assert_eq!(back[0].0.events[4].message(), Some("event 4"));
     assert_eq!(back[0].0.acks.covered(), 5, "with its acknowledgements");
-    drop(back);
     assert!(matches!(link.metrics.state(), PeerState::Down | PeerState::Probing));
     let (p, _) = piece(1);
     assert_eq!(link.submit(p, &CancellationToken::new()).await.unwrap_err().1, Refusal::Down);
