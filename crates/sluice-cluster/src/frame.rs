@@ -6,7 +6,7 @@
 //! WELCOME = node name (str)                                                  server → client
 //! REFUSE  = reason (str)                                                     either side, then the connection closes
 //! BATCH   = seq (u64 LE) | pipeline (str) | events (u32 LE) | body            client → server
-//! ACK     = seq (u64 LE) | status (1: 0 taken, 1 not taken: retry) | reason (str)   server → client
+//! ACK     = seq (u64 LE) | status (1: 0 taken, 1 not taken: retry, 2 not taken: the node is stopping) | reason (str)   server → client
 //! str     = length (varint) | UTF-8 bytes
 //! ```
 //! A batch body is one or more `sluice_segment` batch encodings back to back (the persisted
@@ -229,6 +229,8 @@ pub fn decode_batch(frame: &Frame) -> Result<BatchFrame, FrameError> {
 
 pub const ACK_TAKEN: u8 = 0;
 pub const ACK_RETRY: u8 = 1;
+/// Not taken, and the node is stopping: a sender that is stopping too processes it itself.
+pub const ACK_STOPPING: u8 = 2;
 
 pub fn ack_payload(seq: u64, status: u8, reason: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + reason.len());

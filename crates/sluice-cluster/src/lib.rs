@@ -62,6 +62,9 @@ pub(crate) struct Shared {
     pub metrics: NodeMetrics,
     link_settings: Arc<LinkSettings>,
     stop: CancellationToken,
+    /// This node is shutting down: peers hear "stopping" for what it no longer takes, and
+    /// what it could not forward is processed here.
+    stopping: std::sync::atomic::AtomicBool,
     me: std::sync::Weak<Shared>,
 }
 
@@ -74,6 +77,10 @@ impl std::fmt::Debug for Shared {
 impl Shared {
     pub(crate) fn topology(&self) -> Arc<Topology> {
         self.topology.read().clone()
+    }
+
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub(crate) fn inbound(&self, pipeline: &str) -> Option<InboundEntry> {
@@ -245,6 +252,7 @@ impl Cluster {
             metrics: NodeMetrics::default(),
             link_settings,
             stop: CancellationToken::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
             config,
         });
@@ -278,16 +286,46 @@ impl Cluster {
         self.shared.inbound.write().remove(pipeline);
     }
 
-    /// Waits until every link has had everything it holds acknowledged, or `timeout`; returns
-    /// the bytes still held.
+    /// The node is shutting down (SIGTERM): from now on peers hear "stopping" for what this
+    /// node no longer takes, and [`Cluster::drain`] processes here what peers will not take.
+    pub fn begin_stopping(&self) {
+        self.shared.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Waits until every link has had everything it holds acknowledged, or `timeout`. When the
+    /// node is stopping, what is left then — or as soon as every link still holding something
+    /// is stuck (its peer down, or stopping too and refusing it) — is taken back and processed
+    /// on this node, rather than left unacknowledged. Returns the bytes still held.
     pub async fn drain(&self, timeout: Duration) -> usize {
-        let links: Vec<Arc<PeerLink>> = self.shared.links.lock().values().cloned().collect();
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut left = 0;
-        for l in links {
-            left += l.drained(deadline.saturating_duration_since(tokio::time::Instant::now())).await;
+        loop {
+            let links: Vec<Arc<PeerLink>> = self.shared.links.lock().values().cloned().collect();
+            let holding: Vec<&Arc<PeerLink>> = links.iter().filter(|l| l.bytes() > 0).collect();
+            if holding.is_empty() {
+                return 0;
+            }
+            let stopping = self.shared.is_stopping();
+            let out_of_time = tokio::time::Instant::now() >= deadline;
+            if stopping && (out_of_time || holding.iter().all(|l| l.stuck())) {
+                let mut events = 0;
+                for link in holding {
+                    for r in link.take_all() {
+                        events += r.events.len();
+                        link.metrics.events_rerouted.add(r.events.len() as u64);
+                        self.shared.clone().route_again(r.pipeline, r.events, r.acks, true).await;
+                    }
+                }
+                tracing::warn!(
+                    events,
+                    "events forwarded to peers that are down or stopping were processed on this node"
+                );
+                continue;
+            }
+            if out_of_time {
+                return holding.iter().map(|l| l.bytes()).sum();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        left
     }
 
     /// Stops listening and stops every link (what they still hold is not acknowledged).

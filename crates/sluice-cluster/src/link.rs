@@ -62,6 +62,8 @@ struct Sent {
     sent_at: Instant,
     /// Set when the peer answered "retry": resend at this time.
     retry_at: Option<Instant>,
+    /// The peer's last answer was "not taken: stopping".
+    refused_stopping: bool,
 }
 
 #[derive(Default)]
@@ -204,6 +206,16 @@ impl PeerLink {
         }
     }
 
+    /// True when what the link holds cannot be delivered soon: the peer is down, or it is
+    /// stopping and refused every frame still held.
+    pub fn stuck(&self) -> bool {
+        if matches!(self.metrics.state(), PeerState::Down | PeerState::Probing) {
+            return true;
+        }
+        let st = self.state.lock();
+        st.pending.is_empty() && !st.unacked.is_empty() && st.unacked.values().all(|s| s.refused_stopping)
+    }
+
     /// Takes the link off the ring: it accepts nothing more, and what it holds goes to the
     /// fallback once its task has stopped.
     pub fn close(&self) {
@@ -214,7 +226,7 @@ impl PeerLink {
 
     /// Everything held, decoded, for the fallback. Sent frames are decoded from the frame
     /// (their pieces' bodies were let go when it was built), in the pieces' order.
-    fn take_all(&self) -> Vec<Returned> {
+    pub(crate) fn take_all(&self) -> Vec<Returned> {
         let (sent, pending) = {
             let mut st = self.state.lock();
             let sent = std::mem::take(&mut st.unacked);
@@ -480,6 +492,7 @@ impl PeerLink {
             let backoff = self.settings.forwarding.retry_backoff.0;
             if let Some(sent) = st.unacked.get_mut(&seq) {
                 sent.retry_at = Some(Instant::now() + backoff);
+                sent.refused_stopping = status == frame::ACK_STOPPING;
             }
             drop(st);
             self.metrics.failures.add(1);
@@ -563,7 +576,15 @@ impl PeerLink {
         let (flags, payload) = frame::batch_payload(seq, &pipeline, events as u32, &body, compress);
         let mut wire = Vec::with_capacity(payload.len() + frame::HEADER_LEN);
         frame::put_frame(&mut wire, Kind::Batch, flags, &payload);
-        let sent = Sent { pieces, frame: wire.clone(), bytes: size, events, sent_at: Instant::now(), retry_at: None };
+        let sent = Sent {
+            pieces,
+            frame: wire.clone(),
+            bytes: size,
+            events,
+            sent_at: Instant::now(),
+            retry_at: None,
+            refused_stopping: false,
+        };
         self.state.lock().unacked.insert(seq, sent);
         Some(wire)
     }

@@ -54,13 +54,8 @@ pub(crate) async fn serve(listener: TcpListener, acceptor: Acceptor, shared: Arc
         };
         let (acceptor, shared, stop) = (acceptor.clone(), shared.clone(), stop.clone());
         tokio::spawn(async move {
-            tokio::select! {
-                r = connection(tcp, peer, acceptor, &shared) => {
-                    if let Err(e) = r {
-                        tracing::warn!(peer = %peer, error = %e, "cluster connection from a peer ended");
-                    }
-                }
-                _ = stop.cancelled() => {}
+            if let Err(e) = connection(tcp, peer, acceptor, &shared, &stop).await {
+                tracing::warn!(peer = %peer, error = %e, "cluster connection from a peer ended");
             }
         });
     }
@@ -71,6 +66,7 @@ async fn connection(
     peer: SocketAddr,
     acceptor: Acceptor,
     shared: &Arc<Shared>,
+    stop: &CancellationToken,
 ) -> Result<(), String> {
     let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
@@ -120,9 +116,27 @@ async fn connection(
 
     // Answers are written by their own task, in the order the acknowledgements complete.
     let (answers, mut to_send) = mpsc::unbounded_channel::<Vec<u8>>();
+    // At shutdown, answers already due are still written: a peer that does not hear them
+    // would wait its drain out and then process the batches a second time.
+    let flush_stop = stop.clone();
     let write_answers = async move {
         let mut buf = Vec::new();
-        while let Some(payload) = to_send.recv().await {
+        loop {
+            let payload = tokio::select! {
+                p = to_send.recv() => match p {
+                    Some(p) => p,
+                    None => break,
+                },
+                _ = flush_stop.cancelled() => {
+                    buf.clear();
+                    while let Ok(p) = to_send.try_recv() {
+                        frame::put_frame(&mut buf, Kind::Ack, 0, &p);
+                    }
+                    let _ = writer.write_all(&buf).await;
+                    let _ = writer.flush().await;
+                    return String::new();
+                }
+            };
             buf.clear();
             frame::put_frame(&mut buf, Kind::Ack, 0, &payload);
             while let Ok(more) = to_send.try_recv() {
@@ -150,17 +164,26 @@ async fn connection(
             let batch = frame::decode_batch(&frame).map_err(|e| format!("node `{node}`: {e}"))?;
             let seq = batch.seq;
             let Some(entry) = shared.inbound(&batch.pipeline) else {
-                let reason = format!("pipeline `{}` does not run on node `{}`", batch.pipeline, shared.config.node);
-                let _ = answers.send(frame::ack_payload(seq, frame::ACK_RETRY, &reason));
+                let (status, reason) = if shared.is_stopping() {
+                    (frame::ACK_STOPPING, format!("node `{}` is stopping", shared.config.node))
+                } else {
+                    (
+                        frame::ACK_RETRY,
+                        format!("pipeline `{}` does not run on node `{}`", batch.pipeline, shared.config.node),
+                    )
+                };
+                let _ = answers.send(frame::ack_payload(seq, status, &reason));
                 continue;
             };
             let n = batch.events.len();
             shared.metrics.events_received.add(n as u64);
             shared.count_not_owned(&entry.keys, &batch.events);
             let tx = answers.clone();
+            let stopping = shared.clone();
             let acker = Acker::new(n, move |outcome| {
                 let (status, reason) = match outcome {
                     AckOutcome::Handled => (frame::ACK_TAKEN, ""),
+                    AckOutcome::Abandoned if stopping.is_stopping() => (frame::ACK_STOPPING, "the node is stopping"),
                     AckOutcome::Abandoned => (frame::ACK_RETRY, "the batch was not taken (pipeline stopping)"),
                 };
                 let _ = tx.send(frame::ack_payload(seq, status, reason));
@@ -170,8 +193,14 @@ async fn connection(
             }
         }
     };
+    let read_batches = async {
+        tokio::select! {
+            r = read_batches => r,
+            _ = stop.cancelled() => std::future::pending().await,
+        }
+    };
     tokio::select! {
         r = read_batches => r,
-        e = write_answers => Err(e),
+        e = write_answers => if e.is_empty() { Ok(()) } else { Err(e) },
     }
 }

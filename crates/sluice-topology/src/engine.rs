@@ -256,6 +256,9 @@ impl Engine {
     /// queues are always emptied; persisted queues only if `drain` (the inputs ran out), since
     /// on a signal what they hold is safe on disk.
     pub async fn shutdown(&self, drain: bool) -> Vec<PipelineSummary> {
+        if let Some(c) = &self.cluster {
+            c.begin_stopping();
+        }
         let mut state = self.state.lock().await;
         let timeout = state.config.shutdown_timeout;
         let mut summaries = std::mem::take(&mut state.stopped);
