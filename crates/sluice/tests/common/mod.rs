@@ -333,3 +333,25 @@ pub fn numbers_after(path: &Path, marker: &str) -> std::collections::BTreeMap<u6
     }
     seen
 }
+
+impl Sluice {
+    /// Starts `sluice run` under a wrapper command that execs the binary (such as
+    /// `ip netns exec NAME`), so that signals sent to the child reach `sluice` itself.
+    pub fn start_wrapped(dir: tempfile::TempDir, config: &str, wrapper: &[&str]) -> Sluice {
+        let text = config.replace("{dir}", dir.path().to_str().unwrap());
+        let path = dir.path().join("sluice.yml");
+        std::fs::write(&path, text).unwrap();
+        let stderr = dir.path().join("stderr.log");
+        let (program, args) = wrapper.split_first().expect("a wrapper command");
+        let child = Command::new(program)
+            .args(args)
+            .args([BIN, "run", "-c", path.to_str().unwrap()])
+            .env("SLUICE_LOG", std::env::var("TEST_SLUICE_LOG").unwrap_or("info".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        Sluice { child, dir, config: path, stderr }
+    }
+}
