@@ -2,13 +2,18 @@
 //!
 //! ```text
 //! frame   = magic "SLCF" (4) | kind (1) | flags (1) | reserved 0 (2) | length (u32 LE) | crc32c of payload (u32 LE) | payload
-//! HELLO   = version (u16 LE) | cluster name (str) | node name (str)           client → server, first frame
+//! HELLO   = version (u16 LE) | cluster name (str) | node name (str) | link epoch (u64 LE)   client → server, first frame
 //! WELCOME = node name (str)                                                  server → client
 //! REFUSE  = reason (str)                                                     either side, then the connection closes
-//! BATCH   = seq (u64 LE) | pipeline (str) | events (u32 LE) | body            client → server
+//! BATCH   = seq (u64 LE) | low (u64 LE) | pipeline (str) | events (u32 LE) | body   client → server
 //! ACK     = seq (u64 LE) | status (1: 0 taken, 1 not taken: retry, 2 not taken: the node is stopping) | reason (str)   server → client
 //! str     = length (varint) | UTF-8 bytes
 //! ```
+//! A link's `epoch` is drawn at random when the link is made, and `seq` numbers its batches;
+//! `low` is the lowest seq the sender still waits an answer for. The receiver remembers, per
+//! sender and epoch, the batches it has taken above `low`: a batch sent again (after a lost
+//! connection or a timeout) is answered, not taken twice.
+//!
 //! A batch body is one or more `sluice_segment` batch encodings back to back (the persisted
 //! queue's event codec), LZ4-compressed when the `COMPRESSED` flag is set. A frame whose
 //! checksum does not match, or that is longer than [`MAX_PAYLOAD`], ends the connection: the
@@ -176,9 +181,10 @@ impl<'a> Payload<'a> {
 }
 
 /// A batch frame's payload: `seq`, pipeline, event count, then the encoded (maybe compressed) body.
-pub fn batch_payload(seq: u64, pipeline: &str, events: u32, body: &[u8], compress: bool) -> (u8, Vec<u8>) {
-    let mut out = Vec::with_capacity(body.len() / if compress { 2 } else { 1 } + 32);
+pub fn batch_payload(seq: u64, low: u64, pipeline: &str, events: u32, body: &[u8], compress: bool) -> (u8, Vec<u8>) {
+    let mut out = Vec::with_capacity(body.len() / if compress { 2 } else { 1 } + 40);
     out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&low.to_le_bytes());
     put_str(&mut out, pipeline);
     out.extend_from_slice(&events.to_le_bytes());
     if compress {
@@ -194,6 +200,8 @@ pub fn batch_payload(seq: u64, pipeline: &str, events: u32, body: &[u8], compres
 #[derive(Debug)]
 pub struct BatchFrame {
     pub seq: u64,
+    /// Every batch below this one was answered "taken" (the sender waits for none of them).
+    pub low: u64,
     pub pipeline: String,
     pub events: Vec<Event>,
 }
@@ -202,6 +210,7 @@ pub struct BatchFrame {
 pub fn decode_batch(frame: &Frame) -> Result<BatchFrame, FrameError> {
     let mut p = Payload::new(frame);
     let seq = p.u64()?;
+    let low = p.u64()?;
     let pipeline = p.str()?.to_string();
     let count = p.u32()? as usize;
     let raw = p.rest();
@@ -224,7 +233,7 @@ pub fn decode_batch(frame: &Frame) -> Result<BatchFrame, FrameError> {
             format!("{} events where the header says {count}", events.len()),
         ));
     }
-    Ok(BatchFrame { seq, pipeline, events })
+    Ok(BatchFrame { seq, low, pipeline, events })
 }
 
 pub const ACK_TAKEN: u8 = 0;
@@ -251,12 +260,12 @@ mod tests {
         codec::encode_batch(&events[..20], &mut body).unwrap();
         codec::encode_batch(&events[20..], &mut body).unwrap();
         for compress in [false, true] {
-            let (flags, payload) = batch_payload(7, "web", 50, &body, compress);
+            let (flags, payload) = batch_payload(7, 3, "web", 50, &body, compress);
             let mut wire = Vec::new();
             put_frame(&mut wire, Kind::Batch, flags, &payload);
             let frame = read_frame(&mut &wire[..]).await.unwrap().unwrap();
             let b = decode_batch(&frame).unwrap();
-            assert_eq!((b.seq, b.pipeline.as_str()), (7, "web"));
+            assert_eq!((b.seq, b.low, b.pipeline.as_str()), (7, 3, "web"));
             assert_eq!(b.events, events);
         }
     }
@@ -271,7 +280,7 @@ mod tests {
         assert!(matches!(read_frame(&mut &b"GET / HTTP/1.1\r\n\r\n"[..]).await, Err(FrameError::BadMagic(_))));
         assert!(read_frame(&mut &wire[..wire.len() - 1]).await.is_err(), "a torn frame is an error");
         assert!(read_frame(&mut &[][..]).await.unwrap().is_none(), "a clean end is not");
-        let (_, payload) = batch_payload(1, "web", 3, &[0], false);
+        let (_, payload) = batch_payload(1, 0, "web", 3, &[0], false);
         let mut w = Vec::new();
         put_frame(&mut w, Kind::Batch, 0, &payload);
         let f = read_frame(&mut &w[..]).await.unwrap().unwrap();

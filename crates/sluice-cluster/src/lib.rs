@@ -43,7 +43,7 @@ pub use server::Inbound;
 use crate::link::{Fallback, LinkSettings, PeerLink, Returned};
 use crate::metrics::{ClusterView, NodeMetrics, PeerMetrics};
 use crate::ring::Ring;
-use crate::server::InboundEntry;
+use crate::server::{InboundEntry, TakenWindow};
 
 /// The ring as one node sees it at one moment, with the link of every other member.
 pub(crate) struct Topology {
@@ -54,11 +54,15 @@ pub(crate) struct Topology {
     pub links: Vec<Option<Arc<PeerLink>>>,
 }
 
+type SharedWindow = Arc<Mutex<TakenWindow>>;
+
 pub(crate) struct Shared {
     pub config: ClusterConfig,
     topology: RwLock<Arc<Topology>>,
     links: Mutex<HashMap<String, Arc<PeerLink>>>,
     inbound: RwLock<HashMap<String, InboundEntry>>,
+    /// Per sending node: its current link epoch and what this node took from it.
+    taken: Mutex<HashMap<String, (u64, SharedWindow)>>,
     pub metrics: NodeMetrics,
     link_settings: Arc<LinkSettings>,
     stop: CancellationToken,
@@ -77,6 +81,20 @@ impl std::fmt::Debug for Shared {
 impl Shared {
     pub(crate) fn topology(&self) -> Arc<Topology> {
         self.topology.read().clone()
+    }
+
+    /// What this node took from `node`'s link `epoch`. A new epoch (the sender restarted, or
+    /// made a new link) starts a new window; the old one lives on in its batches' callbacks.
+    pub(crate) fn taken_window(&self, node: &str, epoch: u64) -> SharedWindow {
+        let mut taken = self.taken.lock();
+        match taken.get(node) {
+            Some((e, w)) if *e == epoch => w.clone(),
+            _ => {
+                let w = Arc::new(Mutex::new(TakenWindow::default()));
+                taken.insert(node.to_string(), (epoch, w.clone()));
+                w
+            }
+        }
     }
 
     pub(crate) fn is_stopping(&self) -> bool {
@@ -249,6 +267,7 @@ impl Cluster {
             topology: RwLock::new(Arc::new(Topology { ring: alone, me: 0, links: vec![None] })),
             links: Mutex::new(HashMap::new()),
             inbound: RwLock::new(HashMap::new()),
+            taken: Mutex::new(HashMap::new()),
             metrics: NodeMetrics::default(),
             link_settings,
             stop: CancellationToken::new(),

@@ -96,6 +96,9 @@ pub struct PeerLink {
     pub metrics: Arc<PeerMetrics>,
     /// Failures in a row; reset by an acknowledgement.
     failures: AtomicU32,
+    /// Drawn at random: with `seq`, names each batch for the receiver, which takes a batch sent
+    /// again only once.
+    epoch: u64,
     stop: CancellationToken,
 }
 
@@ -121,6 +124,16 @@ impl PeerLink {
             work: Notify::new(),
             metrics: Arc::new(PeerMetrics::default()),
             failures: AtomicU32::new(0),
+            epoch: {
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u64(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as u64),
+                );
+                h.finish()
+            },
             stop: CancellationToken::new(),
         })
     }
@@ -351,6 +364,7 @@ impl PeerLink {
         hello.extend_from_slice(&frame::VERSION.to_le_bytes());
         frame::put_str(&mut hello, &self.settings.cluster_name);
         frame::put_str(&mut hello, &self.settings.node);
+        hello.extend_from_slice(&self.epoch.to_le_bytes());
         let mut out = Vec::new();
         frame::put_frame(&mut out, Kind::Hello, 0, &hello);
         writer.write_all(&out).await.map_err(|e| format!("sending the handshake: {e}"))?;
@@ -416,6 +430,11 @@ impl PeerLink {
                 }
             }
         };
+        // A write that does not finish within the request timeout is a stalled connection (a
+        // cut network: no answer, no reset); without this limit the writer would wait for TCP
+        // to give up, minutes later, and the peer would never be marked down.
+        let limit = f.request_timeout.0;
+        let stalled = || format!("sending stalled for the request timeout ({limit:?}): no room in the connection");
         let writer_task = async {
             let mut resend = resend.into_iter();
             loop {
@@ -430,22 +449,31 @@ impl PeerLink {
                         })
                     };
                     if let Some(frame) = frame {
-                        writer.write_all(&frame).await.map_err(|e| format!("sending: {e}"))?;
+                        timed(limit, writer.write_all(&frame))
+                            .await
+                            .ok_or_else(stalled)?
+                            .map_err(|e| format!("sending: {e}"))?;
                         wrote = true;
                     }
                 }
                 while let Some(frame) = self.next_frame() {
-                    writer.write_all(&frame).await.map_err(|e| format!("sending: {e}"))?;
+                    timed(limit, writer.write_all(&frame))
+                        .await
+                        .ok_or_else(stalled)?
+                        .map_err(|e| format!("sending: {e}"))?;
                     wrote = true;
                 }
                 let due_retries = self.due_retries();
                 for frame in due_retries {
                     self.metrics.batches_retried.add(1);
-                    writer.write_all(&frame).await.map_err(|e| format!("sending: {e}"))?;
+                    timed(limit, writer.write_all(&frame))
+                        .await
+                        .ok_or_else(stalled)?
+                        .map_err(|e| format!("sending: {e}"))?;
                     wrote = true;
                 }
                 if wrote {
-                    writer.flush().await.map_err(|e| format!("sending: {e}"))?;
+                    timed(limit, writer.flush()).await.ok_or_else(stalled)?.map_err(|e| format!("sending: {e}"))?;
                 }
                 let (wait, overdue) = self.next_wakeup();
                 if overdue {
@@ -563,6 +591,7 @@ impl PeerLink {
         let mut pieces: Vec<Piece> = st.pending.drain(..count).collect();
         let seq = st.next_seq;
         st.next_seq += 1;
+        let low = st.unacked.keys().next().copied().unwrap_or(seq);
         drop(st);
         let mut body = Vec::with_capacity(size);
         let mut events: u64 = 0;
@@ -573,7 +602,7 @@ impl PeerLink {
             p.body = Vec::new();
         }
         let compress = f.compression == Compression::Lz4;
-        let (flags, payload) = frame::batch_payload(seq, &pipeline, events as u32, &body, compress);
+        let (flags, payload) = frame::batch_payload(seq, low, &pipeline, events as u32, &body, compress);
         let mut wire = Vec::with_capacity(payload.len() + frame::HEADER_LEN);
         frame::put_frame(&mut wire, Kind::Batch, flags, &payload);
         let sent = Sent {
@@ -588,6 +617,11 @@ impl PeerLink {
         self.state.lock().unacked.insert(seq, sent);
         Some(wire)
     }
+}
+
+/// `f`, or `None` if it takes longer than `limit`.
+async fn timed<T>(limit: Duration, f: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(limit, f).await.ok()
 }
 
 #[cfg(test)]

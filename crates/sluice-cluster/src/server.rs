@@ -29,6 +29,62 @@ pub trait Inbound: Send + Sync {
     async fn take(&self, events: Vec<Event>, acks: AckSet) -> Result<(), String>;
 }
 
+/// What a receiver remembers of one sender's link (node and epoch): the batches above the
+/// sender's `low` that it has taken, or is taking (with the connections waiting for the answer).
+#[derive(Default)]
+pub(crate) struct TakenWindow {
+    low: u64,
+    batches: std::collections::HashMap<u64, Taking>,
+}
+
+enum Taking {
+    /// Taken into the pipeline; the answer is sent to these when the acknowledgement comes.
+    InProgress(Vec<mpsc::UnboundedSender<Vec<u8>>>),
+    Done,
+}
+
+pub(crate) enum Admission {
+    /// Not seen: take it.
+    New,
+    /// Taken already: answer "taken".
+    Done,
+    /// Being taken: the answer will come with the first one's.
+    Waiting,
+}
+
+impl TakenWindow {
+    fn admit(&mut self, seq: u64, low: u64, answers: &mpsc::UnboundedSender<Vec<u8>>) -> Admission {
+        if low > self.low {
+            self.low = low;
+            self.batches.retain(|&s, t| s >= low || matches!(t, Taking::InProgress(_)));
+        }
+        if seq < self.low {
+            return Admission::Done;
+        }
+        match self.batches.get_mut(&seq) {
+            Some(Taking::Done) => Admission::Done,
+            Some(Taking::InProgress(waiting)) => {
+                waiting.push(answers.clone());
+                Admission::Waiting
+            }
+            None => {
+                self.batches.insert(seq, Taking::InProgress(vec![answers.clone()]));
+                Admission::New
+            }
+        }
+    }
+
+    /// The batch's outcome: remembered if taken, forgotten if not (a resend is taken anew);
+    /// returns who waits for the answer.
+    fn finish(&mut self, seq: u64, taken: bool) -> Vec<mpsc::UnboundedSender<Vec<u8>>> {
+        let previous = if taken { self.batches.insert(seq, Taking::Done) } else { self.batches.remove(&seq) };
+        match previous {
+            Some(Taking::InProgress(waiting)) => waiting,
+            _ => Vec::new(),
+        }
+    }
+}
+
 /// A pipeline's inbound entry: where its forwarded events go, and its keys (to count
 /// events this node would not route to itself).
 #[derive(Clone)]
@@ -86,8 +142,8 @@ async fn connection(
         Err(_) => return Err("no handshake within 10s".to_string()),
     };
     let mut p = frame::Payload::new(&hello);
-    let (version, cluster, node) = match (p.u16(), p.str(), p.str()) {
-        (Ok(v), Ok(c), Ok(n)) => (v, c.to_string(), n.to_string()),
+    let (version, cluster, node, epoch) = match (p.u16(), p.str(), p.str(), p.u64()) {
+        (Ok(v), Ok(c), Ok(n), Ok(e)) => (v, c.to_string(), n.to_string(), e),
         _ => return Err("malformed handshake".to_string()),
     };
     let refusal = if version != frame::VERSION {
@@ -113,6 +169,7 @@ async fn connection(
     writer.write_all(&out).await.map_err(|e| e.to_string())?;
     writer.flush().await.map_err(|e| e.to_string())?;
     tracing::debug!(peer = %peer, node = %node, "peer connected");
+    let taken = shared.taken_window(&node, epoch);
 
     // Answers are written by their own task, in the order the acknowledgements complete.
     let (answers, mut to_send) = mpsc::unbounded_channel::<Vec<u8>>();
@@ -163,7 +220,17 @@ async fn connection(
             }
             let batch = frame::decode_batch(&frame).map_err(|e| format!("node `{node}`: {e}"))?;
             let seq = batch.seq;
+            // A batch sent again: answered when it is taken, never taken twice.
+            match taken.lock().admit(seq, batch.low, &answers) {
+                Admission::New => {}
+                Admission::Done => {
+                    let _ = answers.send(frame::ack_payload(seq, frame::ACK_TAKEN, ""));
+                    continue;
+                }
+                Admission::Waiting => continue,
+            }
             let Some(entry) = shared.inbound(&batch.pipeline) else {
+                taken.lock().finish(seq, false);
                 let (status, reason) = if shared.is_stopping() {
                     (frame::ACK_STOPPING, format!("node `{}` is stopping", shared.config.node))
                 } else {
@@ -178,15 +245,18 @@ async fn connection(
             let n = batch.events.len();
             shared.metrics.events_received.add(n as u64);
             shared.count_not_owned(&entry.keys, &batch.events);
-            let tx = answers.clone();
             let stopping = shared.clone();
+            let window = taken.clone();
             let acker = Acker::new(n, move |outcome| {
                 let (status, reason) = match outcome {
                     AckOutcome::Handled => (frame::ACK_TAKEN, ""),
                     AckOutcome::Abandoned if stopping.is_stopping() => (frame::ACK_STOPPING, "the node is stopping"),
                     AckOutcome::Abandoned => (frame::ACK_RETRY, "the batch was not taken (pipeline stopping)"),
                 };
-                let _ = tx.send(frame::ack_payload(seq, status, reason));
+                let payload = frame::ack_payload(seq, status, reason);
+                for tx in window.lock().finish(seq, outcome == AckOutcome::Handled) {
+                    let _ = tx.send(payload.clone());
+                }
             });
             if let Err(e) = entry.sink.take(batch.events, AckSet::single(acker, n)).await {
                 tracing::warn!(node = %node, pipeline = %batch.pipeline, error = %e, "forwarded batch not taken");

@@ -348,10 +348,6 @@ fn wait_forwarding(a: &Node, b: &Node) {
 }
 
 #[test]
-#[ignore = "product bug: with the peer cut off, the link's sender blocks in write_all on the stalled \
-            connection (socket buffer full), so request_timeout is never checked: the peer stays `up` \
-            with 0 failures; once the link returns the overdue frames go again on a new connection \
-            and the peer, which had taken them on the old one, counts them twice"]
 fn a_peer_cut_off_with_hold_loses_nothing_once_the_link_returns() {
     let Some(net) = netns("a_peer_cut_off_with_hold_loses_nothing_once_the_link_returns") else { return };
     let (mut a, mut b) = start_pair(&net, "hold");
