@@ -274,3 +274,7 @@ async fn connection(
         e = write_answers => if e.is_empty() { Ok(()) } else { Err(e) },
     }
 }
+
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod tests;
