@@ -1,9 +1,11 @@
-"""Shared pieces of the fault and hostile-input benchmarks (bench/kill.py, bench/hostile.py).
+"""Shared pieces of the fault, hostile-input and cluster benchmarks (bench/kill.py, bench/hostile.py,
+bench/cluster.py).
 
 Standard library only. It finds the release binary, writes configs (JSON, which is YAML),
 starts `sluice run` with its log in a file, waits for the monitoring API, reads /stats, asks
 `sluice validate` whether config keys are known, and makes sure that every process a script
-started is gone when it ends, also on Ctrl-C, SIGTERM or an exception.
+started is gone when it ends, also on Ctrl-C, SIGTERM or an exception. It also builds the release
+binary and sends prebuilt lines over TCP as fast as they are taken (`LineSender`).
 """
 import json
 import os
@@ -11,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -205,3 +208,74 @@ def percentile(values, p):
 
 def fmt_s(v):
     return "-" if v is None else f"{v:.3f}"
+
+
+def build_release(packages=("sluice",)):
+    """`cargo build --release -p PACKAGE...` into the target dir (`CARGO_TARGET_DIR` when set);
+    exits with a message if the build fails. Returns the path of the `sluice` binary."""
+    cmd = ["cargo", "build", "--release"]
+    for p in packages:
+        cmd += ["-p", p]
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+        die("the release build failed: " + " ".join(cmd))
+    return DEFAULT_SLUICE
+
+
+class LineSender(threading.Thread):
+    """Sends whole lines of one size to a TCP address as fast as the receiver takes them: a
+    block of lines made beforehand (`block`, `per_block` lines of `line_bytes` each), sent over
+    and over with `sendall`, so that Python costs next to nothing per line. Stops after `lines`
+    lines (None: no limit) or when `stop` is set, between two blocks, so `sent` is exact: the
+    lines written to the socket in full. `error` keeps what ended it otherwise."""
+
+    def __init__(self, address, block, line_bytes, lines=None, stop=None, chunk_lines=None):
+        super().__init__(name=f"sender-{address}", daemon=True)
+        if len(block) % line_bytes:
+            raise ValueError("the block must hold whole lines of line_bytes")
+        self.address = address
+        self.block = memoryview(block)
+        self.line_bytes = line_bytes
+        self.per_block = len(block) // line_bytes
+        self.chunk = min(self.per_block, chunk_lines or self.per_block)
+        self.lines = lines
+        self.stop = stop or threading.Event()
+        self.sent = 0
+        self.error = None
+        self.started_at = self.ended_at = None
+
+    def run(self):
+        host, port = self.address.rsplit(":", 1)
+        try:
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                s.settimeout(None)
+                self.started_at = time.monotonic()
+                offset = 0  # in lines, within the block
+                while not self.stop.is_set() and (self.lines is None or self.sent < self.lines):
+                    n = min(self.chunk, self.per_block - offset)
+                    if self.lines is not None:
+                        n = min(n, self.lines - self.sent)
+                    s.sendall(self.block[offset * self.line_bytes:(offset + n) * self.line_bytes])
+                    self.sent += n
+                    offset = (offset + n) % self.per_block
+                self.ended_at = time.monotonic()
+        except OSError as e:
+            self.error = e
+            self.ended_at = time.monotonic()
+
+
+def terminate_together(nodes, timeout):
+    """SIGTERM to every node at once (so that peers drain together), then waits for each up to
+    `timeout` from now and SIGKILLs what is left. Returns the exit statuses (None: killed)."""
+    for n in nodes:
+        if n.proc.returncode is None:
+            n.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    statuses = []
+    for n in nodes:
+        if n.proc.returncode is None and not n._reap(max(0.0, deadline - time.monotonic())):
+            n.kill()
+            statuses.append(None)
+        else:
+            statuses.append(n.proc.returncode)
+        n.close()
+    return statuses
