@@ -113,8 +113,12 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>
     if len > MAX_PAYLOAD {
         return Err(FrameError::TooLarge(len));
     }
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload).await?;
+    // Read into spare capacity: no zero-filling of a buffer about to be overwritten.
+    let mut payload = Vec::with_capacity(len);
+    let got = (&mut *r).take(len as u64).read_to_end(&mut payload).await?;
+    if got != len {
+        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed inside a frame").into());
+    }
     let found = crc32c::crc32c(&payload);
     if found != expected {
         return Err(FrameError::Checksum { expected, found });
@@ -180,20 +184,34 @@ impl<'a> Payload<'a> {
     }
 }
 
-/// A batch frame's payload: `seq`, pipeline, event count, then the encoded (maybe compressed) body.
-pub fn batch_payload(seq: u64, low: u64, pipeline: &str, events: u32, body: &[u8], compress: bool) -> (u8, Vec<u8>) {
-    let mut out = Vec::with_capacity(body.len() / if compress { 2 } else { 1 } + 40);
+/// A whole batch frame, header included, built in one buffer: `seq`, `low`, pipeline, event
+/// count, then the bodies back to back (LZ4-compressed together if `compress`).
+pub fn batch_frame(seq: u64, low: u64, pipeline: &str, events: u32, bodies: &[&[u8]], compress: bool) -> Vec<u8> {
+    let size: usize = bodies.iter().map(|b| b.len()).sum();
+    let mut out = Vec::with_capacity(HEADER_LEN + 32 + pipeline.len() + if compress { size / 2 } else { size });
+    out.extend_from_slice(&[0; HEADER_LEN]);
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&low.to_le_bytes());
     put_str(&mut out, pipeline);
     out.extend_from_slice(&events.to_le_bytes());
-    if compress {
-        out.extend_from_slice(&lz4_flex::block::compress_prepend_size(body));
-        (COMPRESSED, out)
+    let flags = if compress {
+        let joined: Vec<u8> = bodies.concat();
+        out.extend_from_slice(&lz4_flex::block::compress_prepend_size(&joined));
+        COMPRESSED
     } else {
-        out.extend_from_slice(body);
-        (0, out)
-    }
+        for b in bodies {
+            out.extend_from_slice(b);
+        }
+        0
+    };
+    let len = (out.len() - HEADER_LEN) as u32;
+    let crc = crc32c::crc32c(&out[HEADER_LEN..]);
+    out[0..4].copy_from_slice(&MAGIC);
+    out[4] = Kind::Batch as u8;
+    out[5] = flags;
+    out[8..12].copy_from_slice(&len.to_le_bytes());
+    out[12..16].copy_from_slice(&crc.to_le_bytes());
+    out
 }
 
 /// A received batch.
@@ -259,10 +277,9 @@ mod tests {
         let mut body = Vec::new();
         codec::encode_batch(&events[..20], &mut body).unwrap();
         codec::encode_batch(&events[20..], &mut body).unwrap();
+        let (first, second) = body.split_at(body.len() / 3);
         for compress in [false, true] {
-            let (flags, payload) = batch_payload(7, 3, "web", 50, &body, compress);
-            let mut wire = Vec::new();
-            put_frame(&mut wire, Kind::Batch, flags, &payload);
+            let wire = batch_frame(7, 3, "web", 50, &[first, second], compress);
             let frame = read_frame(&mut &wire[..]).await.unwrap().unwrap();
             let b = decode_batch(&frame).unwrap();
             assert_eq!((b.seq, b.low, b.pipeline.as_str()), (7, 3, "web"));
@@ -280,9 +297,7 @@ mod tests {
         assert!(matches!(read_frame(&mut &b"GET / HTTP/1.1\r\n\r\n"[..]).await, Err(FrameError::BadMagic(_))));
         assert!(read_frame(&mut &wire[..wire.len() - 1]).await.is_err(), "a torn frame is an error");
         assert!(read_frame(&mut &[][..]).await.unwrap().is_none(), "a clean end is not");
-        let (_, payload) = batch_payload(1, 0, "web", 3, &[0], false);
-        let mut w = Vec::new();
-        put_frame(&mut w, Kind::Batch, 0, &payload);
+        let w = batch_frame(1, 0, "web", 3, &[&[0]], false);
         let f = read_frame(&mut &w[..]).await.unwrap().unwrap();
         assert!(decode_batch(&f).is_err(), "a count that does not match is refused");
     }

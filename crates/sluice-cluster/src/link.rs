@@ -56,7 +56,8 @@ pub trait Fallback: Send + Sync {
 
 struct Sent {
     pieces: Vec<Piece>,
-    frame: Vec<u8>,
+    /// The whole frame, shared with the writer (no copy per send).
+    frame: Arc<Vec<u8>>,
     bytes: usize,
     events: u64,
     sent_at: Instant,
@@ -529,7 +530,7 @@ impl PeerLink {
     }
 
     /// Frames whose "retry" backoff has passed.
-    fn due_retries(&self) -> Vec<Vec<u8>> {
+    fn due_retries(&self) -> Vec<Arc<Vec<u8>>> {
         let now = Instant::now();
         let mut st = self.state.lock();
         st.unacked
@@ -569,7 +570,7 @@ impl PeerLink {
 
     /// Coalesces pending pieces of one pipeline into a frame, if the batch is full or its
     /// oldest piece has waited `batch_timeout`.
-    fn next_frame(&self) -> Option<Vec<u8>> {
+    fn next_frame(&self) -> Option<Arc<Vec<u8>>> {
         let f = &self.settings.forwarding;
         let mut st = self.state.lock();
         let first = st.pending.front()?;
@@ -593,18 +594,14 @@ impl PeerLink {
         st.next_seq += 1;
         let low = st.unacked.keys().next().copied().unwrap_or(seq);
         drop(st);
-        let mut body = Vec::with_capacity(size);
-        let mut events: u64 = 0;
+        let events: u64 = pieces.iter().map(|p| p.events as u64).sum();
+        let compress = f.compression == Compression::Lz4;
+        let bodies: Vec<&[u8]> = pieces.iter().map(|p| &p.body[..]).collect();
+        let wire = Arc::new(frame::batch_frame(seq, low, &pipeline, events as u32, &bodies, compress));
         for p in &mut pieces {
-            body.extend_from_slice(&p.body);
-            events += p.events as u64;
             // The frame holds them now; one copy is enough (the memory charge stays).
             p.body = Vec::new();
         }
-        let compress = f.compression == Compression::Lz4;
-        let (flags, payload) = frame::batch_payload(seq, low, &pipeline, events as u32, &body, compress);
-        let mut wire = Vec::with_capacity(payload.len() + frame::HEADER_LEN);
-        frame::put_frame(&mut wire, Kind::Batch, flags, &payload);
         let sent = Sent {
             pieces,
             frame: wire.clone(),

@@ -68,10 +68,7 @@ async fn send_batch(tcp: &mut TcpStream, seq: u64, low: u64) {
     let events = vec![Event::from_message_at("x", 0), Event::from_message_at("y", 1)];
     let mut body = Vec::new();
     sluice_segment::codec::encode_batch(&events, &mut body).unwrap();
-    let (flags, payload) = frame::batch_payload(seq, low, "web", 2, &body, false);
-    let mut out = Vec::new();
-    frame::put_frame(&mut out, Kind::Batch, flags, &payload);
-    tcp.write_all(&out).await.unwrap();
+    tcp.write_all(&frame::batch_frame(seq, low, "web", 2, &[&body], false)).await.unwrap();
 }
 
 async fn answer(tcp: &mut TcpStream) -> (u64, u8) {
