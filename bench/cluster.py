@@ -12,7 +12,8 @@ of them): their acknowledgements come back across the hop.
   discovery), memory queues, persisted queues (default `sync: commit`), memory queues with
   `compression: lz4` on the links.
 - `one-memory`: one node without `cluster:`, the same pipeline, the same two connections: the
-  ceiling of this machine for this work.
+  ceiling of this machine for this work; `one-persisted` the same with a persisted queue (the
+  ceiling for `two-persisted`).
 - `blackhole`: one node, tcp input -> `blackhole`, no processors, the same two connections: the
   ceiling of the sender (and of the tcp input) on this machine.
 
@@ -45,10 +46,11 @@ from harness import (BenchError, LineSender, Sluice, build_release, free_port, l
                      sluice_binary, stats, stop_all, terminate_together, write_config)
 
 PIPELINE = "web"
-SCENARIOS = ["two-memory", "two-persisted", "one-memory", "two-memory-lz4", "blackhole"]
+SCENARIOS = ["two-memory", "two-persisted", "one-memory", "one-persisted", "two-memory-lz4", "blackhole"]
 RATIOS = [  # (label, numerator, denominator)
     ("two-persisted / two-memory", "two-persisted", "two-memory"),
     ("two-memory / one-memory", "two-memory", "one-memory"),
+    ("two-persisted / one-persisted", "two-persisted", "one-persisted"),
     ("two-memory-lz4 / two-memory", "two-memory-lz4", "two-memory"),
     ("one-memory / blackhole", "one-memory", "blackhole"),
 ]
@@ -97,7 +99,7 @@ class Node:
 def make_nodes(args, tmp, scenario):
     """The nodes of a scenario, their configs written (not started)."""
     two = scenario.startswith("two-")
-    queue = "persisted" if scenario == "two-persisted" else "memory"
+    queue = "persisted" if scenario.endswith("-persisted") else "memory"
     count = 2 if two else 1
     cluster_ports = [free_port() for _ in range(count)]
     nodes = []

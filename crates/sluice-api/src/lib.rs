@@ -576,6 +576,7 @@ pub fn render_stats(state: &ApiState) -> Json {
                 "events": {"in": p.events_in.get(), "out": p.events_out.get(), "dropped": p.dropped.get(), "failed": p.failed.get(), "dead_lettered": p.dead_lettered.get()},
                 "rates": {"in_1m": in1, "out_1m": out1, "in_5m": in5, "out_5m": out5},
                 "queue": p.queue.get().map(|q| q.stats()),
+                "forwarded_queue": p.forwarded_queue.get().map(|q| q.stats()),
                 "dead_letter_queue": p.dead_letter_queue.get().map(|d| {
                     let mut v = serde_json::to_value(d.dead_letter_stats()).unwrap_or_default();
                     v["loop_rejected"] = json!(p.dead_letter_loop_rejected.get());

@@ -224,14 +224,30 @@ pub struct BatchFrame {
     pub events: Vec<Event>,
 }
 
-/// Decodes a batch frame; the events must number what the header says.
-pub fn decode_batch(frame: &Frame) -> Result<BatchFrame, FrameError> {
+/// A batch frame's fields before its events.
+#[derive(Debug, Clone)]
+pub struct BatchHeader {
+    pub seq: u64,
+    pub low: u64,
+    pub pipeline: String,
+    pub count: usize,
+    body_at: usize,
+}
+
+/// Reads a batch frame's header (cheap: the events are decoded by [`decode_batch_events`]).
+pub fn batch_header(frame: &Frame) -> Result<BatchHeader, FrameError> {
     let mut p = Payload::new(frame);
     let seq = p.u64()?;
     let low = p.u64()?;
     let pipeline = p.str()?.to_string();
     let count = p.u32()? as usize;
-    let raw = p.rest();
+    let body_at = frame.payload.len() - p.rest().len();
+    Ok(BatchHeader { seq, low, pipeline, count, body_at })
+}
+
+/// Decodes a batch frame's events; they must number what the header says.
+pub fn decode_batch_events(frame: &Frame, header: &BatchHeader) -> Result<Vec<Event>, FrameError> {
+    let raw = &frame.payload[header.body_at..];
     let decompressed;
     let mut body = if frame.flags & COMPRESSED != 0 {
         decompressed = lz4_flex::block::decompress_size_prepended(raw)
@@ -240,6 +256,7 @@ pub fn decode_batch(frame: &Frame) -> Result<BatchFrame, FrameError> {
     } else {
         raw
     };
+    let count = header.count;
     let mut events = Vec::with_capacity(count.min(1 << 16));
     while !body.is_empty() {
         codec::decode_batch_into(&mut body, &mut events)
@@ -251,7 +268,14 @@ pub fn decode_batch(frame: &Frame) -> Result<BatchFrame, FrameError> {
             format!("{} events where the header says {count}", events.len()),
         ));
     }
-    Ok(BatchFrame { seq, low, pipeline, events })
+    Ok(events)
+}
+
+/// Decodes a whole batch frame.
+pub fn decode_batch(frame: &Frame) -> Result<BatchFrame, FrameError> {
+    let h = batch_header(frame)?;
+    let events = decode_batch_events(frame, &h)?;
+    Ok(BatchFrame { seq: h.seq, low: h.low, pipeline: h.pipeline, events })
 }
 
 pub const ACK_TAKEN: u8 = 0;

@@ -95,6 +95,9 @@ pub struct InboundEntry {
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Frames of one connection decoded and taken at once.
+const TAKERS_PER_CONNECTION: usize = 4;
+
 pub(crate) async fn serve(listener: TcpListener, acceptor: Acceptor, shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         let (tcp, peer) = tokio::select! {
@@ -208,6 +211,10 @@ async fn connection(
         }
         String::new()
     };
+    // Frames are read in order; each is decoded and taken by a task of its own (up to
+    // `TAKERS_PER_CONNECTION` at once), so one connection's decoding spreads over the cores
+    // and a frame waiting for room in the pipeline does not hold the next one's decoding.
+    let takers = Arc::new(tokio::sync::Semaphore::new(TAKERS_PER_CONNECTION));
     let read_batches = async {
         loop {
             let frame = match frame::read_frame(&mut reader).await {
@@ -218,10 +225,10 @@ async fn connection(
             if frame.kind != Kind::Batch {
                 return Err(format!("node `{node}`: unexpected {:?} frame", frame.kind));
             }
-            let batch = frame::decode_batch(&frame).map_err(|e| format!("node `{node}`: {e}"))?;
-            let seq = batch.seq;
+            let header = frame::batch_header(&frame).map_err(|e| format!("node `{node}`: {e}"))?;
+            let seq = header.seq;
             // A batch sent again: answered when it is taken, never taken twice.
-            match taken.lock().admit(seq, batch.low, &answers) {
+            match taken.lock().admit(seq, header.low, &answers) {
                 Admission::New => {}
                 Admission::Done => {
                     let _ = answers.send(frame::ack_payload(seq, frame::ACK_TAKEN, ""));
@@ -229,38 +236,56 @@ async fn connection(
                 }
                 Admission::Waiting => continue,
             }
-            let Some(entry) = shared.inbound(&batch.pipeline) else {
+            let Some(entry) = shared.inbound(&header.pipeline) else {
                 taken.lock().finish(seq, false);
                 let (status, reason) = if shared.is_stopping() {
                     (frame::ACK_STOPPING, format!("node `{}` is stopping", shared.config.node))
                 } else {
                     (
                         frame::ACK_RETRY,
-                        format!("pipeline `{}` does not run on node `{}`", batch.pipeline, shared.config.node),
+                        format!("pipeline `{}` does not run on node `{}`", header.pipeline, shared.config.node),
                     )
                 };
                 let _ = answers.send(frame::ack_payload(seq, status, &reason));
                 continue;
             };
-            let n = batch.events.len();
-            shared.metrics.events_received.add(n as u64);
-            shared.count_not_owned(&entry.keys, &batch.events);
-            let stopping = shared.clone();
-            let window = taken.clone();
-            let acker = Acker::new(n, move |outcome| {
-                let (status, reason) = match outcome {
-                    AckOutcome::Handled => (frame::ACK_TAKEN, ""),
-                    AckOutcome::Abandoned if stopping.is_stopping() => (frame::ACK_STOPPING, "the node is stopping"),
-                    AckOutcome::Abandoned => (frame::ACK_RETRY, "the batch was not taken (pipeline stopping)"),
+            let permit = takers.clone().acquire_owned().await.expect("the semaphore is never closed");
+            let (shared, taken, answers, node) = (shared.clone(), taken.clone(), answers.clone(), node.clone());
+            tokio::spawn(async move {
+                let _permit = permit;
+                let events = match frame::decode_batch_events(&frame, &header) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        // It passed its checksum, so the sender built it so: say so, and leave
+                        // it unanswered-as-taken (the sender keeps it).
+                        tracing::error!(node = %node, pipeline = %header.pipeline, error = %e, "a forwarded batch cannot be decoded");
+                        taken.lock().finish(seq, false);
+                        let _ = answers.send(frame::ack_payload(seq, frame::ACK_RETRY, &e.to_string()));
+                        return;
+                    }
                 };
-                let payload = frame::ack_payload(seq, status, reason);
-                for tx in window.lock().finish(seq, outcome == AckOutcome::Handled) {
-                    let _ = tx.send(payload.clone());
+                let n = events.len();
+                shared.metrics.events_received.add(n as u64);
+                shared.count_not_owned(&entry.keys, &events);
+                let stopping = shared.clone();
+                let window = taken.clone();
+                let acker = Acker::new(n, move |outcome| {
+                    let (status, reason) = match outcome {
+                        AckOutcome::Handled => (frame::ACK_TAKEN, ""),
+                        AckOutcome::Abandoned if stopping.is_stopping() => {
+                            (frame::ACK_STOPPING, "the node is stopping")
+                        }
+                        AckOutcome::Abandoned => (frame::ACK_RETRY, "the batch was not taken (pipeline stopping)"),
+                    };
+                    let payload = frame::ack_payload(seq, status, reason);
+                    for tx in window.lock().finish(seq, outcome == AckOutcome::Handled) {
+                        let _ = tx.send(payload.clone());
+                    }
+                });
+                if let Err(e) = entry.sink.take(events, AckSet::single(acker, n)).await {
+                    tracing::warn!(node = %node, pipeline = %header.pipeline, error = %e, "forwarded batch not taken");
                 }
             });
-            if let Err(e) = entry.sink.take(batch.events, AckSet::single(acker, n)).await {
-                tracing::warn!(node = %node, pipeline = %batch.pipeline, error = %e, "forwarded batch not taken");
-            }
         }
     };
     let read_batches = async {

@@ -161,6 +161,8 @@ pub struct PipelineMetrics {
     pub worker_busy_nanos: Counter,
     pub components: RwLock<Vec<Arc<ComponentMetrics>>>,
     pub queue: OnceLock<Arc<dyn Queue>>,
+    /// Cluster mode: the queue of events peers forwarded to this pipeline.
+    pub forwarded_queue: OnceLock<Arc<dyn Queue>>,
     /// Events written to the dead letter queue (from processors and outputs).
     pub dead_lettered: Counter,
     /// Events processors took out of batches for the dead letter queue (stored or lost): they
@@ -253,6 +255,7 @@ impl PipelineMetrics {
             worker_busy_nanos: Counter::default(),
             components: RwLock::new(Vec::new()),
             queue: OnceLock::new(),
+            forwarded_queue: OnceLock::new(),
             dead_lettered: Counter::default(),
             diverted_to_dead_letter_queue: Counter::default(),
             dead_letter_loop_rejected: Counter::default(),

@@ -209,6 +209,7 @@ impl RunningPipeline {
             Some((k, _, cluster, keys)) => {
                 let fq = sluice_queue::build_forwarded(&spec.queue, &spec.name, data_dir).map_err(|e| e.to_string())?;
                 fq.start().await.map_err(|e| format!("pipeline {}: forwarded-events queue: {e}", spec.name))?;
+                let _ = metrics.forwarded_queue.set(fq.clone());
                 let inbound = InboundQueue { queue: fq.clone(), memory: memory.clone(), metrics: metrics.clone() };
                 cluster.register_inbound(&spec.name, keys, Arc::new(inbound));
                 // A forwarded batch is already a batch: it is processed as it arrives, never
