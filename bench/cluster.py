@@ -284,7 +284,7 @@ def main():
     ap.add_argument("--users", type=int, default=10_000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--group-duration", default="1s")
-    ap.add_argument("--max-in-flight", default="64MiB")
+    ap.add_argument("--max-in-flight", default="128MiB", help="per peer (the default of `forwarding.max_in_flight`)")
     ap.add_argument("--batch-bytes", default="256KiB")
     ap.add_argument("--batch-timeout", default="5ms")
     ap.add_argument("--memory-budget", default=None, help="memory.budget of the nodes (default: sluice's)")

@@ -112,7 +112,7 @@ impl Default for ForwardingConfig {
         ForwardingConfig {
             batch_bytes: ByteSize(256 << 10),
             batch_timeout: HumanDuration(Duration::from_millis(5)),
-            max_in_flight: ByteSize(32 << 20),
+            max_in_flight: ByteSize(128 << 20),
             request_timeout: HumanDuration(Duration::from_secs(10)),
             connect_timeout: HumanDuration(Duration::from_secs(5)),
             retry_backoff: HumanDuration(Duration::from_millis(100)),

@@ -12,7 +12,8 @@ fn config(cluster: &str) -> String {
     format!("{cluster}{PIPELINE}")
 }
 
-const THREE: &str = "cluster:\n  listen: 127.0.0.1:7100\n  discovery: {static: [127.0.0.1:7100, 127.0.0.1:7101, 127.0.0.1:7102]}\n";
+const THREE: &str =
+    "cluster:\n  listen: 127.0.0.1:7100\n  discovery: {static: [127.0.0.1:7100, 127.0.0.1:7101, 127.0.0.1:7102]}\n";
 
 fn run(args: &[&str], config: &str) -> (bool, String, String) {
     let dir = tempfile::tempdir().unwrap();
@@ -38,7 +39,10 @@ fn ring_lists_every_member_and_shares_that_add_up() {
     assert!(members.iter().all(|m| m["share"].as_f64().unwrap() > 0.2), "uneven: {out}");
     assert_eq!(members.iter().filter(|m| m["this_node"] == true).count(), 1);
     let (ok, text, _) = run(&["ring"], &config(THREE));
-    assert!(ok && text.contains("127.0.0.1:7101") && text.contains("% of the keys") && text.contains("(this node)"), "{text}");
+    assert!(
+        ok && text.contains("127.0.0.1:7101") && text.contains("% of the keys") && text.contains("(this node)"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -85,7 +89,8 @@ fn cluster_config_errors_name_their_key() {
         "cluster:\n  listen: 127.0.0.1:7100\n  discovery: {static: [127.0.0.1:7100]}\n  tls: {cert: /nonexistent/node.crt, key: /nonexistent/node.key, ca: /nonexistent/ca.crt}\n",
     ));
     assert!(!ok && text.contains("cluster.tls") && text.contains("/nonexistent/"), "{text}");
-    let (ok, text) = validate(&config("cluster:\n  listen: 0.0.0.0:7100\n  discovery: {dns: {name: localhost, port: 7100}}\n"));
+    let (ok, text) =
+        validate(&config("cluster:\n  listen: 0.0.0.0:7100\n  discovery: {dns: {name: localhost, port: 7100}}\n"));
     assert!(!ok && text.contains("advertise"), "{text}");
     let (ok, text) = validate(&config(THREE));
     assert!(ok, "{text}");
