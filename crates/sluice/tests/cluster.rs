@@ -116,24 +116,8 @@ impl Node {
     }
 }
 
-/// `count` per user in one node's output. Read while the node runs, too: a last line not
-/// finished yet (no newline) is left for the next read.
-fn counts(path: &Path) -> BTreeMap<String, u64> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let complete = text.rfind('\n').map_or("", |end| &text[..=end]);
-    let mut out = BTreeMap::new();
-    for line in complete.lines().filter(|l| !l.trim().is_empty()) {
-        let v: serde_json::Value =
-            serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: not JSON ({e}): {line}", path.display()));
-        let user = v["user"].as_str().unwrap_or_else(|| panic!("{}: no /user in {line}", path.display()));
-        let count = v["count"].as_u64().unwrap_or_else(|| panic!("{}: no /count in {line}", path.display()));
-        *out.entry(user.to_string()).or_insert(0) += count;
-    }
-    out
-}
-
 fn total(nodes: &[&Node]) -> u64 {
-    nodes.iter().map(|n| counts(&n.output()).values().sum::<u64>()).sum()
+    nodes.iter().map(|n| aggregate_counts(&n.output()).values().sum::<u64>()).sum()
 }
 
 /// Waits for `f` up to `timeout`; false if it never held (the caller's assertions say why).
@@ -226,7 +210,7 @@ fn assert_each_user_on_one_node(nodes: &[&Node]) -> u64 {
     let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut sum = 0;
     for n in nodes {
-        for (user, c) in counts(&n.output()) {
+        for (user, c) in aggregate_counts(&n.output()) {
             owners.entry(user).or_default().insert(n.cluster.clone());
             sum += c;
         }
@@ -354,7 +338,7 @@ fn a_killed_node_loses_no_acknowledged_event() {
     }
     let mut got: BTreeMap<String, u64> = BTreeMap::new();
     for n in &nodes {
-        for (user, c) in counts(&n.output()) {
+        for (user, c) in aggregate_counts(&n.output()) {
             *got.entry(user).or_insert(0) += c;
         }
     }

@@ -16,7 +16,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -234,23 +233,8 @@ fn start_pair(net: &Netns, mode: &str) -> (Node, Node) {
     (Node { s, api, input: a_input, cluster: a_cluster }, b)
 }
 
-/// `count` per user in one node's output; a last line not finished yet is left for later.
-fn counts(path: &Path) -> BTreeMap<String, u64> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let complete = text.rfind('\n').map_or("", |end| &text[..=end]);
-    let mut out = BTreeMap::new();
-    for line in complete.lines().filter(|l| !l.trim().is_empty()) {
-        let v: serde_json::Value =
-            serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: not JSON ({e}): {line}", path.display()));
-        let user = v["user"].as_str().unwrap_or_else(|| panic!("{}: no /user in {line}", path.display()));
-        let count = v["count"].as_u64().unwrap_or_else(|| panic!("{}: no /count in {line}", path.display()));
-        *out.entry(user.to_string()).or_insert(0) += count;
-    }
-    out
-}
-
 fn total(nodes: &[&Node]) -> u64 {
-    nodes.iter().map(|n| counts(&n.output()).values().sum::<u64>()).sum()
+    nodes.iter().map(|n| aggregate_counts(&n.output()).values().sum::<u64>()).sum()
 }
 
 /// Every user's aggregates are on exactly one node; returns the sum of all counts.
@@ -258,7 +242,7 @@ fn assert_each_user_on_one_node(nodes: &[&Node]) -> u64 {
     let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut sum = 0;
     for n in nodes {
-        for (user, c) in counts(&n.output()) {
+        for (user, c) in aggregate_counts(&n.output()) {
             owners.entry(user).or_default().insert(n.cluster.clone());
             sum += c;
         }

@@ -355,3 +355,19 @@ impl Sluice {
         Sluice { child, dir, config: path, stderr }
     }
 }
+
+/// `count` per `user` in an `aggregate` output file (JSON lines), summed over its lines. Read
+/// while the node runs, too: a last line not finished yet (no newline) is left for the next read.
+pub fn aggregate_counts(path: &Path) -> std::collections::BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |end| &text[..=end]);
+    let mut out = std::collections::BTreeMap::new();
+    for line in complete.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: not JSON ({e}): {line}", path.display()));
+        let user = v["user"].as_str().unwrap_or_else(|| panic!("{}: no /user in {line}", path.display()));
+        let count = v["count"].as_u64().unwrap_or_else(|| panic!("{}: no /count in {line}", path.display()));
+        *out.entry(user.to_string()).or_insert(0) += count;
+    }
+    out
+}
