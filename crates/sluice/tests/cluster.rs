@@ -13,14 +13,14 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -120,18 +120,6 @@ fn total(nodes: &[&Node]) -> u64 {
     nodes.iter().map(|n| aggregate_counts(&n.output()).values().sum::<u64>()).sum()
 }
 
-/// Waits for `f` up to `timeout`; false if it never held (the caller's assertions say why).
-fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let started = Instant::now();
-    while started.elapsed() < timeout {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    f()
-}
-
 /// SIGTERM to every node at once, then waits for each to drain; returns their logs.
 fn stop_all(nodes: &mut [&mut Node]) -> Vec<String> {
     for n in nodes.iter() {
@@ -207,21 +195,8 @@ fn start_static(n: usize, cluster_extra: &str, queue: &str, group_duration: &str
 
 /// Every user's aggregates are on exactly one node; returns the sum of all counts.
 fn assert_each_user_on_one_node(nodes: &[&Node]) -> u64 {
-    let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut sum = 0;
-    for n in nodes {
-        for (user, c) in aggregate_counts(&n.output()) {
-            owners.entry(user).or_default().insert(n.cluster.clone());
-            sum += c;
-        }
-    }
-    let split: Vec<_> = owners.iter().filter(|(_, o)| o.len() != 1).collect();
-    assert!(split.is_empty(), "users aggregated on more than one node: {split:?}");
-    let per_node: BTreeMap<&String, usize> =
-        nodes.iter().map(|n| (&n.cluster, owners.values().filter(|o| o.contains(&n.cluster)).count())).collect();
-    eprintln!("users per node: {per_node:?}");
-    assert_eq!(owners.len() as u64, USERS, "every user appears in some node's output");
-    sum
+    let outputs: Vec<(String, std::path::PathBuf)> = nodes.iter().map(|n| (n.cluster.clone(), n.output())).collect();
+    each_user_on_one_node(&outputs, USERS)
 }
 
 #[test]

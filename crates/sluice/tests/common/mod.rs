@@ -371,3 +371,36 @@ pub fn aggregate_counts(path: &Path) -> std::collections::BTreeMap<String, u64> 
     }
     out
 }
+
+/// Every user's aggregates are in exactly one of the `(node, output file)`s, and all `users`
+/// appear; returns the sum of all counts.
+pub fn each_user_on_one_node(outputs: &[(String, PathBuf)], users: u64) -> u64 {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut owners: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+    let mut sum = 0;
+    for (node, output) in outputs {
+        for (user, c) in aggregate_counts(output) {
+            owners.entry(user).or_default().insert(node);
+            sum += c;
+        }
+    }
+    let split: Vec<_> = owners.iter().filter(|(_, o)| o.len() != 1).collect();
+    assert!(split.is_empty(), "users aggregated on more than one node: {split:?}");
+    let per_node: BTreeMap<&str, usize> =
+        outputs.iter().map(|(n, _)| (n.as_str(), owners.values().filter(|o| o.contains(n.as_str())).count())).collect();
+    eprintln!("users per node: {per_node:?}");
+    assert_eq!(owners.len() as u64, users, "every user appears in some node's output");
+    sum
+}
+
+/// Waits for `f` up to `timeout`; false if it never held (the caller's assertions say why).
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
+}
