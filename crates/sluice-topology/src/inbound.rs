@@ -4,7 +4,8 @@
 //! beside it, in `<path>.forwarded`), so they are taken exactly as the pipeline's own inputs'
 //! events are: the peer hears "taken" once they are durable there (persisted) or delivered
 //! (memory). The pipeline's workers for that queue start right after the forwarding stage and
-//! never forward again. Events take their room in the node's memory budget like an input's.
+//! never forward again. Events take their room in the node's memory budget like an input's,
+//! but never wait for it (see `take`).
 
 use std::sync::Arc;
 
@@ -23,12 +24,11 @@ impl sluice_cluster::Inbound for InboundQueue {
     async fn take(&self, events: Vec<Event>, acks: AckSet) -> Result<(), String> {
         let n = events.len();
         let size: usize = events.iter().map(Event::memory_size).sum();
-        // A batch larger than the whole budget is taken over it rather than never: the peer
-        // made it from events this node's peers took within their own budgets.
-        let charge = match self.memory.charge(size, None).await {
-            Ok(c) => c,
-            Err(_) => self.memory.force(size),
-        };
+        // Taken over the budget rather than waited for: what peers forward is already bounded
+        // by their windows (`max_in_flight`) and by this queue's limits, and waiting here could
+        // deadlock — two nodes whose budgets are full of what they forward to each other would
+        // each wait for the other's answer. The overdraft makes this node's inputs wait instead.
+        let charge = self.memory.try_charge(size).unwrap_or_else(|| self.memory.force(size));
         self.queue
             .push(Batch::new(events, acks, size).with_memory(charge))
             .await
