@@ -1,12 +1,12 @@
 //! Sluice's configuration loader.
 //!
 //! The YAML text becomes a [`Node`] tree in which every value keeps its line and column, with
-//! `${VAR}` and `${VAR:-default}` substituted in scalars. Typed settings are read from nodes
-//! with serde through [`from_node`], whose errors name the key path and the line, e.g.
-//! `sluice.yml:12:9: pipelines.web.outputs[1].hosts: unknown field `hosts``. The layout of the
-//! top level (pipelines and their components) is walked by hand in [`model`], so that each
-//! component's `type`, `id` and `if` are read uniformly and its remaining keys are handed to
-//! the component that owns them.
+//! `${VAR}`, `${VAR:-default}` and `${VAR-default}` substituted in scalars. Typed settings are
+//! read from nodes with serde through [`from_node`], whose errors name the key path and the
+//! line, e.g. `sluice.yml:12:9: pipelines.web.outputs[1].hosts: unknown field `hosts``. The
+//! layout of the top level (pipelines and their components) is walked by hand in [`model`], so
+//! that each component's `type`, `id` and `if` are read uniformly and its remaining keys are
+//! handed to the component that owns them.
 //!
 //! ```
 //! use sluice_config::{from_node, parse_yaml, ByteSize};
