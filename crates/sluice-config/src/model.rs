@@ -362,7 +362,12 @@ pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
             root.mark.clone(),
         )),
         Some(node) => match node.as_map() {
-            Some(entries) if !entries.is_empty() => {
+            Some([]) => errors.push(ConfigError::at(
+                "`pipelines` is empty: a config defines at least one pipeline",
+                "pipelines",
+                node.mark.clone(),
+            )),
+            Some(entries) => {
                 for (key, value) in entries {
                     let name = key.as_str().unwrap_or_default();
                     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
@@ -796,6 +801,12 @@ pipelines:
     fn missing_pipelines() {
         let errs = load_str("api: {enabled: false}\n", "m.yml").unwrap_err();
         assert!(errs.to_string().contains("missing `pipelines`"));
+    }
+
+    #[test]
+    fn empty_pipelines() {
+        let all = load_str("api: {enabled: false}\npipelines: {}\n", "m.yml").unwrap_err().to_string();
+        assert_eq!(all, "m.yml:2:12: pipelines: `pipelines` is empty: a config defines at least one pipeline");
     }
 
     #[test]

@@ -127,5 +127,6 @@ fn run_refuses_a_bad_config_with_exit_code_2() {
     std::fs::write(&path, "pipelines: {}\n").unwrap();
     let out = std::process::Command::new(common::BIN).args(["run", "-c", path.to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("expected a mapping of pipeline names to pipelines"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("pipelines: `pipelines` is empty: a config defines at least one pipeline"), "{stderr}");
 }
