@@ -130,14 +130,32 @@ fn esc(s: &str) -> String {
 fn counter(out: &mut String, name: &str, help: &str, rows: &[(String, u64)]) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
     for (labels, v) in rows {
-        let _ = writeln!(out, "{name}{{{labels}}} {v}");
+        sample(out, name, labels, v);
+    }
+}
+
+/// One sample line; a series without labels has no braces.
+fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::Display) {
+    if labels.is_empty() {
+        let _ = writeln!(out, "{name} {value}");
+    } else {
+        let _ = writeln!(out, "{name}{{{labels}}} {value}");
     }
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, rows: &[(String, f64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    typed(out, name, "gauge", help, rows);
+}
+
+/// A counter of seconds (or any other non-integer total).
+fn counter_f64(out: &mut String, name: &str, help: &str, rows: &[(String, f64)]) {
+    typed(out, name, "counter", help, rows);
+}
+
+fn typed(out: &mut String, name: &str, kind: &str, help: &str, rows: &[(String, f64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     for (labels, v) in rows {
-        let _ = writeln!(out, "{name}{{{labels}}} {v}");
+        sample(out, name, labels, v);
     }
 }
 
@@ -236,10 +254,10 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         "Queue capacity in bytes.",
         &queues.iter().map(|(l, s)| (l.clone(), s.max_bytes as f64)).collect::<Vec<_>>(),
     );
-    gauge(
+    counter_f64(
         &mut out,
         "sluice_queue_blocked_seconds_total",
-        "Time inputs spent waiting because the queue was full (backpressure).",
+        "Time inputs spent waiting because the queue was full (backpressure), waits in progress included.",
         &queues.iter().map(|(l, s)| (l.clone(), s.blocked_nanos as f64 / 1e9)).collect::<Vec<_>>(),
     );
 
@@ -306,7 +324,7 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
              restart now would deliver again.",
             &persisted.iter().map(|(l, s)| (l.clone(), s.checkpoint_lag_events as f64)).collect::<Vec<_>>(),
         );
-        gauge(
+        counter_f64(
             &mut out,
             "sluice_queue_stalled_seconds_total",
             "Time a persisted queue's writers waited on the disk (full or failing).",
@@ -672,6 +690,54 @@ mod tests {
         let stats = render_stats(&ApiState::new(reg));
         assert_eq!(stats["registry"]["keys"], 10);
         assert_eq!(stats["registry"]["fsyncs"], 3);
+    }
+
+    /// A queue that only reports figures, as a persisted queue would.
+    struct FiguresOnly;
+
+    #[async_trait::async_trait]
+    impl sluice_core::Queue for FiguresOnly {
+        async fn push(&self, _: sluice_core::Batch) -> Result<(), sluice_core::QueueClosed> {
+            Err(sluice_core::QueueClosed)
+        }
+        async fn pop(&self, _: usize, _: Duration) -> Option<sluice_core::Batch> {
+            None
+        }
+        fn close(&self) {}
+        fn stats(&self) -> sluice_core::QueueStats {
+            sluice_core::QueueStats {
+                kind: "persisted",
+                shards: vec![sluice_core::ShardStats::default()],
+                commit_latency: Some(Default::default()),
+                ..Default::default()
+            }
+        }
+    }
+
+    /// Every family's type fits its name (a `_total` is a counter), and a series without
+    /// labels has no braces.
+    #[test]
+    fn types_follow_the_names() {
+        let reg = MetricsRegistry::default();
+        let p = Arc::new(PipelineMetrics::new("web", 2));
+        p.component("out", ComponentKind::Output, "blackhole");
+        let _ = p.queue.set(Arc::new(FiguresOnly));
+        reg.register(p);
+        reg.set_memory(sluice_core::MemoryBudget::new(1 << 20));
+        reg.set_registry(Arc::new(sluice_core::metrics::RegistryMetrics::default()));
+        let text = render_prometheus(&reg, Duration::from_secs(1));
+        for line in text.lines() {
+            assert!(!line.contains("{}"), "empty braces: {line}");
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                if name.ends_with("_total") {
+                    assert_eq!(kind, "counter", "{line}");
+                }
+            }
+        }
+        assert!(text.contains("\nsluice_uptime_seconds 1\n"), "{text}");
+        assert!(text.contains("# TYPE sluice_queue_blocked_seconds_total counter"), "{text}");
+        assert!(text.contains("# TYPE sluice_queue_stalled_seconds_total counter"), "{text}");
     }
 
     #[test]

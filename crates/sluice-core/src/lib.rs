@@ -36,6 +36,7 @@ pub mod path;
 pub mod queue;
 pub mod text;
 pub mod value;
+pub mod wait;
 
 pub use ack::{AckSet, Acker};
 pub use batch::Batch;
@@ -46,3 +47,4 @@ pub use path::{FieldPath, PathError};
 pub use queue::{HistogramSnapshot, Queue, QueueClosed, QueueStats, ShardStats};
 pub use text::{SharedText, Str, TextPool};
 pub use value::{Map, Value};
+pub use wait::{WaitGuard, WaitTime};

@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
+use crate::wait::WaitTime;
 
 use tokio::sync::Semaphore;
 
@@ -50,13 +50,8 @@ pub struct MemoryBudget {
     permits: Semaphore,
     /// Granules granted by `force` beyond what the semaphore had.
     overdraft: AtomicUsize,
-    epoch: Instant,
-    /// Waits in progress, and the sum of their start times (nanoseconds since `epoch`): the
-    /// time they have waited so far is `waiting × now − started_sum`.
-    waiting: AtomicU64,
-    waiting_started_sum: AtomicU64,
-    /// Time of the waits that have ended.
-    waited_nanos: AtomicU64,
+    /// Time charges waited, waits in progress included.
+    wait: WaitTime,
     waits: AtomicU64,
     refused: AtomicU64,
 }
@@ -71,10 +66,7 @@ impl MemoryBudget {
             limit_granules,
             permits: Semaphore::new(limit_granules),
             overdraft: AtomicUsize::new(0),
-            epoch: Instant::now(),
-            waiting: AtomicU64::new(0),
-            waiting_started_sum: AtomicU64::new(0),
-            waited_nanos: AtomicU64::new(0),
+            wait: WaitTime::default(),
             waits: AtomicU64::new(0),
             refused: AtomicU64::new(0),
         })
@@ -92,16 +84,12 @@ impl MemoryBudget {
 
     /// Charges that are waiting now.
     pub fn waiting(&self) -> u64 {
-        self.waiting.load(Ordering::Relaxed)
+        self.wait.waiting()
     }
 
     /// Total time charges have waited, the waits still in progress included.
     pub fn wait_nanos(&self) -> u64 {
-        let now = self.now_nanos();
-        let waiting = self.waiting.load(Ordering::Acquire);
-        let started = self.waiting_started_sum.load(Ordering::Acquire);
-        let ongoing = waiting.saturating_mul(now).saturating_sub(started);
-        self.waited_nanos.load(Ordering::Relaxed) + ongoing
+        self.wait.total_nanos()
     }
 
     /// Charges that had to wait (finished or not).
@@ -112,10 +100,6 @@ impl MemoryBudget {
     /// Charges refused: larger than the budget, or not granted before their deadline.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
-    }
-
-    fn now_nanos(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
     }
 
     /// A charge that holds nothing, tied to this budget so that it can grow.
@@ -151,7 +135,7 @@ impl MemoryBudget {
             return Ok(c);
         }
         self.waits.fetch_add(1, Ordering::Relaxed);
-        let _wait = WaitClock::start(self);
+        let _wait = self.wait.start();
         let acquire = self.permits.acquire_many(n as u32);
         let permit = match deadline {
             None => acquire.await,
@@ -206,33 +190,6 @@ impl MemoryBudget {
         if n > 0 {
             self.permits.add_permits(n);
         }
-    }
-}
-
-/// Counts one wait in progress, and adds its time to the total when it ends (however it ends).
-struct WaitClock<'a> {
-    budget: &'a MemoryBudget,
-    started: u64,
-}
-
-impl<'a> WaitClock<'a> {
-    fn start(budget: &'a MemoryBudget) -> WaitClock<'a> {
-        let started = budget.now_nanos();
-        budget.waiting_started_sum.fetch_add(started, Ordering::AcqRel);
-        budget.waiting.fetch_add(1, Ordering::AcqRel);
-        WaitClock { budget, started }
-    }
-}
-
-impl Drop for WaitClock<'_> {
-    fn drop(&mut self) {
-        let b = self.budget;
-        let waited = b.now_nanos().saturating_sub(self.started);
-        // Add the finished wait before removing it from the ongoing ones, so that a reader in
-        // between sees it at most twice, never not at all.
-        b.waited_nanos.fetch_add(waited, Ordering::AcqRel);
-        b.waiting.fetch_sub(1, Ordering::AcqRel);
-        b.waiting_started_sum.fetch_sub(self.started, Ordering::AcqRel);
     }
 }
 

@@ -8,14 +8,13 @@
 //! event, so workers get full batches under load and prompt ones when traffic is light.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use sluice_config::ByteSize;
-use sluice_core::{Batch, Queue, QueueClosed, QueueStats};
+use sluice_core::{Batch, Queue, QueueClosed, QueueStats, WaitGuard, WaitTime};
 use tokio::sync::Notify;
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -45,7 +44,8 @@ pub struct MemoryQueue {
     not_full: Notify,
     max_events: usize,
     max_bytes: usize,
-    blocked_nanos: AtomicU64,
+    /// Time producers waited on a full queue, waits in progress included.
+    blocked: WaitTime,
 }
 
 impl MemoryQueue {
@@ -56,7 +56,7 @@ impl MemoryQueue {
             not_full: Notify::new(),
             max_events: max_events.max(1),
             max_bytes: max_bytes.max(1),
-            blocked_nanos: AtomicU64::new(0),
+            blocked: WaitTime::default(),
         }
     }
 
@@ -99,7 +99,7 @@ impl Queue for MemoryQueue {
             batch.complete();
             return Ok(());
         }
-        let mut blocked_since: Option<Instant> = None;
+        let mut _blocked: Option<WaitGuard<'_>> = None;
         loop {
             let notified = self.not_full.notified();
             tokio::pin!(notified);
@@ -116,13 +116,12 @@ impl Queue for MemoryQueue {
                     s.batches.push_back(batch);
                     drop(s);
                     self.not_empty.notify_waiters();
-                    if let Some(since) = blocked_since {
-                        self.blocked_nanos.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    }
                     return Ok(());
                 }
             }
-            blocked_since.get_or_insert_with(Instant::now);
+            if _blocked.is_none() {
+                _blocked = Some(self.blocked.start());
+            }
             notified.await;
         }
     }
@@ -181,7 +180,7 @@ impl Queue for MemoryQueue {
             bytes: s.bytes as u64,
             max_events: self.max_events as u64,
             max_bytes: self.max_bytes as u64,
-            blocked_nanos: self.blocked_nanos.load(Ordering::Relaxed),
+            blocked_nanos: self.blocked.total_nanos(),
             ..QueueStats::default()
         }
     }
@@ -219,10 +218,13 @@ mod tests {
         let pusher = tokio::spawn(async move { q2.push(batch(2, 2)).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!pusher.is_finished(), "push must wait while the queue is full");
+        // A wait in progress shows before it ends: an outage is visible while it lasts.
+        let during = q.stats().blocked_nanos;
+        assert!(during >= 40_000_000, "blocked {during} ns while a push has waited 50 ms");
         assert_eq!(q.pop(3, Duration::ZERO).await.unwrap().len(), 3);
         pusher.await.unwrap().unwrap();
         assert_eq!(q.stats().events, 4);
-        assert!(q.stats().blocked_nanos > 0);
+        assert!(q.stats().blocked_nanos >= during);
     }
 
     #[tokio::test]
@@ -256,7 +258,7 @@ mod tests {
         let b = q.pop(3, Duration::from_secs(5)).await.unwrap();
         assert_eq!(b.len(), 3, "the pop should have waited for the batch to fill");
         q.push(batch(1, 1)).await.unwrap();
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         let b = q.pop(3, Duration::from_millis(30)).await.unwrap();
         assert_eq!(b.len(), 1);
         assert!(started.elapsed() >= Duration::from_millis(25));

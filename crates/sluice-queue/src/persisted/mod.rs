@@ -49,7 +49,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use sluice_config::{ByteSize, HumanDuration};
 use sluice_core::metrics::Histogram;
-use sluice_core::{Batch, Queue, QueueClosed, QueueStats};
+use sluice_core::{Batch, Queue, QueueClosed, QueueStats, WaitGuard, WaitTime};
 use tokio::sync::Notify;
 
 use shard::Shard;
@@ -214,7 +214,8 @@ pub struct PersistedQueue {
     closed: AtomicBool,
     /// Set by `inputs_ended`: pops hand out what they have without waiting for more.
     inputs_ended: AtomicBool,
-    blocked_nanos: AtomicU64,
+    /// Time producers waited (a full queue, or busy workers), waits in progress included.
+    blocked: WaitTime,
 }
 
 impl PersistedQueue {
@@ -243,7 +244,7 @@ impl PersistedQueue {
             next_pop: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             inputs_ended: AtomicBool::new(false),
-            blocked_nanos: AtomicU64::new(0),
+            blocked: WaitTime::default(),
         }
     }
 
@@ -434,7 +435,7 @@ impl Queue for PersistedQueue {
             return Err(QueueClosed);
         }
         let shard = &shards[self.next_push.fetch_add(1, Ordering::Relaxed) % shards.len()];
-        let mut blocked: Option<Instant> = None;
+        let mut blocked: Option<WaitGuard<'_>> = None;
         let budget = self.inner.config.memory_bytes as u64;
         let admit = || {
             let used = self.inner.bytes.load(Ordering::Relaxed);
@@ -470,14 +471,14 @@ impl Queue for PersistedQueue {
             if admit() {
                 break;
             }
-            blocked.get_or_insert_with(Instant::now);
+            if blocked.is_none() {
+                blocked = Some(self.blocked.start());
+            }
             // Woken when room is made; the time-out looks again whether the workers still
             // take events (waiting for memory stops when they do not).
             let _ = tokio::time::timeout(pacing::SPILL_AFTER, notified).await;
         }
-        if let Some(t) = blocked {
-            self.blocked_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
+        drop(blocked);
         self.inner.bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
         self.inner.unwritten_bytes.fetch_add(batch.bytes as u64, Ordering::Relaxed);
         let wake;
@@ -616,7 +617,7 @@ impl Queue for PersistedQueue {
             bytes: self.inner.bytes.load(Ordering::Relaxed),
             max_events: 0,
             max_bytes: self.inner.config.max_bytes,
-            blocked_nanos: self.blocked_nanos.load(Ordering::Relaxed),
+            blocked_nanos: self.blocked.total_nanos(),
             shards,
             fsyncs: m.fsyncs.load(Ordering::Relaxed),
             fsync_failures: m.fsync_failures.load(Ordering::Relaxed),
