@@ -38,12 +38,23 @@ use sluice_core::Event;
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, Rejected, encode_json_lines};
 
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum HttpMethod {
     #[default]
     Post,
     Put,
+}
+
+/// `post` or `put`, in any case: HTTP spells methods in capitals, and so do many configs.
+impl<'de> Deserialize<'de> for HttpMethod {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.to_ascii_lowercase().as_str() {
+            "post" => Ok(HttpMethod::Post),
+            "put" => Ok(HttpMethod::Put),
+            _ => Err(serde::de::Error::unknown_variant(&text, &["post", "put"])),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
@@ -355,5 +366,34 @@ impl Output for HttpOutput {
             self.send_request(chunk, i * self.batch_max_events, &mut rejected).await?;
         }
         Ok(Delivery { rejected })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{context, spec};
+
+    fn method(yaml: &str) -> Result<HttpMethod, ConfigError> {
+        spec(yaml).settings::<HttpConfig>().map(|c| c.method)
+    }
+
+    #[test]
+    fn methods_are_read_in_any_case() {
+        assert_eq!(method("{type: http, url: 'http://x/'}").unwrap(), HttpMethod::Post);
+        for (text, want) in [("put", HttpMethod::Put), ("PUT", HttpMethod::Put), ("Post", HttpMethod::Post)] {
+            assert_eq!(method(&format!("{{type: http, url: 'http://x/', method: {text}}}")).unwrap(), want, "{text}");
+        }
+        let e = method("{type: http, url: 'http://x/', method: PATCH}").unwrap_err().to_string();
+        assert!(
+            e.contains("outputs[0].method") && e.contains("PATCH") && e.contains("expected `post` or `put`"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_uppercase_method_builds() {
+        let built = build(&spec("{type: http, url: 'http://x/', method: PUT}"), context("p", "http"));
+        assert!(built.is_ok(), "{:?}", built.err());
     }
 }
