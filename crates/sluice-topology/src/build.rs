@@ -299,6 +299,22 @@ pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigEr
     errors.into_result(())
 }
 
+/// The process has one stdin: a second `stdin` input (in the same pipeline or another) would
+/// get nothing, so it is refused, naming the first.
+pub fn check_stdin_inputs(config: &RootConfig) -> Result<(), ConfigErrors> {
+    let mut errors = ConfigErrors::default();
+    let mut first: Option<&ComponentSpec> = None;
+    for c in config.pipelines.iter().flat_map(|p| &p.inputs).filter(|c| c.type_name == "stdin") {
+        match first {
+            Some(f) => errors.push(
+                c.error(format!("only one `stdin` input may run in a process, and {} already reads stdin", f.path)),
+            ),
+            None => first = Some(c),
+        }
+    }
+    errors.into_result(())
+}
+
 /// What `sluice validate` warns about without failing: settings that build but are risky (a
 /// `file` output whose events choose the directory).
 pub fn warnings(config: &RootConfig) -> Vec<ConfigError> {
@@ -312,6 +328,9 @@ pub fn build_all(config: &RootConfig, bus: &Arc<PipelineBus>) -> Result<Vec<Buil
         errors.0.extend(e.0);
     }
     if let Err(e) = check_dead_letter_queue_paths(config) {
+        errors.0.extend(e.0);
+    }
+    if let Err(e) = check_stdin_inputs(config) {
         errors.0.extend(e.0);
     }
     let built: Vec<BuiltPipeline> =

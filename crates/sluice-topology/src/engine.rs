@@ -16,7 +16,9 @@ use tokio::sync::{Mutex, Notify};
 
 use sluice_registry::{Registry, RegistryOptions};
 
-use crate::build::{build_all, build_pipeline, check_dead_letter_queue_paths, check_links, upstream_first};
+use crate::build::{
+    build_all, build_pipeline, check_dead_letter_queue_paths, check_links, check_stdin_inputs, upstream_first,
+};
 use crate::dead_letter::OpenDeadLetterQueue;
 use crate::pipeline::{NodeServices, PipelineSummary, RunningPipeline};
 
@@ -141,6 +143,7 @@ impl Engine {
         let mut state = self.state.lock().await;
         let feeds = check_links(&config)?;
         check_dead_letter_queue_paths(&config)?;
+        check_stdin_inputs(&config)?;
         let mut errors = ConfigErrors::default();
         let mut report = ReloadReport::default();
         let mut fresh = Vec::new();

@@ -130,3 +130,20 @@ fn run_refuses_a_bad_config_with_exit_code_2() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("pipelines: `pipelines` is empty: a config defines at least one pipeline"), "{stderr}");
 }
+
+#[test]
+fn a_second_stdin_input_is_refused_naming_the_first() {
+    let text = invalid(
+        "pipelines:\n  a:\n    inputs: [{type: stdin}]\n    outputs: [{type: blackhole}]\n  b:\n    inputs: [{type: generator, count: 1}, {type: stdin}]\n    outputs: [{type: blackhole}]\n",
+    );
+    assert!(
+        text.contains(
+            "check.yml:6:43: pipelines.b.inputs[1]: only one `stdin` input may run in a process, and pipelines.a.inputs[0] already reads stdin"
+        ),
+        "{text}"
+    );
+    let text = invalid(
+        "pipelines:\n  a:\n    inputs: [{type: stdin}, {type: stdin, id: again}]\n    outputs: [{type: blackhole}]\n",
+    );
+    assert!(text.contains("pipelines.a.inputs[1]: only one `stdin` input") && text.contains("1 error(s)"), "{text}");
+}
