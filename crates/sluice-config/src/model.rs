@@ -292,7 +292,55 @@ const ROOT_KEYS: &[&str] =
 const PIPELINE_KEYS: &[&str] = &["workers", "batch", "queue", "inputs", "processors", "outputs", "dead_letter_queue"];
 const COMPONENT_META_KEYS: &[&str] = &["type", "id", "if"];
 
+/// A config read as far as it goes, with every error found on the way, so that `sluice validate`
+/// can go on to build the components it could read and list their errors too.
+#[derive(Debug)]
+pub struct PartialConfig {
+    /// What could be read (`None` when nothing could: no file, broken YAML, not a mapping).
+    pub config: Option<RootConfig>,
+    /// False when a pipeline or a component could not be read at all and is missing from
+    /// `config`: checks across pipelines (links, addresses) would then be misled.
+    pub complete: bool,
+    pub errors: ConfigErrors,
+}
+
+/// Reads a config file as far as it goes; see [`PartialConfig`].
+pub fn load_file_partial(path: &std::path::Path) -> PartialConfig {
+    let failed = |errors: ConfigErrors| PartialConfig { config: None, complete: false, errors };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => return failed(ConfigError::new(format!("cannot read config file {}: {e}", path.display())).into()),
+    };
+    let root = match parse_yaml(&text, &path.display().to_string()) {
+        Ok(r) => r,
+        Err(e) => return failed(e.into()),
+    };
+    let (config, errors) = read_root(&root);
+    let complete = config.as_ref().is_some_and(|c| nothing_left_out(&root, c));
+    PartialConfig { config, complete, errors }
+}
+
+/// True when every pipeline and every component written in the file made it into `config`.
+fn nothing_left_out(root: &Node, config: &RootConfig) -> bool {
+    let Some(entries) = root.get("pipelines").and_then(Node::as_map) else { return false };
+    entries.len() == config.pipelines.len()
+        && config.pipelines.iter().all(|p| {
+            [("inputs", &p.inputs), ("processors", &p.processors), ("outputs", &p.outputs)].into_iter().all(
+                |(section, read)| match p.node.get(section).filter(|n| !n.is_null()) {
+                    None => true,
+                    Some(n) => n.as_seq().is_some_and(|items| items.len() == read.len()),
+                },
+            )
+        })
+}
+
 pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
+    let (config, errors) = read_root(root);
+    errors.into_result(()).map(|()| config.expect("a config without errors was read"))
+}
+
+/// Reads the whole config, collecting every error; returns what could be read.
+fn read_root(root: &Node) -> (Option<RootConfig>, ConfigErrors) {
     let mut errors = ConfigErrors::default();
     if root.as_map().is_none() {
         errors.push(ConfigError::at(
@@ -300,7 +348,7 @@ pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
             "",
             root.mark.clone(),
         ));
-        return Err(errors);
+        return (None, errors);
     }
     check_keys(root, "", ROOT_KEYS, &mut errors);
 
@@ -391,7 +439,7 @@ pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
         },
     }
 
-    errors.into_result(RootConfig {
+    let config = RootConfig {
         data_dir,
         api: api.unwrap_or_default(),
         log: log.unwrap_or_default(),
@@ -400,7 +448,8 @@ pub fn from_root(root: &Node) -> Result<RootConfig, ConfigErrors> {
         memory: memory.unwrap_or_default(),
         cluster: read("cluster").cloned(),
         pipelines,
-    })
+    };
+    (Some(config), errors)
 }
 
 fn check_keys(node: &Node, path: &str, allowed: &[&str], errors: &mut ConfigErrors) {
@@ -525,7 +574,10 @@ fn read_dead_letter_queue(pipeline: &Node, path: &str, errors: &mut ConfigErrors
         Ok(c) => c,
         Err(e) => {
             errors.push(e);
-            return DeadLetterQueueConfig::default();
+            // Keep what `enabled` says (when in doubt, enabled), so that checking the components
+            // against it does not add errors that only follow from this one.
+            let enabled = n.get("enabled").map(|v| from_node::<bool>(v, &place).unwrap_or(true)).unwrap_or(false);
+            return DeadLetterQueueConfig { enabled, ..DeadLetterQueueConfig::default() };
         }
     };
     let at = |key: &str| n.get(key).map(|v| v.mark.clone()).unwrap_or_else(|| n.mark.clone());

@@ -147,3 +147,23 @@ fn a_second_stdin_input_is_refused_naming_the_first() {
     );
     assert!(text.contains("pipelines.a.inputs[1]: only one `stdin` input") && text.contains("1 error(s)"), "{text}");
 }
+
+#[test]
+fn pipeline_level_and_component_errors_are_listed_in_one_pass() {
+    let text = invalid(
+        "pipelines:\n  web:\n    wrokers: 2\n    inputs: [{type: generator, count: 1}]\n    processors: [{type: json, bogus: 1}]\n    outputs: [{type: blackhole}]\n",
+    );
+    assert!(text.contains("check.yml:3:5: pipelines.web.wrokers: unknown key `wrokers`"), "{text}");
+    assert!(text.contains("check.yml:5:31: pipelines.web.processors[0].bogus: unknown field `bogus`"), "{text}");
+    assert!(text.contains("2 error(s)"), "{text}");
+
+    // A component that cannot be read at all: the others are still built, and the link to the
+    // pipeline it belongs to is not reported as dangling.
+    let text = invalid(
+        "pipelines:\n  a:\n    inputs: [{type: generator, count: 1}]\n    processors: [{type: drop, if: '(('}]\n    outputs: [{type: pipeline, send_to: b}]\n  b:\n    inputs: [{type: pipeline, address: b, id: [x]}]\n    outputs: [{type: blackhole}]\n",
+    );
+    assert!(text.contains("pipelines.a.processors[0].if: invalid condition:"), "{text}");
+    assert!(text.contains("pipelines.b.inputs[0].id: expected text"), "{text}");
+    assert!(!text.contains("no pipeline has"), "{text}");
+    assert!(text.contains("2 error(s)"), "{text}");
+}
