@@ -365,6 +365,9 @@ fn run(path: Option<&Path>, log_level: Option<String>) -> anyhow::Result<ExitCod
 }
 
 async fn serve(path: Option<&Path>, config: RootConfig) -> anyhow::Result<ExitCode> {
+    let source = path.map_or_else(|| "embedded default".to_string(), |p| p.display().to_string());
+    tracing::info!(version = %env!("CARGO_PKG_VERSION"), config = %source, data_dir = %config.data_dir.display(),
+        "sluice starting");
     let api = config.api.clone();
     let engine = match Engine::start(config).await {
         Ok(e) => Arc::new(e),
