@@ -4,7 +4,8 @@
 //!
 //! - `ISO8601`: `2026-11-21T07:00:00Z`, `2026-11-21T07:00:00.123456+02:00`,
 //!   `2026-11-21 07:00:00,123`, `2026-11-21T07:00`, `2026-11-21` (midnight), offsets as `Z`,
-//!   `+02`, `+0200` or `+02:00` (optionally after one space). Parsed by hand, no allocation.
+//!   `+02`, `+0200` or `+02:00` (optionally after one space). Scanned by hand, no allocation
+//!   (chrono's RFC 3339 parser takes none of the looser forms); the calendar is chrono's.
 //! - `UNIX` / `UNIX_MS`: seconds / milliseconds since the epoch, from an integer, a float or
 //!   text (`"1700000000.123"` is read exactly, to the nanosecond).
 //! - a chrono strftime pattern (anything containing `%`), e.g. `%d/%b/%Y:%H:%M:%S %z`;
@@ -17,8 +18,14 @@
 //! Patterns are validated and turned into chrono items once, at build time. A pattern without a
 //! year takes the current year (the previous one if that would put the date more than 30 days
 //! in the future, for December logs read in January); one without a time of day means midnight.
-//! Dates without an offset are read in `timezone` (a fixed offset such as `+02:00`, or `UTC`,
-//! the default; IANA zone names are not supported).
+//!
+//! Dates without an offset are read in `timezone`: `UTC` (the default), a fixed offset such as
+//! `+02:00`, or an IANA zone name such as `Europe/Paris` (from the zone database built into
+//! chrono-tz). A date with an offset in its text ignores `timezone`. A wall-clock time that a
+//! daylight saving change makes ambiguous or skips is read with the offset in force before the
+//! change, as java.time does: in autumn the repeated hour is its first pass (`2026-10-25 02:30`
+//! in Paris is `02:30+02:00`), in spring a time in the skipped hour moves later by the gap
+//! (`2026-03-29 02:30` in Paris is `03:30+02:00`).
 //!
 //! A missing source field leaves the event alone (like Logstash). A value no format parses
 //! (or a date outside the timestamp range, years 1677 to 2262) tags the event with
@@ -29,7 +36,8 @@
 use std::sync::Arc;
 
 use chrono::format::{Item, Parsed, StrftimeItems};
-use chrono::{Datelike, Timelike, Utc};
+use chrono::{Datelike, LocalResult, NaiveDate, NaiveDateTime, NaiveTime, Offset, TimeDelta, TimeZone, Timelike, Utc};
+use chrono_tz::{TZ_VARIANTS, Tz};
 use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
@@ -81,11 +89,20 @@ struct Pattern {
     items: Vec<Item<'static>>,
 }
 
+/// Where a date written without an offset is placed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Zone {
+    /// Seconds east of UTC.
+    Fixed(i32),
+    /// An IANA zone, with its daylight saving rules.
+    Named(Tz),
+}
+
 struct DateProcessor {
     source: FieldPath,
     formats: Vec<Format>,
-    /// Seconds east of UTC for dates written without an offset.
-    offset: i32,
+    /// The zone of dates written without an offset.
+    zone: Zone,
     target: FieldPath,
     tag_on_failure: Vec<String>,
     on_failure: OnFailure,
@@ -103,26 +120,110 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigEr
         .map(|f| Format::parse(f))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| spec.key_error("formats", e))?;
-    let offset = match &config.timezone {
-        None => 0,
-        Some(tz) => parse_offset(tz).ok_or_else(|| {
-            spec.key_error(
-                "timezone",
-                format!(
-                    "unsupported timezone `{tz}`: write a fixed offset like `+02:00` or `-0500`, or `UTC` \
-                     (IANA zone names are not supported)"
-                ),
-            )
-        })?,
+    let zone = match &config.timezone {
+        None => Zone::Fixed(0),
+        Some(tz) => Zone::parse(tz).map_err(|e| spec.key_error("timezone", e))?,
     };
     Ok(Arc::new(DateProcessor {
         source: config.source,
         formats,
-        offset,
+        zone,
         target: config.target,
         tag_on_failure: config.tag_on_failure,
         on_failure: config.on_failure,
     }))
+}
+
+impl Zone {
+    /// A fixed offset (`+02:00`, `UTC`) or an IANA zone name (`Europe/Paris`).
+    fn parse(s: &str) -> Result<Zone, String> {
+        if let Some(secs) = parse_offset(s) {
+            return Ok(Zone::Fixed(secs));
+        }
+        s.parse::<Tz>().map(Zone::Named).map_err(|_| {
+            let mut message = format!(
+                "unknown timezone `{s}`: write an IANA zone name like `Europe/Paris`, or a fixed offset like \
+                 `+02:00` or `UTC`"
+            );
+            if let Some(name) = suggest_zone(s) {
+                message.push_str(&format!(" (did you mean `{name}`?)"));
+            }
+            message
+        })
+    }
+
+    /// Seconds east of UTC for the wall-clock time `local` in this zone. When a daylight saving
+    /// change makes `local` happen twice (autumn) or not at all (spring), the offset in force
+    /// before the change: the first of the two instants, or the skipped time moved later by the
+    /// gap. That is java.time's rule (Logstash agrees on the repeated hour and fails on the
+    /// skipped one).
+    fn offset_at(self, local: &NaiveDateTime) -> i32 {
+        let tz = match self {
+            Zone::Fixed(secs) => return secs,
+            Zone::Named(tz) => tz,
+        };
+        match tz.offset_from_local_datetime(local) {
+            LocalResult::Single(o) => o.fix().local_minus_utc(),
+            // The earlier instant has the larger offset.
+            LocalResult::Ambiguous(a, b) => a.fix().local_minus_utc().max(b.fix().local_minus_utc()),
+            LocalResult::None => offset_before_gap(tz, local),
+        }
+    }
+}
+
+/// The offset in force just before the gap that holds `local`: the offset of the first wall-clock
+/// time before it that exists (gaps last an hour or less, a day at most; zone changes are months
+/// apart).
+fn offset_before_gap(tz: Tz, local: &NaiveDateTime) -> i32 {
+    let mut t = *local;
+    for _ in 0..48 {
+        let Some(earlier) = t.checked_sub_signed(TimeDelta::hours(1)) else { break };
+        t = earlier;
+        match tz.offset_from_local_datetime(&t) {
+            LocalResult::Single(o) => return o.fix().local_minus_utc(),
+            LocalResult::Ambiguous(a, b) => return a.fix().local_minus_utc().min(b.fix().local_minus_utc()),
+            LocalResult::None => {}
+        }
+    }
+    tz.offset_from_utc_datetime(local).fix().local_minus_utc()
+}
+
+/// A zone name close to the unknown `s`: the same name in other case, a city without its region
+/// (`paris`), or the nearest name within a few typos.
+fn suggest_zone(s: &str) -> Option<&'static str> {
+    let wanted = s.trim().replace(' ', "_").to_ascii_lowercase();
+    if wanted.is_empty() {
+        return None;
+    }
+    let names = || TZ_VARIANTS.iter().map(|tz| tz.name());
+    if let Some(name) = names().find(|n| n.eq_ignore_ascii_case(&wanted)) {
+        return Some(name);
+    }
+    if let Some(name) = names().find(|n| n.rsplit('/').next().is_some_and(|city| city.eq_ignore_ascii_case(&wanted))) {
+        return Some(name);
+    }
+    let limit = (wanted.len() / 4).clamp(1, 3);
+    names()
+        .map(|n| (edit_distance(&wanted, &n.to_ascii_lowercase()), n))
+        .filter(|&(d, _)| d <= limit)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, n)| n)
+}
+
+/// Levenshtein distance, by bytes.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != cb)).min(above + 1).min(row[j] + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 impl Format {
@@ -148,12 +249,12 @@ impl Format {
         Ok(Format::Pattern(Pattern { items }))
     }
 
-    fn parse_str(&self, s: &str, offset: i32) -> Option<i64> {
+    fn parse_str(&self, s: &str, zone: Zone) -> Option<i64> {
         match self {
-            Format::Iso8601 => parse_iso8601(s.trim(), offset),
+            Format::Iso8601 => parse_iso8601_in(s.trim(), zone),
             Format::Unix => parse_scaled_decimal(s.trim(), 9),
             Format::UnixMs => parse_scaled_decimal(s.trim(), 6),
-            Format::Pattern(p) => p.parse(s, offset),
+            Format::Pattern(p) => p.parse(s, zone),
         }
     }
 
@@ -172,7 +273,7 @@ impl Format {
 }
 
 impl Pattern {
-    fn parse(&self, s: &str, offset: i32) -> Option<i64> {
+    fn parse(&self, s: &str, zone: Zone) -> Option<i64> {
         let mut parsed = Parsed::new();
         chrono::format::parse(&mut parsed, s, self.items.iter()).ok()?;
         if parsed.timestamp().is_none() {
@@ -189,27 +290,34 @@ impl Pattern {
             && parsed.isoyear().is_none()
             && parsed.isoyear_mod_100().is_none();
         if !year_missing {
-            return resolve(&parsed, offset);
+            return resolve(&parsed, zone);
         }
         let now = Utc::now();
         let mut with_year = parsed.clone();
         with_year.set_year(i64::from(now.year())).ok()?;
-        let ns = resolve(&with_year, offset)?;
+        let ns = resolve(&with_year, zone)?;
         let now_ns = now.timestamp_nanos_opt().unwrap_or(i64::MAX);
         if ns.saturating_sub(now_ns) > 30 * 86_400 * NANOS_PER_SEC {
             parsed.set_year(i64::from(now.year()) - 1).ok()?;
-            return resolve(&parsed, offset);
+            return resolve(&parsed, zone);
         }
         Some(ns)
     }
 }
 
-/// The instant `parsed` names, reading it at its own offset or else at `offset`.
-fn resolve(parsed: &Parsed, offset: i32) -> Option<i64> {
-    let offset = parsed.offset().unwrap_or(offset);
-    let naive = parsed.to_naive_datetime_with_offset(offset).ok()?;
-    let secs = naive.and_utc().timestamp().checked_sub(i64::from(offset))?;
-    secs.checked_mul(NANOS_PER_SEC)?.checked_add(i64::from(naive.nanosecond()))
+/// The instant `parsed` names, reading it at its own offset (an epoch timestamp is UTC), or
+/// else in `zone`.
+fn resolve(parsed: &Parsed, zone: Zone) -> Option<i64> {
+    let written = parsed.offset().or_else(|| parsed.timestamp().map(|_| 0));
+    let naive = parsed.to_naive_datetime_with_offset(written.unwrap_or(0)).ok()?;
+    let offset = written.unwrap_or_else(|| zone.offset_at(&naive));
+    local_to_nanos(&naive, offset)
+}
+
+/// Nanoseconds since the epoch of the wall-clock time `local` at `offset` seconds east of UTC.
+fn local_to_nanos(local: &NaiveDateTime, offset: i32) -> Option<i64> {
+    let secs = local.and_utc().timestamp().checked_sub(i64::from(offset))?;
+    secs.checked_mul(NANOS_PER_SEC)?.checked_add(i64::from(local.nanosecond()))
 }
 
 impl Processor for DateProcessor {
@@ -226,7 +334,7 @@ impl Processor for DateProcessor {
         };
         let parsed = match value {
             Value::Timestamp(ns) => Some(*ns),
-            Value::String(s) => self.formats.iter().find_map(|f| f.parse_str(s, self.offset)),
+            Value::String(s) => self.formats.iter().find_map(|f| f.parse_str(s, self.zone)),
             Value::Int(_) | Value::Float(_) => self.formats.iter().find_map(|f| f.parse_number(value)),
             _ => None,
         };
@@ -286,6 +394,11 @@ fn digits(b: &[u8], i: &mut usize, n: usize) -> Option<u32> {
 /// ISO 8601 / RFC 3339 date-times to nanoseconds since the epoch; `default_offset` (seconds east
 /// of UTC) applies when the text has no offset. See the module doc for the accepted forms.
 pub(crate) fn parse_iso8601(s: &str, default_offset: i32) -> Option<i64> {
+    parse_iso8601_in(s, Zone::Fixed(default_offset))
+}
+
+/// [`parse_iso8601`], reading a date without an offset in `zone`.
+fn parse_iso8601_in(s: &str, zone: Zone) -> Option<i64> {
     let b = s.as_bytes();
     let mut i = 0;
     let year = digits(b, &mut i, 4)?;
@@ -296,7 +409,7 @@ pub(crate) fn parse_iso8601(s: &str, default_offset: i32) -> Option<i64> {
     i += 1;
     let day = digits(b, &mut i, 2)?;
     let (mut hour, mut minute, mut second, mut nanos) = (0, 0, 0, 0u32);
-    let mut offset = default_offset;
+    let mut offset = None;
     if i < b.len() {
         if !matches!(b[i], b'T' | b't' | b' ') {
             return None;
@@ -333,7 +446,7 @@ pub(crate) fn parse_iso8601(s: &str, default_offset: i32) -> Option<i64> {
             }
             match b.get(i)? {
                 b'Z' | b'z' => {
-                    offset = 0;
+                    offset = Some(0);
                     i += 1;
                 }
                 sign @ (b'+' | b'-') => {
@@ -347,45 +460,21 @@ pub(crate) fn parse_iso8601(s: &str, default_offset: i32) -> Option<i64> {
                     if oh > 23 || om > 59 {
                         return None;
                     }
-                    offset = sign * (oh as i32 * 3600 + om as i32 * 60);
+                    offset = Some(sign * (oh as i32 * 3600 + om as i32 * 60));
                 }
                 _ => return None,
             }
         }
     }
-    if i != b.len() || !(1..=12).contains(&month) || day == 0 || day > days_in_month(year, month) {
+    if i != b.len() || second > 60 {
         return None;
     }
-    if hour > 23 || minute > 59 || second > 60 {
-        return None;
-    }
-    let days = days_from_civil(i64::from(year), month, day);
-    let secs = days * 86_400 + i64::from(hour * 3600 + minute * 60 + second) - i64::from(offset);
-    secs.checked_mul(NANOS_PER_SEC)?.checked_add(i64::from(nanos))
-}
-
-fn is_leap(y: u32) -> bool {
-    (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400)
-}
-
-fn days_in_month(y: u32, m: u32) -> u32 {
-    match m {
-        2 if is_leap(y) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = i64::from((m + 9) % 12);
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    // A leap second (`:60`) is read as the first second of the next minute.
+    let date = NaiveDate::from_ymd_opt(year as i32, month, day)?;
+    let local = date.and_time(NaiveTime::from_hms_nano_opt(hour, minute, second.min(59), nanos)?);
+    let offset = offset.unwrap_or_else(|| zone.offset_at(&local));
+    let ns = local_to_nanos(&local, offset)?;
+    if second == 60 { ns.checked_add(NANOS_PER_SEC) } else { Some(ns) }
 }
 
 /// `[-]digits[.digits]` times 10^`exp`, exactly (extra fraction digits are dropped); other
@@ -504,8 +593,9 @@ mod tests {
         assert!(e.contains("formats: invalid date format `%Y-%m-%Q`"), "{e}");
         assert!(build_err("type: date\nformats: [TAI64N]").contains("TAI64N"));
         assert!(build_err("type: date\nformats: ['yyyy zzz']").contains("zone names"));
-        let e = build_err("type: date\nformats: [ISO8601]\ntimezone: Europe/Paris");
-        assert!(e.contains("timezone: unsupported timezone `Europe/Paris`"), "{e}");
+        let e = build_err("type: date\nformats: [ISO8601]\ntimezone: Europe/Pariss");
+        assert!(e.contains("timezone: unknown timezone `Europe/Pariss`"), "{e}");
+        assert!(e.contains("did you mean `Europe/Paris`?"), "{e}");
         let e = build_err("type: date\nformats: [ISO8601]\nlocale: en");
         assert!(e.contains("unknown field `locale`"), "{e}");
     }
@@ -708,5 +798,133 @@ mod tests {
             v => panic!("{v:?}"),
         }
         assert_eq!(tags(&e), ["_dateparsefailure"]);
+    }
+
+    #[test]
+    fn zone_names_and_offsets() {
+        assert_eq!(Zone::parse("UTC"), Ok(Zone::Fixed(0)));
+        assert_eq!(Zone::parse("+02:00"), Ok(Zone::Fixed(7200)));
+        assert_eq!(Zone::parse("Europe/Paris"), Ok(Zone::Named(Tz::Europe__Paris)));
+        assert_eq!(Zone::parse("America/New_York"), Ok(Zone::Named(Tz::America__New_York)));
+        assert_eq!(Zone::parse("Etc/GMT-3"), Ok(Zone::Named(Tz::Etc__GMTMinus3)));
+        for (typo, want) in [
+            ("europe/paris", "Europe/Paris"),
+            ("Paris", "Europe/Paris"),
+            ("new york", "America/New_York"),
+            ("America/NewYork", "America/New_York"),
+            ("Europe/Berln", "Europe/Berlin"),
+        ] {
+            let e = Zone::parse(typo).unwrap_err();
+            assert!(e.starts_with(&format!("unknown timezone `{typo}`: ")), "{e}");
+            assert!(e.ends_with(&format!("(did you mean `{want}`?)")), "{typo}: {e}");
+        }
+        for far in ["Mars/Olympus_Mons", "Moon", "", "+25:00"] {
+            let e = Zone::parse(far).unwrap_err();
+            assert!(!e.contains("did you mean"), "{far}: {e}");
+        }
+        let e = build_err("type: date\nformats: [ISO8601]\ntimezone: Nowhere/Special");
+        assert!(e.contains("timezone: unknown timezone `Nowhere/Special`: write an IANA zone name"), "{e}");
+    }
+
+    /// The instant each wall-clock reading gives in `timezone`, through ISO8601 and a Joda
+    /// pattern alike.
+    fn check_local_times(timezone: &str, cases: &[(&str, i64)]) {
+        let iso = build_yaml(&format!("type: date\nformats: [ISO8601]\ntimezone: {timezone}"));
+        let joda = build_yaml(&format!("type: date\nformats: ['yyyy-MM-dd HH:mm:ss']\ntimezone: {timezone}"));
+        for &(text, want) in cases {
+            for (p, text) in [(&iso, text.to_string()), (&joda, text.replace('T', " "))] {
+                let mut e = event_with("timestamp", Value::from(text.as_str()));
+                assert_eq!(p.process(&mut e), Verdict::Keep, "{text}");
+                let got = e.timestamp_nanos().unwrap();
+                assert_eq!(chrono::Utc.timestamp_nanos(got), chrono::Utc.timestamp_nanos(want), "{text} in {timezone}");
+            }
+        }
+    }
+
+    /// Europe/Paris, 2026: clocks go from 02:00 CET (+01:00) to 03:00 CEST (+02:00) on March 29
+    /// and from 03:00 CEST back to 02:00 CET on October 25, both at 01:00 UTC.
+    #[test]
+    fn paris_daylight_saving_changes() {
+        check_local_times(
+            "Europe/Paris",
+            &[
+                // Winter and summer.
+                ("2026-01-15T12:00:00", ts(2026, 1, 15, 11, 0, 0, 0)),
+                ("2026-07-01T12:00:00", ts(2026, 7, 1, 10, 0, 0, 0)),
+                // Spring: the last second of CET, then the skipped hour, read at +01:00 (so
+                // 02:30 is 03:30 CEST), then the first second of CEST.
+                ("2026-03-29T01:59:59", ts(2026, 3, 29, 0, 59, 59, 0)),
+                ("2026-03-29T02:00:00", ts(2026, 3, 29, 1, 0, 0, 0)),
+                ("2026-03-29T02:30:00", ts(2026, 3, 29, 1, 30, 0, 0)),
+                ("2026-03-29T02:59:59", ts(2026, 3, 29, 1, 59, 59, 0)),
+                ("2026-03-29T03:00:00", ts(2026, 3, 29, 1, 0, 0, 0)),
+                ("2026-03-29T03:30:00", ts(2026, 3, 29, 1, 30, 0, 0)),
+                // Autumn: the last second before the repeated hour (CEST), the repeated hour
+                // read as its first pass (+02:00), then the first second that is CET only.
+                ("2026-10-25T01:59:59", ts(2026, 10, 24, 23, 59, 59, 0)),
+                ("2026-10-25T02:00:00", ts(2026, 10, 25, 0, 0, 0, 0)),
+                ("2026-10-25T02:30:00", ts(2026, 10, 25, 0, 30, 0, 0)),
+                ("2026-10-25T02:59:59", ts(2026, 10, 25, 0, 59, 59, 0)),
+                ("2026-10-25T03:00:00", ts(2026, 10, 25, 2, 0, 0, 0)),
+            ],
+        );
+    }
+
+    /// America/New_York, 2026: 02:00 EST (-05:00) becomes 03:00 EDT (-04:00) on March 8, and
+    /// 02:00 EDT becomes 01:00 EST on November 1.
+    #[test]
+    fn new_york_daylight_saving_changes() {
+        check_local_times(
+            "America/New_York",
+            &[
+                ("2026-03-08T01:59:59", ts(2026, 3, 8, 6, 59, 59, 0)),
+                ("2026-03-08T02:30:00", ts(2026, 3, 8, 7, 30, 0, 0)),
+                ("2026-03-08T03:00:00", ts(2026, 3, 8, 7, 0, 0, 0)),
+                ("2026-11-01T00:59:59", ts(2026, 11, 1, 4, 59, 59, 0)),
+                ("2026-11-01T01:30:00", ts(2026, 11, 1, 5, 30, 0, 0)),
+                ("2026-11-01T02:00:00", ts(2026, 11, 1, 7, 0, 0, 0)),
+            ],
+        );
+    }
+
+    /// An offset in the text wins over `timezone`, including one that picks the second pass of
+    /// the repeated hour; an epoch timestamp is UTC whatever the zone.
+    #[test]
+    fn written_offsets_ignore_the_zone() {
+        let p = build_yaml("type: date\ntimezone: Europe/Paris\nformats: [ISO8601, 'dd/MMM/yyyy:HH:mm:ss Z', '%s']");
+        for (text, want) in [
+            ("2026-10-25T02:30:00+01:00", ts(2026, 10, 25, 1, 30, 0, 0)),
+            ("2026-10-25T02:30:00+02:00", ts(2026, 10, 25, 0, 30, 0, 0)),
+            ("2026-03-29T02:30:00+01:00", ts(2026, 3, 29, 1, 30, 0, 0)),
+            ("2026-07-01T12:00:00Z", ts(2026, 7, 1, 12, 0, 0, 0)),
+            ("2026-07-01T12:00:00-05:00", ts(2026, 7, 1, 17, 0, 0, 0)),
+            ("01/Jul/2026:12:00:00 -0700", ts(2026, 7, 1, 19, 0, 0, 0)),
+            ("1700000000", 1_700_000_000 * NANOS_PER_SEC),
+        ] {
+            let mut e = event_with("timestamp", Value::from(text));
+            assert_eq!(p.process(&mut e), Verdict::Keep, "{text}");
+            assert_eq!(e.timestamp_nanos(), Some(want), "{text}");
+        }
+    }
+
+    /// Every hour of 2026 in a few zones, read back: the wall clock is kept except in a skipped
+    /// hour, which moves later by the gap.
+    #[test]
+    fn every_local_hour_round_trips() {
+        for tz in [Tz::Europe__Paris, Tz::America__New_York, Tz::Australia__Lord_Howe, Tz::Asia__Kolkata] {
+            let zone = Zone::Named(tz);
+            let start = NaiveDate::from_ymd_opt(2026, 1, 1).unwrap().and_hms_opt(0, 15, 0).unwrap();
+            for h in 0..365 * 24 {
+                let local = start + TimeDelta::hours(h);
+                let ns = local_to_nanos(&local, zone.offset_at(&local)).unwrap();
+                let back = tz.timestamp_nanos(ns).naive_local();
+                let exists = !matches!(tz.from_local_datetime(&local), LocalResult::None);
+                if exists {
+                    assert_eq!(back, local, "{tz}");
+                } else {
+                    assert!(back > local && back - local <= TimeDelta::hours(1), "{tz} {local} {back}");
+                }
+            }
+        }
     }
 }
