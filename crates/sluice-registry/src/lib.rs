@@ -278,18 +278,15 @@ fn ms_to_time(ms: u64) -> SystemTime {
 }
 
 fn lock_exclusive(file: &File) -> bool {
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(file), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    file.try_lock().is_ok()
 }
 
 /// Whether another process holds `dir`'s lock (tested with a shared lock released at once).
 fn lock_held(dir: &Path) -> bool {
     let Ok(f) = File::open(dir.join(format::LOCK)) else { return false };
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) } == 0 {
-        // SAFETY: as above.
-        unsafe { libc::flock(fd, libc::LOCK_UN) };
+    if f.try_lock_shared().is_ok() {
+        // Closing the file would release it too; this is explicit.
+        let _ = f.unlock();
         false
     } else {
         true

@@ -1,7 +1,7 @@
 //! File-system helpers shared by the persisted queue and the dead letter queue: durable
 //! directory entries, the one-writer lock of a directory, and positioned reads.
 
-use std::fs::File;
+use std::fs::{File, TryLockError};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -16,15 +16,11 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// lock lasts as long as the returned file is open.
 pub fn try_lock_exclusive(path: &Path) -> io::Result<Option<File>> {
     let file = File::options().create(true).truncate(false).write(true).open(path)?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Ok(None);
-        }
-        return Err(e);
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(TryLockError::WouldBlock) => Ok(None),
+        Err(TryLockError::Error(e)) => Err(e),
     }
-    Ok(Some(file))
 }
 
 /// Reads into `buf` from `offset` until `buf` is full or the file ends; returns the bytes read.

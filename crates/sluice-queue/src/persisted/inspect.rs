@@ -22,7 +22,7 @@
 //! segment files kept for reuse (not named `*.seg`) are not listed.
 
 use std::fmt;
-use std::fs::{self, File};
+use std::fs::{self, File, TryLockError};
 use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};
 
@@ -239,15 +239,15 @@ fn lock_held(lock: &Path) -> io::Result<bool> {
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
     };
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) } == 0 {
-        // SAFETY: as above. Closing the descriptor would release it too; this is explicit.
-        unsafe { libc::flock(fd, libc::LOCK_UN) };
-        return Ok(false);
+    match file.try_lock_shared() {
+        Ok(()) => {
+            // Closing the file would release it too; this is explicit.
+            file.unlock()?;
+            Ok(false)
+        }
+        Err(TryLockError::WouldBlock) => Ok(true),
+        Err(TryLockError::Error(e)) => Err(e),
     }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EWOULDBLOCK) { Ok(true) } else { Err(e) }
 }
 
 /// Segment files of a shard directory, oldest first.
