@@ -284,14 +284,7 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError>
 }
 
 fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or fails.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if r != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+    gethostname::gethostname().to_string_lossy().into_owned()
 }
 
 #[async_trait]
