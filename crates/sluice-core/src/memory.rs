@@ -21,9 +21,9 @@
 //! Internally the budget is a fair semaphore whose permits are granules of 64 bytes, so that
 //! one permit count covers budgets far beyond 4 GiB.
 
+use crate::wait::WaitTime;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::wait::WaitTime;
 
 use tokio::sync::Semaphore;
 

@@ -187,7 +187,9 @@ impl Engine {
                 {
                     kept_dead_letter_queues.insert(name.clone(), d);
                 }
-                let summary = p.stop(timeout, false).await;
+                let mut summary = p.stop(timeout, false).await;
+                summary.log("pipeline stopped by the reload");
+                summary.reported = true;
                 self.metrics.unregister(&name);
                 state.stopped.push(summary);
             }

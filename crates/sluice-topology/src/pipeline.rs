@@ -61,6 +61,9 @@ pub struct PipelineSummary {
     /// Rejected for good by outputs and not handed to a dead letter queue (included in
     /// `events_out`).
     pub failed: u64,
+    /// Events processors failed on (unparsable JSON, no pattern matched) and tagged, and that
+    /// went on tagged (those sent to the dead letter queue are in `dead_lettered`).
+    pub tagged: u64,
     /// Accepted but not handled when the drain timeout ran out (lost with a memory queue).
     pub unfinished: u64,
     /// Left in a persisted queue, to be delivered after the next start.
@@ -73,14 +76,43 @@ pub struct PipelineSummary {
     pub forwarded_received: Option<(u64, u64)>,
     pub seconds_millis: u64,
     pub input_errors: usize,
+    /// Already logged (by the reload that stopped the pipeline).
+    pub reported: bool,
+}
+
+impl PipelineSummary {
+    /// The summary as one log event with a field per figure (for `log.format: json`, and for a
+    /// pipeline a reload stops).
+    pub fn log(&self, message: &str) {
+        let (consumed, emitted) = self.consumed_emitted.unwrap_or_default();
+        let (forwarded, received) = self.forwarded_received.unwrap_or_default();
+        tracing::info!(
+            pipeline = %self.name,
+            events_in = self.events_in,
+            events_out = self.events_out,
+            dropped = self.dropped,
+            failed = self.failed,
+            tagged = self.tagged,
+            unfinished = self.unfinished,
+            queued = self.queued.unwrap_or(0),
+            dead_lettered = self.dead_lettered.unwrap_or(0),
+            consumed,
+            emitted,
+            forwarded,
+            received,
+            seconds = self.seconds_millis as f64 / 1000.0,
+            input_errors = self.input_errors,
+            "{message}"
+        );
+    }
 }
 
 impl fmt::Display for PipelineSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "pipeline {}: in={} out={} dropped={} failed={} unfinished={}",
-            self.name, self.events_in, self.events_out, self.dropped, self.failed, self.unfinished
+            "pipeline {}: in={} out={} dropped={} failed={} tagged={} unfinished={}",
+            self.name, self.events_in, self.events_out, self.dropped, self.failed, self.tagged, self.unfinished
         )?;
         if let Some(q) = self.queued {
             write!(f, " queued={q}")?;
@@ -319,9 +351,8 @@ impl RunningPipeline {
         if let Some(d) = self.dead_letter_queue.take() {
             d.close(&name);
         }
-        let summary = self.summary();
-        tracing::info!(pipeline = %name, "{summary}");
-        summary
+        // Printed once, by whoever stopped it: the process at shutdown, the engine at a reload.
+        self.summary()
     }
 
     pub fn summary(&self) -> PipelineSummary {
@@ -343,6 +374,14 @@ impl RunningPipeline {
             events_out: m.events_out.get(),
             dropped: m.dropped.get(),
             failed: m.failed.get(),
+            tagged: m
+                .components
+                .read()
+                .iter()
+                .filter(|c| c.kind == ComponentKind::Processor)
+                .map(|c| c.failed.get())
+                .sum::<u64>()
+                .saturating_sub(m.diverted_to_dead_letter_queue.get()),
             unfinished: events_in.saturating_sub(handled + queued.unwrap_or(0)),
             queued,
             dead_lettered: self.has_dead_letter_queue.then(|| m.dead_lettered.get()),
@@ -355,6 +394,7 @@ impl RunningPipeline {
             forwarded_received: self.stages.router.is_some().then(|| (m.forwarded.get(), m.received.get())),
             seconds_millis: m.started.elapsed().as_millis() as u64,
             input_errors: self.input_errors.load(Ordering::SeqCst),
+            reported: false,
         }
     }
 }

@@ -369,6 +369,7 @@ async fn serve(path: Option<&Path>, config: RootConfig) -> anyhow::Result<ExitCo
     tracing::info!(version = %env!("CARGO_PKG_VERSION"), config = %source, data_dir = %config.data_dir.display(),
         "sluice starting");
     let api = config.api.clone();
+    let log_format = config.log.format;
     let engine = match Engine::start(config).await {
         Ok(e) => Arc::new(e),
         Err(errors) => {
@@ -408,9 +409,25 @@ async fn serve(path: Option<&Path>, config: RootConfig) -> anyhow::Result<ExitCo
     };
     api_stop.cancel();
     let mut failed = false;
+    let mut rejected = 0;
     for s in &summaries {
-        eprintln!("{s}");
+        // Once each: a pipeline a reload stopped was reported then. With JSON logs the summary
+        // is a log event with a field per figure, so the stream stays JSON.
+        if !s.reported {
+            match log_format {
+                LogFormat::Json => s.log("pipeline stopped"),
+                LogFormat::Text => eprintln!("{s}"),
+            }
+        }
         failed |= s.input_errors > 0 || s.unfinished > 0;
+        rejected += s.failed;
+    }
+    // Over a finite input (stdin, a generator with a count, files read once), events an output
+    // rejected for good with no dead letter queue to keep them are a failed run: say so in the
+    // exit code, not only in a counter.
+    if drain_persisted && rejected > 0 {
+        tracing::error!(events = rejected, "events were rejected for good by outputs and kept in no dead letter queue");
+        failed = true;
     }
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
