@@ -96,6 +96,18 @@ fn bench(c: &mut Criterion) {
     run(c, "date_iso8601", "type: date\nsource: /message\nformats: [ISO8601]", "2026-11-21T07:00:00.123+02:00");
     run(
         c,
+        "date_iso8601_zone_paris",
+        "type: date\nsource: /message\nformats: [ISO8601]\ntimezone: Europe/Paris",
+        "2026-11-21T07:00:00.123",
+    );
+    run(
+        c,
+        "date_joda_apache_zone_paris",
+        "type: date\nsource: /message\nformats: ['[EEE MMM dd HH:mm:ss yyyy]']\ntimezone: Europe/Paris",
+        &APACHE_LINE[..26],
+    );
+    run(
+        c,
         "mutate_mixed",
         "type: mutate\nrename: {/message: /msg}\nadd: {/svc: checkout}\nuppercase: [/msg]\nadd_tag: [seen]",
         APACHE_LINE,

