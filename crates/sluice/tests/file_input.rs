@@ -490,3 +490,16 @@ pipelines:
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
 }
+
+/// An `include` that matches nothing (here: a directory that is not there yet) is said once,
+/// and the input picks the file up when it appears.
+#[test]
+fn an_include_that_matches_nothing_is_warned_about_once() {
+    let mut s = Sluice::start(&config("{type: file, include: ['{dir}/not-yet/*.log'], scan_interval: 50ms}"));
+    s.wait_log("no file matches `include`", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(s.log().matches("no file matches `include`").count(), 1, "{}", s.log());
+    std::fs::create_dir_all(s.path("not-yet")).unwrap();
+    append(&s.path("not-yet/a.log"), "first\n");
+    wait_events(&mut s, 1);
+}

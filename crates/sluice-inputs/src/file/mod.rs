@@ -321,6 +321,8 @@ struct Harvester {
     /// Paths already warned about (unreadable), so a scan does not repeat the warning.
     warned: HashSet<PathBuf>,
     warned_cap: bool,
+    /// Whether the last scan found no file (warned once until files appear again).
+    warned_empty: bool,
     buf: Vec<u8>,
     batch: BatchBuilder,
     /// Threads that make the events of plain lines; none with `multiline` (joining lines
@@ -363,6 +365,7 @@ impl Harvester {
             missing_since: HashMap::new(),
             warned: HashSet::new(),
             warned_cap: false,
+            warned_empty: false,
             buf,
             batch,
             builders,
@@ -378,7 +381,7 @@ impl Harvester {
                 Notifications::disabled()
             }
         };
-        tracing::info!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, include = ?self.s.include,
+        tracing::info!(pipeline = %self.ctx.pipeline, input = %self.ctx.id, include = %self.s.include.join(", "),
             "file input watching");
         let mut changes = Vec::new();
         let mut last_scan = Instant::now() - self.s.scan_interval;
@@ -479,6 +482,13 @@ impl Harvester {
                     "file input cannot read this path; trying again at every scan");
             }
         });
+        // A pattern that matches nothing (a typo, a directory not there yet) is said once, not
+        // left to look like an input with nothing to read.
+        if found.is_empty() && !self.warned_empty {
+            tracing::warn!(pipeline = %pipeline, input = %input, include = %self.s.include.join(", "),
+                "file input: no file matches `include` (is a directory missing?); looking again at every scan");
+        }
+        self.warned_empty = found.is_empty();
         let mut seen = HashSet::with_capacity(found.len());
         let wall = SystemTime::now();
         for f in found {
