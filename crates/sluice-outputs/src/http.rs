@@ -187,7 +187,8 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
 /// What one attempt came to.
 enum Attempt {
     Delivered,
-    Retriable(String),
+    /// With the server's `Retry-After`, if it gave one.
+    Retriable(String, Option<Duration>),
     Refused(String),
 }
 
@@ -227,7 +228,7 @@ impl HttpOutput {
         let response = match self.client.request(self.method.clone(), self.url.clone()).body(body).send().await {
             Ok(r) => r,
             Err(e) if e.is_builder() => return Attempt::Refused(format!("cannot build the request: {e}")),
-            Err(e) => return Attempt::Retriable(describe(&e)),
+            Err(e) => return Attempt::Retriable(describe(&e), None),
         };
         let status = response.status();
         if status.is_success() {
@@ -235,8 +236,14 @@ impl HttpOutput {
             let _ = response.bytes().await;
             return Attempt::Delivered;
         }
+        let retry_after = match status.as_u16() {
+            429 | 503 => {
+                response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| retry_after(v.to_str().ok()?))
+            }
+            _ => None,
+        };
         let reason = format!("HTTP {}: {}", status.as_u16(), excerpt(response).await);
-        if events_at_fault(status) { Attempt::Refused(reason) } else { Attempt::Retriable(reason) }
+        if events_at_fault(status) { Attempt::Refused(reason) } else { Attempt::Retriable(reason, retry_after) }
     }
 
     /// Sends one request's events until delivered, refused, or out of retries. A refused
@@ -295,11 +302,18 @@ impl HttpOutput {
                     return Ok(Settled::Delivered);
                 }
                 Attempt::Refused(reason) => return Ok(Settled::Refused { reason, attempts: backoff.failures() + 1 }),
-                Attempt::Retriable(reason) => {
-                    if !backoff.exhausted_after_this() {
+                Attempt::Retriable(reason, hint) => {
+                    let last = backoff.exhausted_after_this();
+                    if !last {
                         self.ctx.metrics.retries.add(1);
                     }
-                    if let Some(held_back) = self.stall.failed() {
+                    if let Some(pause) = hint {
+                        backoff.retry_after(pause);
+                    }
+                    // The last attempt is not said to be retried: the give-up line follows.
+                    if let Some(held_back) = self.stall.failed()
+                        && !last
+                    {
                         tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
                             attempt = backoff.failures() + 1, error = %reason, also_failed_since_last_log = held_back,
                             "http request failed; retrying (the pipeline waits)");
@@ -314,6 +328,16 @@ impl HttpOutput {
             }
         }
     }
+}
+
+/// A `Retry-After` value: delay-seconds, or an HTTP date (the time until then).
+fn retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
 }
 
 /// How one body's sending ended.
@@ -373,6 +397,16 @@ impl Output for HttpOutput {
 mod tests {
     use super::*;
     use crate::test_support::{context, spec};
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        assert_eq!(retry_after(" 7 "), Some(Duration::from_secs(7)));
+        let later = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(30));
+        let d = retry_after(&later).unwrap();
+        assert!(d > Duration::from_secs(25) && d <= Duration::from_secs(30), "{d:?}");
+        assert_eq!(retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "a date past is now");
+        assert_eq!(retry_after("soon"), None);
+    }
 
     fn method(yaml: &str) -> Result<HttpMethod, ConfigError> {
         spec(yaml).settings::<HttpConfig>().map(|c| c.method)

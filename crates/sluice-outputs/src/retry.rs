@@ -1,5 +1,10 @@
 //! Exponential backoff for outputs that retry, and the rate limit on what they log about it.
 //!
+//! Pauses come from `backon`'s exponential backoff: from `initial_backoff`, doubling up to
+//! `max_backoff`, each with a random part added (up to the pause again), so that many outputs
+//! failing together do not retry in step. A server's `Retry-After` (429, 503) replaces the next
+//! pause, up to [`MAX_RETRY_AFTER`].
+//!
 //! A failure that is not the events' fault (a full disk, a peer down) is retried until it
 //! clears, which holds the pipeline back. [`StallLog`] keeps that from flooding the log: one warn
 //! line per [`STALL_LOG_INTERVAL`] per output (with the count of attempts held back since the
@@ -35,17 +40,36 @@ impl Default for RetryConfig {
     }
 }
 
+/// The longest `Retry-After` honoured: a longer one is taken as this.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
 /// Counts attempts and sleeps between them.
 #[derive(Debug)]
 pub struct Backoff {
     config: RetryConfig,
     attempt: u32,
-    next: Duration,
+    pauses: backon::ExponentialBackoff,
+    /// The server's `Retry-After` for the next pause.
+    hint: Option<Duration>,
 }
 
 impl Backoff {
     pub fn new(config: RetryConfig) -> Backoff {
-        Backoff { config, attempt: 0, next: config.initial_backoff.0 }
+        use backon::BackoffBuilder;
+        let initial = config.initial_backoff.0;
+        let pauses = backon::ExponentialBuilder::default()
+            .with_min_delay(initial)
+            .with_max_delay(config.max_backoff.0.max(initial))
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build();
+        Backoff { config, attempt: 0, pauses, hint: None }
+    }
+
+    /// The server said when to come back (`Retry-After`): the next pause is that long.
+    pub fn retry_after(&mut self, pause: Duration) {
+        self.hint = Some(pause.min(MAX_RETRY_AFTER));
     }
 
     /// Attempts made so far that failed.
@@ -66,8 +90,8 @@ impl Backoff {
         if self.config.max_retries.is_some_and(|max| self.attempt > max) {
             return Ok(false);
         }
-        let pause = self.next;
-        self.next = (self.next * 2).min(self.config.max_backoff.0.max(self.config.initial_backoff.0));
+        let exponential = self.pauses.next().unwrap_or(self.config.max_backoff.0);
+        let pause = self.hint.take().unwrap_or(exponential);
         tokio::select! {
             _ = tokio::time::sleep(pause) => Ok(true),
             _ = abort.cancelled() => Err(Aborted),
@@ -140,8 +164,10 @@ mod tests {
         assert_eq!(log.failed(), Some(0));
     }
 
+    /// Pauses double up to the cap, each with up to as much again at random, and the attempts
+    /// stop at the limit.
     #[tokio::test(start_paused = true)]
-    async fn doubles_up_to_the_cap_and_stops_at_the_limit() {
+    async fn doubles_up_to_the_cap_with_jitter_and_stops_at_the_limit() {
         let config = RetryConfig {
             max_retries: Some(3),
             initial_backoff: HumanDuration(Duration::from_millis(100)),
@@ -149,14 +175,43 @@ mod tests {
         };
         let mut b = Backoff::new(config);
         let token = CancellationToken::new();
-        let start = tokio::time::Instant::now();
-        for _ in 0..3 {
+        for (low, high) in [(100, 200), (200, 400), (250, 500)] {
             assert!(!b.exhausted_after_this());
+            let start = tokio::time::Instant::now();
             assert!(b.retry(&token).await.unwrap());
+            let paused = start.elapsed();
+            assert!(
+                paused >= Duration::from_millis(low) && paused <= Duration::from_millis(high),
+                "{paused:?} outside {low}..={high} ms"
+            );
         }
-        assert_eq!(start.elapsed(), Duration::from_millis(100 + 200 + 250));
         assert!(b.exhausted_after_this());
         assert!(!b.retry(&token).await.unwrap());
+    }
+
+    /// Jitter: two outputs failing together do not pause alike.
+    #[test]
+    fn pauses_differ_between_outputs() {
+        // (backon's "std" feature seeds each one at random; without it every output has one seed.)
+        let config = RetryConfig::default();
+        let firsts: std::collections::BTreeSet<Duration> =
+            (0..20).map(|_| Backoff::new(config).pauses.next().unwrap()).collect();
+        assert!(firsts.len() > 1, "every output paused {firsts:?}");
+    }
+
+    /// A server's `Retry-After` replaces the next pause, up to the limit.
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_replaces_the_next_pause() {
+        let mut b = Backoff::new(RetryConfig::default());
+        let token = CancellationToken::new();
+        b.retry_after(Duration::from_secs(7));
+        let start = tokio::time::Instant::now();
+        assert!(b.retry(&token).await.unwrap());
+        assert_eq!(start.elapsed(), Duration::from_secs(7));
+        b.retry_after(Duration::from_secs(86_400));
+        let start = tokio::time::Instant::now();
+        assert!(b.retry(&token).await.unwrap());
+        assert_eq!(start.elapsed(), MAX_RETRY_AFTER);
     }
 
     #[tokio::test]

@@ -109,6 +109,40 @@ fn http_server(status: u16, delay: Duration) -> (String, Arc<AtomicUsize>) {
     (addr, count)
 }
 
+/// A 503 with `Retry-After: 1` makes the next attempt wait a second, not the 10 ms backoff;
+/// the attempt after a give-up is not announced as a retry.
+#[test]
+fn retry_after_is_honoured() {
+    let times = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = times.clone();
+    let addr = serve_http(move |_| {
+        let mut t = seen.lock().unwrap();
+        t.push(std::time::Instant::now());
+        if t.len() == 1 {
+            "HTTP/1.1 503 Busy\r\nRetry-After: 1\r\nContent-Length: 4\r\n\r\nbusy".to_string()
+        } else {
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_string()
+        }
+    });
+    let mut s = Sluice::start(&format!(
+        "api: {{enabled: false}}
+pipelines:
+  f:
+    workers: 1
+    inputs: [{{type: generator, count: 1}}]
+    outputs:
+      - type: http
+        url: http://{addr}/bulk
+        retry: {{initial_backoff: 10ms, max_backoff: 20ms}}
+"
+    ));
+    let (status, log) = s.wait(Duration::from_secs(60));
+    assert!(status.success(), "{log}");
+    let t = times.lock().unwrap();
+    assert_eq!(t.len(), 2, "{log}");
+    assert!(t[1] - t[0] >= Duration::from_millis(950), "retried after {:?}, not after Retry-After: 1", t[1] - t[0]);
+}
+
 #[test]
 fn an_output_that_always_fails_gives_up_after_its_retries() {
     let (addr, requests) = http_server(503, Duration::ZERO);
@@ -132,6 +166,11 @@ pipelines:
     assert_eq!((sum["in"], sum["failed"]), (10, 10), "{log}");
     assert_eq!(requests.load(Ordering::SeqCst), 3, "one try and two retries");
     assert!(log.contains("503"), "the error names the status: {log}");
+    assert_eq!(
+        log.matches("retrying (the pipeline waits)").count(),
+        1,
+        "only the first failure is logged as retried (rate limit), never the last: {log}"
+    );
 }
 
 #[test]
