@@ -72,7 +72,9 @@ fn aggregate_count(c: &mut Criterion) {
         )
     });
     group.finish();
-    assert_eq!(stateful.stats().groups_open, KEYS);
+    // Checked only when the case ran (a filtered run, `-- date`, skips it).
+    let open = stateful.stats().groups_open;
+    assert!(open == 0 || open == KEYS, "{open} groups open after the benchmark, expected {KEYS}");
 }
 
 fn bench(c: &mut Criterion) {
