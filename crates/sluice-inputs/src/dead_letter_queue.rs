@@ -182,6 +182,20 @@ impl Input for DeadLetterQueueInput {
             Source::Path(p) => p.clone(),
             Source::Pipeline(name) => default_dead_letter_queue_dir(&ctx.data_dir, name),
         };
+        // A `path` that is not there is most likely mistyped: replaying it would create an
+        // empty directory and end with nothing said. Following it waits for a writer instead.
+        if let Source::Path(p) = &self.source
+            && !p.exists()
+        {
+            if !self.follow {
+                return Err(InputError(format!(
+                    "no dead letter queue at {}: the directory does not exist (is `path` right? `pipeline: NAME` reads a pipeline's own)",
+                    p.display()
+                )));
+            }
+            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, path = %p.display(),
+                "the dead letter queue directory does not exist yet; waiting for a writer to create it");
+        }
         // The writer may open it later (another pipeline starting, or a later run).
         std::fs::create_dir_all(&dir).map_err(|e| InputError::io(format!("creating {}", dir.display()), e))?;
         let canonical = dir.canonicalize().map_err(|e| InputError::io(dir.display(), e))?;

@@ -586,3 +586,25 @@ pipelines:
         lines_of(&r.path("since.ndjson")).iter().map(|d| d["message"].as_str().unwrap().to_string()).collect();
     assert_eq!(got, ["second, not json", "third, not json"], "entries from that time on");
 }
+
+/// A replay from a `path` that does not exist (mistyped) says so and fails, instead of creating
+/// an empty directory and ending with nothing said.
+#[test]
+fn a_replay_from_a_path_that_does_not_exist_fails_naming_it() {
+    let mut s = Sluice::start(
+        "data_dir: '{dir}/data'
+api: {enabled: false}
+pipelines:
+  fix:
+    inputs: [{type: dead_letter_queue, path: '{dir}/data/dlq/wbe', follow: false}]
+    outputs: [{type: blackhole}]
+",
+    );
+    let (status, log) = s.wait(Duration::from_secs(30));
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("no dead letter queue at") && log.contains("dlq/wbe") && log.contains("does not exist"),
+        "{log}"
+    );
+    assert!(!s.path("data/dlq/wbe").exists(), "an empty directory was created for the typo");
+}
