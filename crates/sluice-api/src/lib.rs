@@ -23,7 +23,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use parking_lot::Mutex;
 use serde_json::{Value as Json, json};
-use sluice_core::metrics::{DeadLetterStats, Histogram, LATENCY_BUCKETS, MetricsRegistry, PipelineMetrics};
+use sluice_core::exposition::{counter, counter_f64, esc, gauge, histogram, unlabelled};
+use sluice_core::metrics::{DeadLetterStats, LATENCY_BUCKETS, MetricsRegistry, PipelineMetrics};
 use tokio_util::sync::CancellationToken;
 
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -121,54 +122,6 @@ pub async fn serve(address: &str, state: Arc<ApiState>, shutdown: CancellationTo
         }
     });
     Ok(local)
-}
-
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-fn counter(out: &mut String, name: &str, help: &str, rows: &[(String, u64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-    for (labels, v) in rows {
-        sample(out, name, labels, v);
-    }
-}
-
-/// One sample line; a series without labels has no braces.
-fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::Display) {
-    if labels.is_empty() {
-        let _ = writeln!(out, "{name} {value}");
-    } else {
-        let _ = writeln!(out, "{name}{{{labels}}} {value}");
-    }
-}
-
-fn gauge(out: &mut String, name: &str, help: &str, rows: &[(String, f64)]) {
-    typed(out, name, "gauge", help, rows);
-}
-
-/// A counter of seconds (or any other non-integer total).
-fn counter_f64(out: &mut String, name: &str, help: &str, rows: &[(String, f64)]) {
-    typed(out, name, "counter", help, rows);
-}
-
-fn typed(out: &mut String, name: &str, kind: &str, help: &str, rows: &[(String, f64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (labels, v) in rows {
-        sample(out, name, labels, v);
-    }
-}
-
-fn histogram(out: &mut String, name: &str, help: &str, rows: &[(String, &Histogram)]) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-    for (labels, h) in rows {
-        let (buckets, sum, count) = h.snapshot();
-        for (i, c) in buckets.iter().enumerate() {
-            let le = LATENCY_BUCKETS.get(i).map(|b| b.to_string()).unwrap_or_else(|| "+Inf".to_string());
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {c}");
-        }
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {count}");
-    }
 }
 
 fn utilisation(p: &PipelineMetrics) -> f64 {
@@ -506,11 +459,6 @@ fn memory_metrics(out: &mut String, m: &sluice_core::MemoryBudget) {
     for (name, help, v) in counters {
         unlabelled(out, name, "counter", help, v);
     }
-}
-
-/// One series without labels (no empty braces).
-fn unlabelled(out: &mut String, name: &str, kind: &str, help: &str, value: f64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
 }
 
 fn registry_metrics(out: &mut String, r: &sluice_core::metrics::RegistryMetrics) {

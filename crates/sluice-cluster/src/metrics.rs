@@ -1,10 +1,10 @@
 //! The cluster's figures: per peer and for the node, rendered at `/metrics` and `/stats`.
 
-use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-use sluice_core::metrics::{Counter, Histogram, LATENCY_BUCKETS, MetricsSection};
+use sluice_core::exposition::{counter, esc, gauge, histogram, unlabelled};
+use sluice_core::metrics::{Counter, Histogram, MetricsSection};
 
 /// A peer link's state, as shown in metrics (`sluice_cluster_peer_up` and `/stats`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,14 +101,10 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug {
     fn peers(&self) -> Vec<(String, Arc<PeerMetrics>)>;
 }
 
-type PickPeer = fn(&PeerMetrics) -> f64;
+type PickPeer = fn(&PeerMetrics) -> u64;
 
 #[derive(Debug)]
 pub struct ClusterSection(pub Arc<dyn ClusterView>);
-
-fn line(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
 
 impl MetricsSection for ClusterSection {
     fn key(&self) -> String {
@@ -148,78 +144,77 @@ impl MetricsSection for ClusterSection {
             ),
         ];
         for (name, help, c) in node {
-            line(out, name, "counter", help);
-            let _ = writeln!(out, "{name} {}", c.get());
+            unlabelled(out, name, "counter", help, c.get() as f64);
         }
-        line(
+        let waited = n.worker_wait_nanos.get() as f64 / 1e9;
+        let longest = n.worker_wait_max_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        unlabelled(
             out,
             "sluice_cluster_worker_wait_seconds_total",
             "counter",
             "Time workers waited for room in a peer's window.",
+            waited,
         );
-        let _ = writeln!(out, "sluice_cluster_worker_wait_seconds_total {}", n.worker_wait_nanos.get() as f64 / 1e9);
-        line(out, "sluice_cluster_worker_wait_max_seconds", "gauge", "The longest single wait of a worker on a peer.");
-        let _ = writeln!(
+        unlabelled(
             out,
-            "sluice_cluster_worker_wait_max_seconds {}",
-            n.worker_wait_max_nanos.load(Ordering::Relaxed) as f64 / 1e9
+            "sluice_cluster_worker_wait_max_seconds",
+            "gauge",
+            "The longest single wait of a worker on a peer.",
+            longest,
         );
-        line(out, "sluice_cluster_ring_members", "gauge", "Nodes on this node's ring, itself included.");
-        let _ = writeln!(out, "sluice_cluster_ring_members {}", v.members().len());
+        unlabelled(
+            out,
+            "sluice_cluster_ring_members",
+            "gauge",
+            "Nodes on this node's ring, itself included.",
+            v.members().len() as f64,
+        );
 
-        let peers = v.peers();
-        let per_peer: [(&str, &str, PickPeer); 6] = [
+        let peers: Vec<(String, Arc<PeerMetrics>)> =
+            v.peers().into_iter().map(|(name, m)| (format!("peer=\"{}\"", esc(&name)), m)).collect();
+        let per_peer: [(&str, &str, PickPeer); 5] = [
             ("sluice_cluster_peer_events_forwarded_total", "Events sent to the peer and acknowledged.", |p| {
-                p.events_forwarded.get() as f64
+                p.events_forwarded.get()
             }),
             ("sluice_cluster_peer_batches_forwarded_total", "Batches sent to the peer and acknowledged.", |p| {
-                p.batches_forwarded.get() as f64
+                p.batches_forwarded.get()
             }),
             ("sluice_cluster_peer_batches_retried_total", "Batches sent to the peer again.", |p| {
-                p.batches_retried.get() as f64
+                p.batches_retried.get()
             }),
             ("sluice_cluster_peer_failures_total", "Connections to the peer that failed or timed out.", |p| {
-                p.failures.get() as f64
+                p.failures.get()
             }),
             (
                 "sluice_cluster_peer_events_rerouted_total",
                 "Events meant for the peer processed elsewhere (down with on_peer_failure: local, or left the ring).",
-                |p| p.events_rerouted.get() as f64,
+                |p| p.events_rerouted.get(),
             ),
-            ("sluice_cluster_peer_bytes_in_flight", "Encoded bytes for the peer not yet acknowledged.", |p| {
-                p.bytes_in_flight.load(Ordering::Relaxed) as f64
-            }),
         ];
         for (name, help, pick) in per_peer {
-            line(out, name, if name.ends_with("_total") { "counter" } else { "gauge" }, help);
-            for (peer, m) in &peers {
-                let _ = writeln!(out, "{name}{{peer=\"{peer}\"}} {}", pick(m));
-            }
+            counter(out, name, help, &peers.iter().map(|(l, m)| (l.clone(), pick(m))).collect::<Vec<_>>());
         }
-        line(out, "sluice_cluster_peer_up", "gauge", "1 when the link to the peer is up; see /stats for its state.");
-        for (peer, m) in &peers {
-            let _ = writeln!(
-                out,
-                "sluice_cluster_peer_up{{peer=\"{peer}\",state=\"{}\"}} {}",
-                m.state().name(),
-                (m.state() == PeerState::Up) as u8
-            );
-        }
-        line(
+        let in_flight: Vec<(String, f64)> =
+            peers.iter().map(|(l, m)| (l.clone(), m.bytes_in_flight.load(Ordering::Relaxed) as f64)).collect();
+        gauge(
+            out,
+            "sluice_cluster_peer_bytes_in_flight",
+            "Encoded bytes for the peer not yet acknowledged.",
+            &in_flight,
+        );
+        let up: Vec<(String, f64)> = peers
+            .iter()
+            .map(|(l, m)| (format!("{l},state=\"{}\"", m.state().name()), (m.state() == PeerState::Up) as u8 as f64))
+            .collect();
+        gauge(out, "sluice_cluster_peer_up", "1 when the link to the peer is up; see /stats for its state.", &up);
+        let latency: Vec<(String, &sluice_core::metrics::Histogram)> =
+            peers.iter().map(|(l, m)| (l.clone(), &m.latency)).collect();
+        histogram(
             out,
             "sluice_cluster_peer_latency_seconds",
-            "histogram",
             "From sending a batch to the peer's acknowledgement.",
+            &latency,
         );
-        for (peer, m) in &peers {
-            let (buckets, sum, count) = m.latency.snapshot();
-            for (i, c) in buckets.iter().enumerate() {
-                let le = LATENCY_BUCKETS.get(i).map(|b| b.to_string()).unwrap_or_else(|| "+Inf".to_string());
-                let _ = writeln!(out, "sluice_cluster_peer_latency_seconds_bucket{{peer=\"{peer}\",le=\"{le}\"}} {c}");
-            }
-            let _ = writeln!(out, "sluice_cluster_peer_latency_seconds_sum{{peer=\"{peer}\"}} {sum}");
-            let _ = writeln!(out, "sluice_cluster_peer_latency_seconds_count{{peer=\"{peer}\"}} {count}");
-        }
     }
 
     fn stats(&self) -> serde_json::Value {
@@ -262,5 +257,50 @@ impl MetricsSection for ClusterSection {
             "ring_changes": n.ring_changes.get(),
             "peers": peers,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default)]
+    struct View {
+        node: NodeMetrics,
+        peer: Arc<PeerMetrics>,
+    }
+
+    impl ClusterView for View {
+        fn node(&self) -> &str {
+            "a:1"
+        }
+        fn node_metrics(&self) -> &NodeMetrics {
+            &self.node
+        }
+        fn members(&self) -> Vec<String> {
+            vec!["a:1".into(), "b:1".into()]
+        }
+        fn peers(&self) -> Vec<(String, Arc<PeerMetrics>)> {
+            vec![("b:1".into(), self.peer.clone())]
+        }
+    }
+
+    #[test]
+    fn the_exposition_types_fit_the_names_and_peers_are_labelled() {
+        let view = Arc::new(View::default());
+        view.node.events_forwarded.add(5);
+        view.peer.set_state(PeerState::Up);
+        view.peer.latency.observe(std::time::Duration::from_millis(2));
+        let mut out = String::new();
+        ClusterSection(view).render_prometheus(&mut out);
+        assert!(out.contains("\nsluice_cluster_events_forwarded_total 5\n"), "{out}");
+        assert!(out.contains("sluice_cluster_peer_up{peer=\"b:1\",state=\"up\"} 1\n"), "{out}");
+        assert!(out.contains("sluice_cluster_peer_latency_seconds_count{peer=\"b:1\"} 1\n"), "{out}");
+        for line in out.lines() {
+            assert!(!line.contains("{}"), "{line}");
+            if let Some((name, kind)) = line.strip_prefix("# TYPE ").and_then(|r| r.split_once(' ')) {
+                assert_eq!(kind == "counter", name.ends_with("_total"), "{line}");
+            }
+        }
     }
 }

@@ -29,6 +29,7 @@ pub mod ack;
 pub mod batch;
 pub mod bus;
 pub mod event;
+pub mod exposition;
 pub mod key;
 pub mod memory;
 pub mod metrics;
