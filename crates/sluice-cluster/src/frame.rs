@@ -5,7 +5,7 @@
 //! HELLO   = version (u16 LE) | cluster name (str) | node name (str) | link epoch (u64 LE)   client → server, first frame
 //! WELCOME = node name (str)                                                  server → client
 //! REFUSE  = reason (str)                                                     either side, then the connection closes
-//! BATCH   = seq (u64 LE) | low (u64 LE) | pipeline (str) | events (u32 LE) | body   client → server
+//! BATCH   = seq (u64 LE) | low (u64 LE) | ring (u64 LE) | pipeline (str) | events (u32 LE) | body   client → server
 //! ACK     = seq (u64 LE) | status (1: 0 taken, 1 not taken: retry, 2 not taken: the node is stopping) | reason (str)   server → client
 //! str     = length (varint) | UTF-8 bytes
 //! ```
@@ -13,6 +13,9 @@
 //! `low` is the lowest seq the sender still waits an answer for. The receiver remembers, per
 //! sender and epoch, the batches it has taken above `low`: a batch sent again (after a lost
 //! connection or a timeout) is answered, not taken twice.
+//!
+//! `ring` is the fingerprint of the ring the sender routed the batch with: a receiver whose ring
+//! has the same one owns every event of it and need not look again.
 //!
 //! A batch body is one or more `sluice_segment` batch encodings back to back (the persisted
 //! queue's event codec), LZ4-compressed when the `COMPRESSED` flag is set. A frame whose
@@ -186,12 +189,21 @@ impl<'a> Payload<'a> {
 
 /// A whole batch frame, header included, built in one buffer: `seq`, `low`, pipeline, event
 /// count, then the bodies back to back (LZ4-compressed together if `compress`).
-pub fn batch_frame(seq: u64, low: u64, pipeline: &str, events: u32, bodies: &[&[u8]], compress: bool) -> Vec<u8> {
+pub fn batch_frame(
+    seq: u64,
+    low: u64,
+    ring: u64,
+    pipeline: &str,
+    events: u32,
+    bodies: &[&[u8]],
+    compress: bool,
+) -> Vec<u8> {
     let size: usize = bodies.iter().map(|b| b.len()).sum();
     let mut out = Vec::with_capacity(HEADER_LEN + 32 + pipeline.len() + if compress { size / 2 } else { size });
     out.extend_from_slice(&[0; HEADER_LEN]);
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&low.to_le_bytes());
+    out.extend_from_slice(&ring.to_le_bytes());
     put_str(&mut out, pipeline);
     out.extend_from_slice(&events.to_le_bytes());
     let flags = if compress {
@@ -229,6 +241,8 @@ pub struct BatchFrame {
 pub struct BatchHeader {
     pub seq: u64,
     pub low: u64,
+    /// The fingerprint of the sender's ring.
+    pub ring: u64,
     pub pipeline: String,
     pub count: usize,
     body_at: usize,
@@ -239,10 +253,11 @@ pub fn batch_header(frame: &Frame) -> Result<BatchHeader, FrameError> {
     let mut p = Payload::new(frame);
     let seq = p.u64()?;
     let low = p.u64()?;
+    let ring = p.u64()?;
     let pipeline = p.str()?.to_string();
     let count = p.u32()? as usize;
     let body_at = frame.payload.len() - p.rest().len();
-    Ok(BatchHeader { seq, low, pipeline, count, body_at })
+    Ok(BatchHeader { seq, low, ring, pipeline, count, body_at })
 }
 
 /// Decodes a batch frame's events; they must number what the header says.
@@ -303,7 +318,7 @@ mod tests {
         codec::encode_batch(&events[20..], &mut body).unwrap();
         let (first, second) = body.split_at(body.len() / 3);
         for compress in [false, true] {
-            let wire = batch_frame(7, 3, "web", 50, &[first, second], compress);
+            let wire = batch_frame(7, 3, 9, "web", 50, &[first, second], compress);
             let frame = read_frame(&mut &wire[..]).await.unwrap().unwrap();
             let b = decode_batch(&frame).unwrap();
             assert_eq!((b.seq, b.low, b.pipeline.as_str()), (7, 3, "web"));
@@ -321,7 +336,7 @@ mod tests {
         assert!(matches!(read_frame(&mut &b"GET / HTTP/1.1\r\n\r\n"[..]).await, Err(FrameError::BadMagic(_))));
         assert!(read_frame(&mut &wire[..wire.len() - 1]).await.is_err(), "a torn frame is an error");
         assert!(read_frame(&mut &[][..]).await.unwrap().is_none(), "a clean end is not");
-        let w = batch_frame(1, 0, "web", 3, &[&[0]], false);
+        let w = batch_frame(1, 0, 9, "web", 3, &[&[0]], false);
         let f = read_frame(&mut &w[..]).await.unwrap().unwrap();
         assert!(decode_batch(&f).is_err(), "a count that does not match is refused");
     }

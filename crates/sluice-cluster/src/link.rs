@@ -38,6 +38,9 @@ pub struct Piece {
     pub acks: AckSet,
     pub memory: MemoryCharge,
     pub enqueued: Instant,
+    /// The fingerprint of the ring the piece was routed with (pieces of different rings are
+    /// not put in one frame).
+    pub ring: u64,
 }
 
 /// Events a link gives back, with the acknowledgements they hold.
@@ -574,12 +577,12 @@ impl PeerLink {
         let f = &self.settings.forwarding;
         let mut st = self.state.lock();
         let first = st.pending.front()?;
-        let pipeline = first.pipeline.clone();
+        let (pipeline, ring) = (first.pipeline.clone(), first.ring);
         let limit = f.batch_bytes.as_usize();
         let mut size = 0;
         let mut count = 0;
         for p in st.pending.iter() {
-            if p.pipeline != pipeline || (count > 0 && size + p.body.len() > limit) {
+            if p.pipeline != pipeline || p.ring != ring || (count > 0 && size + p.body.len() > limit) {
                 break;
             }
             size += p.body.len();
@@ -597,7 +600,7 @@ impl PeerLink {
         let events: u64 = pieces.iter().map(|p| p.events as u64).sum();
         let compress = f.compression == Compression::Lz4;
         let bodies: Vec<&[u8]> = pieces.iter().map(|p| &p.body[..]).collect();
-        let wire = Arc::new(frame::batch_frame(seq, low, &pipeline, events as u32, &bodies, compress));
+        let wire = Arc::new(frame::batch_frame(seq, low, ring, &pipeline, events as u32, &bodies, compress));
         for p in &mut pieces {
             // The frame holds them now; one copy is enough (the memory charge stays).
             p.body = Vec::new();

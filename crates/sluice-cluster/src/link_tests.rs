@@ -112,6 +112,7 @@ fn piece(n: usize) -> (Piece, tokio::sync::oneshot::Receiver<AckOutcome>) {
         acks: AckSet::single(acker, n),
         memory: MemoryCharge::none(),
         enqueued: Instant::now(),
+        ring: 0,
     };
     (piece, done)
 }

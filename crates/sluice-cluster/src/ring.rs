@@ -42,6 +42,8 @@ pub struct Ring {
     slots: Vec<u32>,
     /// `64 - index bits`: the slot of a hash is `hash >> shift`.
     shift: u32,
+    /// Names the ring (its members and points): two nodes with equal fingerprints route alike.
+    fingerprint: u64,
 }
 
 impl Ring {
@@ -79,7 +81,13 @@ impl Ring {
         // About one slot per point, a power of two, at least two.
         let bits = (total.max(2).next_power_of_two().trailing_zeros()).clamp(1, MAX_INDEX_BITS);
         let slots = index(&points[..total], bits);
-        Ring { members: names, virtual_nodes, points, owners, slots, shift: 64 - bits }
+        let mut named = virtual_nodes.to_le_bytes().to_vec();
+        for m in &names {
+            named.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            named.extend_from_slice(m.as_bytes());
+        }
+        let fingerprint = xxhash_rust::xxh3::xxh3_64(&named);
+        Ring { members: names, virtual_nodes, points, owners, slots, shift: 64 - bits, fingerprint }
     }
 
     /// A ring of one member, which owns every hash.
@@ -114,6 +122,11 @@ impl Ring {
     }
 
     /// The id of the member called `name`.
+    /// Equal on every node whose ring has the same members and virtual nodes.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
     pub fn index_of(&self, name: &str) -> Option<usize> {
         self.members.binary_search_by(|m| m.as_str().cmp(name)).ok()
     }
@@ -182,6 +195,16 @@ fn empty_ring() -> ! {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_fingerprint_names_the_membership_not_its_order() {
+        let a = Ring::new(&["b:1", "a:1", "a:1"], 64).fingerprint();
+        assert_eq!(a, Ring::new(&["a:1", "b:1"], 64).fingerprint());
+        assert_ne!(a, Ring::new(&["a:1", "b:1"], 128).fingerprint());
+        assert_ne!(a, Ring::new(&["a:1", "b:1", "c:1"], 64).fingerprint());
+        assert_ne!(Ring::new(&["ab:1"], 64).fingerprint(), Ring::new(&["a", "b:1"], 64).fingerprint());
+    }
+
     use super::*;
 
     /// The owner by the definition: the member of the first point >= hash, else the first.

@@ -126,6 +126,7 @@ impl Router {
                     acks: piece_acks,
                     memory: piece_memory,
                     enqueued: Instant::now(),
+                    ring: topo.ring.fingerprint(),
                 };
                 match link.submit(piece, abort).await {
                     Ok(waited) => {

@@ -266,7 +266,10 @@ async fn connection(
                 };
                 let n = events.len();
                 shared.metrics.events_received.add(n as u64);
-                shared.count_not_owned(&entry.keys, &events);
+                // A sender with the same ring routed them here: no need to look again.
+                if header.ring != shared.topology().ring.fingerprint() {
+                    shared.count_not_owned(&entry.keys, &events);
+                }
                 let stopping = shared.clone();
                 let window = taken.clone();
                 let acker = Acker::new(n, move |outcome| {

@@ -39,12 +39,19 @@ impl Recording {
 }
 
 async fn node() -> (Cluster, Arc<Recording>) {
+    node_with(&[], sluice_core::KeySpec::new(Vec::new())).await
+}
+
+/// A node whose ring also holds `others` (never reached here), its pipeline keyed by `keys`.
+async fn node_with(others: &[&str], keys: sluice_core::KeySpec) -> (Cluster, Arc<Recording>) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let yaml = format!("listen: 127.0.0.1:{port}\ndiscovery: {{static: [127.0.0.1:{port}]}}\n");
+    let members: Vec<String> =
+        std::iter::once(format!("127.0.0.1:{port}")).chain(others.iter().map(|o| o.to_string())).collect();
+    let yaml = format!("listen: 127.0.0.1:{port}\ndiscovery: {{static: [{}]}}\n", members.join(", "));
     let node = sluice_config::parse_yaml(&yaml, "test.yml").unwrap();
     let cluster = Cluster::start(ClusterConfig::from_node(&node).unwrap()).await.unwrap();
     let recording = Arc::new(Recording::default());
-    cluster.register_inbound("web", sluice_core::KeySpec::new(Vec::new()), recording.clone());
+    cluster.register_inbound("web", keys, recording.clone());
     (cluster, recording)
 }
 
@@ -66,9 +73,13 @@ async fn connect(cluster: &Cluster, epoch: u64) -> TcpStream {
 
 async fn send_batch(tcp: &mut TcpStream, seq: u64, low: u64) {
     let events = vec![Event::from_message_at("x", 0), Event::from_message_at("y", 1)];
+    tcp.write_all(&batch(seq, low, 0, &events)).await.unwrap();
+}
+
+fn batch(seq: u64, low: u64, ring: u64, events: &[Event]) -> Vec<u8> {
     let mut body = Vec::new();
-    sluice_segment::codec::encode_batch(&events, &mut body).unwrap();
-    tcp.write_all(&frame::batch_frame(seq, low, "web", 2, &[&body], false)).await.unwrap();
+    sluice_segment::codec::encode_batch(events, &mut body).unwrap();
+    frame::batch_frame(seq, low, ring, "web", events.len() as u32, &[&body], false)
 }
 
 async fn answer(tcp: &mut TcpStream) -> (u64, u8) {
@@ -143,5 +154,55 @@ async fn a_pipeline_that_does_not_run_here_is_answered_retry_and_a_stopping_node
     cluster.begin_stopping();
     send_batch(&mut tcp, 1, 0).await;
     assert_eq!(answer(&mut tcp).await, (1, frame::ACK_STOPPING));
+    cluster.shutdown();
+}
+
+/// A frame damaged on the way ends the connection with nothing of it taken; sent again, it is
+/// taken once.
+#[tokio::test]
+async fn a_damaged_frame_is_not_taken_and_its_resend_is() {
+    let (cluster, recording) = node().await;
+    let events = vec![Event::from_message_at("x", 0)];
+    let mut damaged = batch(0, 0, 0, &events);
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0x40;
+    let mut tcp = connect(&cluster, 3).await;
+    tcp.write_all(&damaged).await.unwrap();
+    let end =
+        tokio::time::timeout(Duration::from_secs(5), frame::read_frame(&mut tcp)).await.expect("the connection ends");
+    assert!(!matches!(end, Ok(Some(_))), "answered a damaged frame: {end:?}");
+    assert_eq!(recording.count(), 0);
+    let mut again = connect(&cluster, 3).await;
+    again.write_all(&batch(0, 0, 0, &events)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(recording.count(), 1);
+    recording.complete_all();
+    assert_eq!(answer(&mut again).await, (0, frame::ACK_TAKEN));
+    cluster.shutdown();
+}
+
+/// Events from a sender with the same ring are not looked at again; from another ring, those
+/// this node would not own are counted.
+#[tokio::test]
+async fn only_a_sender_with_another_ring_has_its_events_checked() {
+    let keys = sluice_core::KeySpec::new(vec![sluice_core::FieldPath::parse("/user").unwrap()]);
+    let (cluster, recording) = node_with(&["127.0.0.1:1"], keys).await;
+    let events: Vec<Event> = (0..40)
+        .map(|i| {
+            let mut e = Event::from_message_at("x", 0);
+            e.fields.insert("user", sluice_core::Value::from(format!("u{i}").as_str()));
+            e
+        })
+        .collect();
+    let not_owned = || cluster.metrics().events_received_not_owned.get();
+    let mut tcp = connect(&cluster, 5).await;
+    tcp.write_all(&batch(0, 0, cluster.shared.topology().ring.fingerprint(), &events)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!((recording.count(), not_owned()), (1, 0), "a sender with the same ring was second-guessed");
+    tcp.write_all(&batch(1, 0, 0, &events)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(recording.count(), 2);
+    assert!(not_owned() > 0 && not_owned() < 40, "{} of 40 counted as not owned", not_owned());
+    recording.complete_all();
     cluster.shutdown();
 }
