@@ -92,19 +92,13 @@ impl Node {
         Node { s, api, port, cluster: cluster.to_string(), config }
     }
 
-    fn stats(&self) -> serde_json::Value {
-        get_json(&self.api, "/stats")
-    }
-
     fn cluster_stats(&self) -> serde_json::Value {
-        self.stats()["cluster"].clone()
+        cluster_stats(&self.api)
     }
 
     /// Events the pipeline's inputs accepted.
     fn accepted(&self) -> u64 {
-        let stats = self.stats();
-        let components = stats["pipelines"]["web"]["components"].as_array().cloned().unwrap_or_default();
-        components.iter().filter(|c| c["kind"] == "input").map(|c| c["events"]["out"].as_u64().unwrap_or(0)).sum()
+        accepted(&self.api, "web")
     }
 
     fn output(&self) -> std::path::PathBuf {

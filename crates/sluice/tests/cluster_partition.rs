@@ -176,24 +176,18 @@ fn wait_listening(s: &mut Sluice, addr: &str) {
 }
 
 impl Node {
-    fn stats(&self) -> serde_json::Value {
-        get_json(&self.api, "/stats")
-    }
-
     fn cluster_stats(&self) -> serde_json::Value {
-        self.stats()["cluster"].clone()
+        cluster_stats(&self.api)
     }
 
     /// Events the pipeline's inputs accepted.
     fn accepted(&self) -> u64 {
-        let stats = self.stats();
-        let components = stats["pipelines"]["web"]["components"].as_array().cloned().unwrap_or_default();
-        components.iter().filter(|c| c["kind"] == "input").map(|c| c["events"]["out"].as_u64().unwrap_or(0)).sum()
+        accepted(&self.api, "web")
     }
 
     /// How this node sees `peer` (`connecting`, `up`, `down`, `probing`).
     fn peer_state(&self, peer: &str) -> String {
-        self.cluster_stats()["peers"][peer]["state"].as_str().unwrap_or("?").to_string()
+        peer_state(&self.api, peer)
     }
 
     fn output(&self) -> std::path::PathBuf {

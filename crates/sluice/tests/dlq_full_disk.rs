@@ -10,15 +10,13 @@ use std::time::Duration;
 use common::{BIN, Sluice, free_port, http, metric, summary, try_http, wait_until};
 use sluice_testkit::SmallTmpfs;
 
-#[test]
-fn rejected_events_wait_for_a_full_dead_letter_queue_and_none_is_lost() {
-    let Some(mount) = SmallTmpfs::mount("4m") else { return };
-    let port = free_port();
-    let data = mount.path().join("data");
+/// An http input into a `file` output whose file names come from the events, with a dead
+/// letter queue (`sync: commit`) in `data`; `extra` goes at the top of the config.
+fn start(data: &std::path::Path, port: u16, extra: &str) -> (Sluice, String) {
     let mut s = Sluice::start(&format!(
         "data_dir: '{}'
 api: {{address: '127.0.0.1:0'}}
-pipelines:
+{extra}pipelines:
   web:
     inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
     outputs: [{{type: file, id: by_name, path: '{{dir}}/out/%{{/name}}.log'}}]
@@ -28,6 +26,15 @@ pipelines:
     ));
     s.wait_port(port);
     let api = s.api();
+    (s, api)
+}
+
+#[test]
+fn rejected_events_wait_for_a_full_dead_letter_queue_and_none_is_lost() {
+    let Some(mount) = SmallTmpfs::mount("4m") else { return };
+    let port = free_port();
+    let data = mount.path().join("data");
+    let (mut s, api) = start(&data, port, "");
     // Each request holds one event the file output refuses for good (its name is too long for
     // a file name): it goes to the dead letter queue, which the full disk refuses.
     let ballast = mount.fill();
@@ -85,20 +92,7 @@ fn a_drain_timeout_while_the_dead_letter_queue_is_full_leaves_the_batch_unacknow
     let Some(mount) = SmallTmpfs::mount("4m") else { return };
     let port = free_port();
     let data = mount.path().join("data");
-    let mut s = Sluice::start(&format!(
-        "data_dir: '{}'
-api: {{address: '127.0.0.1:0'}}
-shutdown_timeout: 1s
-pipelines:
-  web:
-    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
-    outputs: [{{type: file, id: by_name, path: '{{dir}}/out/%{{/name}}.log'}}]
-    dead_letter_queue: {{enabled: true, sync: commit}}
-",
-        data.display()
-    ));
-    s.wait_port(port);
-    let api = s.api();
+    let (mut s, api) = start(&data, port, "shutdown_timeout: 1s\n");
     let _ballast = mount.fill();
     let address = format!("127.0.0.1:{port}");
     let client = std::thread::spawn(move || {

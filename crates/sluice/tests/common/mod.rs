@@ -404,3 +404,20 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
     f()
 }
+
+/// The `cluster` object of a node's `/stats`.
+pub fn cluster_stats(api: &str) -> serde_json::Value {
+    get_json(api, "/stats")["cluster"].clone()
+}
+
+/// Events the inputs of `pipeline` accepted, from `/stats`.
+pub fn accepted(api: &str, pipeline: &str) -> u64 {
+    let stats = get_json(api, "/stats");
+    let components = stats["pipelines"][pipeline]["components"].as_array().cloned().unwrap_or_default();
+    components.iter().filter(|c| c["kind"] == "input").map(|c| c["events"]["out"].as_u64().unwrap_or(0)).sum()
+}
+
+/// How a node sees `peer` (`connecting`, `up`, `down`, `probing`), from `/stats`.
+pub fn peer_state(api: &str, peer: &str) -> String {
+    cluster_stats(api)["peers"][peer]["state"].as_str().unwrap_or("?").to_string()
+}
