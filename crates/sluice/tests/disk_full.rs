@@ -25,50 +25,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
+use sluice_testkit::SmallTmpfs;
 
 /// Events per request, and the padding that makes each one about 2 KiB.
 const PER_REQUEST: u64 = 20;
 const PAD: usize = 2000;
-
-/// Unmounts (and removes) the tmpfs when dropped, whatever happened.
-struct Mount {
-    dir: Option<tempfile::TempDir>,
-}
-
-impl Mount {
-    fn new(size: &str) -> Result<Mount, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
-        }
-        Ok(Mount { dir: Some(dir) })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.as_ref().unwrap().path()
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let path = self.path().to_path_buf();
-        let ok = Command::new("umount").arg(&path).status().is_ok_and(|s| s.success());
-        if !ok {
-            // Still busy (a process that would not die): detach it so nothing is left behind.
-            let _ = Command::new("umount").arg("-l").arg(&path).status();
-        }
-        drop(self.dir.take());
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
 
 const REFUSE: u8 = 0;
 const ACCEPT: u8 = 1;
@@ -257,17 +218,7 @@ fn a_full_disk_under_direct_io_recovers_the_same_way() {
 }
 
 fn full_disk(direct_io: bool) {
-    if !is_root() {
-        eprintln!("skipped: cannot mount a tmpfs here (not root)");
-        return;
-    }
-    let mount = match Mount::new("8m") {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("skipped: cannot mount a tmpfs here ({e})");
-            return;
-        }
-    };
+    let Some(mount) = SmallTmpfs::mount("8m") else { return };
     let started = Instant::now();
     let queue: PathBuf = mount.path().join("q");
     // Space the test can give back from outside, to tell "the queue frees its own space" from
@@ -418,17 +369,7 @@ fn listing(dir: &Path) -> String {
 /// again: `sluice queue stats` counts 0 unacknowledged events, and a restart sends nothing.
 #[test]
 fn events_delivered_on_a_full_disk_are_not_delivered_again_after_a_restart() {
-    if !is_root() {
-        eprintln!("skipped: cannot mount a tmpfs here (not root)");
-        return;
-    }
-    let mount = match Mount::new("8m") {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("skipped: cannot mount a tmpfs here ({e})");
-            return;
-        }
-    };
+    let Some(mount) = SmallTmpfs::mount("8m") else { return };
     let queue: PathBuf = mount.path().join("q");
     let server = Server::start();
     let port = free_port();
