@@ -11,6 +11,8 @@
 //!   TLS 1.2 and 1.3, or 1.3 only;
 //! - a client verifies the server against `server_name` or the host it dialled (DNS names and
 //!   IP addresses alike) unless `verify: false`;
+//! - certificates are re-read on SIGHUP ([`reload_all`]) by every [`ServerTls`] and
+//!   [`ClientTls`] still in use; a reload that fails keeps the files loaded before;
 //! - failed handshakes are told in one readable line on both ends
 //!   ([`describe_handshake_error`]).
 //!
@@ -26,7 +28,9 @@ mod config;
 mod describe;
 mod error;
 mod load;
+mod reload;
 mod server;
+mod stream;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -37,6 +41,8 @@ pub use client::TlsConnector;
 pub use config::{ClientAuth, TlsConfig, TlsVersion};
 pub use describe::{describe_handshake_error, peer_certificate_subject};
 pub use error::TlsError;
+pub use reload::{ClientTls, ReloadSummary, ServerTls, reload_all};
+pub use stream::ServerStream;
 
 pub use rustls;
 pub use tokio_rustls;

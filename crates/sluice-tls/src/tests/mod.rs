@@ -3,6 +3,7 @@
 
 mod files;
 mod handshake;
+mod reload;
 
 use std::io;
 use std::net::SocketAddr;
