@@ -259,6 +259,24 @@ impl ComponentSpec {
         let mark = self.settings.get(key).map(|n| n.mark.clone()).unwrap_or_else(|| self.mark.clone());
         ConfigError::at(message, &path, mark)
     }
+
+    /// An error about a key inside one of its sections (`tls.cert`), at the deepest of those
+    /// keys that was written.
+    pub fn nested_key_error(&self, keys: &[&str], message: impl Into<String>) -> ConfigError {
+        let path = std::iter::once(self.path.as_str()).chain(keys.iter().copied()).collect::<Vec<_>>().join(".");
+        let mut node = &self.settings;
+        let mut mark = self.mark.clone();
+        for key in keys {
+            match node.get(key) {
+                Some(n) => {
+                    mark = n.mark.clone();
+                    node = n;
+                }
+                None => break,
+            }
+        }
+        ConfigError::at(message, &path, mark)
+    }
 }
 
 /// True when two nodes were written alike (places in the file do not count).

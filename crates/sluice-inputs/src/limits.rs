@@ -15,6 +15,9 @@
 //!   or has been sending one head for longer than `header_timeout`, so that a client that
 //!   sends half a request and then nothing is closed, while one waiting for its answer is not.
 //!   A body's own timeout belongs to whoever reads the body.
+//! - [`tls_handshake`]: the TLS handshake of an accepted connection, bounded by
+//!   [`TLS_HANDSHAKE_TIMEOUT`] and by the connection's own timeouts, so that a client that
+//!   connects and never finishes its handshake holds its slot no longer than an idle one.
 
 use std::collections::HashMap;
 use std::io;
@@ -301,6 +304,39 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedIo<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// How long a client has to complete its TLS handshake once connected.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `stream` as is without `tls`; with it, after the handshake. The error says why in one line
+/// (a client that does not speak TLS, a certificate refused, too slow, closed to make room, or
+/// shutdown), for the input to log with the peer's address.
+pub async fn tls_handshake<S>(
+    tls: Option<&Arc<sluice_tls::ServerTls>>,
+    stream: S,
+    activity: &Activity,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<sluice_tls::ServerStream<S>, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if tls.is_none() {
+        return Ok(sluice_tls::ServerStream::Plain(stream));
+    }
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => Err("the input is shutting down".to_string()),
+        why = activity.expired() => Err(format!("closed during the TLS handshake: the connection {why}")),
+        r = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, sluice_tls::ServerStream::accept(tls, stream)) => match r {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(e)) => Err(format!("TLS handshake failed: {}", sluice_tls::describe_handshake_error(&e))),
+            Err(_) => Err(format!(
+                "TLS handshake not completed within {}s",
+                TLS_HANDSHAKE_TIMEOUT.as_secs()
+            )),
+        },
     }
 }
 

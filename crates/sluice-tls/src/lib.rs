@@ -24,6 +24,7 @@
 //! ```
 
 mod client;
+mod component;
 mod config;
 mod describe;
 mod error;
