@@ -1,5 +1,5 @@
 //! Connections between nodes: plain TCP, or TLS (mutual TLS optional) through the one TLS
-//! module, `sluice-tls`.
+//! module, `sluice-tls`, whose certificates are re-read on SIGHUP like every listener's.
 
 use std::sync::Arc;
 
@@ -18,13 +18,15 @@ pub fn split_stream(s: BoxStream) -> (ReadHalf<BoxStream>, WriteHalf<BoxStream>)
 /// Dials peers.
 #[derive(Clone)]
 pub struct Connector {
-    tls: Option<Arc<sluice_tls::TlsConnector>>,
+    tls: Option<Arc<sluice_tls::ClientTls>>,
 }
 
 impl Connector {
     pub fn new(tls: Option<&sluice_tls::TlsConfig>) -> Result<Connector, String> {
         let tls = match tls {
-            Some(t) => Some(Arc::new(t.connector().map_err(|e| format!("cluster.tls: {e}"))?)),
+            Some(t) => Some(
+                sluice_tls::ClientTls::new(t, "cluster (dialling peers)").map_err(|e| format!("cluster.tls: {e}"))?,
+            ),
             None => None,
         };
         Ok(Connector { tls })
@@ -51,13 +53,15 @@ impl Connector {
 /// Accepts peers.
 #[derive(Clone)]
 pub struct Acceptor {
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<Arc<sluice_tls::ServerTls>>,
 }
 
 impl Acceptor {
     pub fn new(tls: Option<&sluice_tls::TlsConfig>) -> Result<Acceptor, String> {
         let tls = match tls {
-            Some(t) => Some(t.acceptor().map_err(|e| format!("cluster.tls: {e}"))?),
+            Some(t) => Some(
+                sluice_tls::ServerTls::new(t, "cluster (accepting peers)").map_err(|e| format!("cluster.tls: {e}"))?,
+            ),
             None => None,
         };
         Ok(Acceptor { tls })

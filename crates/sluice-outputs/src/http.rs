@@ -34,6 +34,7 @@ use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ConfigError, HumanDuration};
 use sluice_core::Event;
+use sluice_tls::ClientTls;
 
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, Rejected, encode_json_lines};
@@ -96,6 +97,8 @@ struct HttpConfig {
     retry: RetryConfig,
     #[serde(default = "yes")]
     isolate_refused: bool,
+    /// TLS for `https://` URLs: `ca`, a client `cert`/`key`, `server_name`, `verify`.
+    tls: Option<sluice_tls::TlsConfig>,
 }
 
 fn yes() -> bool {
@@ -110,7 +113,10 @@ fn default_batch_max() -> usize {
 }
 
 struct HttpOutput {
-    client: reqwest::Client,
+    /// The client, and the TLS generation it was built with: rebuilt when the certificates
+    /// are re-read (SIGHUP), so new connections use them.
+    client: parking_lot::Mutex<(u64, reqwest::Client)>,
+    client_settings: ClientSettings,
     url: Url,
     method: Method,
     format: Format,
@@ -158,17 +164,15 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
     if c.compression == Compression::Gzip {
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
     }
-    // reqwest is built without a default crypto provider; install ring once for https.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::builder()
-        .timeout(c.timeout.0)
-        .connect_timeout(c.timeout.0.min(Duration::from_secs(10)))
-        .default_headers(headers)
-        .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| spec.error(format!("cannot build the HTTP client: {e}")))?;
+    let tls = ClientTls::for_component(spec, c.tls.as_ref())?;
+    if tls.is_some() && url.scheme() != "https" {
+        return Err(spec.key_error("tls", format!("`tls` is set but `{}` is not an https:// URL", c.url)));
+    }
+    let client_settings = ClientSettings { timeout: c.timeout.0, headers, tls };
+    let client = client_settings.build().map_err(|e| spec.error(format!("cannot build the HTTP client: {e}")))?;
     Ok(Arc::new(HttpOutput {
-        client,
+        client: parking_lot::Mutex::new((client_settings.generation(), client)),
+        client_settings,
         url,
         method: match c.method {
             HttpMethod::Post => Method::POST,
@@ -182,6 +186,50 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
         stall: StallLog::default(),
         ctx,
     }))
+}
+
+/// What the HTTP client is built from.
+struct ClientSettings {
+    timeout: Duration,
+    headers: HeaderMap,
+    tls: Option<Arc<ClientTls>>,
+}
+
+impl ClientSettings {
+    fn build(&self) -> reqwest::Result<reqwest::Client> {
+        // reqwest is built without a default crypto provider; install ring once for https.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut builder = reqwest::Client::builder()
+            .timeout(self.timeout)
+            .connect_timeout(self.timeout.min(Duration::from_secs(10)))
+            .default_headers(self.headers.clone())
+            .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
+        if let Some(tls) = &self.tls {
+            builder = builder.tls_backend_preconfigured((*tls.client_config()).clone());
+        }
+        builder.build()
+    }
+
+    fn generation(&self) -> u64 {
+        self.tls.as_ref().map_or(0, |t| t.generation())
+    }
+}
+
+impl HttpOutput {
+    /// The client, rebuilt first if the certificates were re-read since it was built.
+    fn client(&self) -> reqwest::Client {
+        let mut client = self.client.lock();
+        let generation = self.client_settings.generation();
+        if client.0 != generation {
+            match self.client_settings.build() {
+                Ok(rebuilt) => *client = (generation, rebuilt),
+                Err(e) => tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, error = %e,
+                    "http output cannot rebuild its client with the re-read certificates; keeping the one in use"),
+            }
+            client.0 = generation;
+        }
+        client.1.clone()
+    }
 }
 
 /// What one attempt came to.
@@ -225,7 +273,7 @@ impl HttpOutput {
     }
 
     async fn attempt(&self, body: Bytes) -> Attempt {
-        let response = match self.client.request(self.method.clone(), self.url.clone()).body(body).send().await {
+        let response = match self.client().request(self.method.clone(), self.url.clone()).body(body).send().await {
             Ok(r) => r,
             Err(e) if e.is_builder() => return Attempt::Refused(format!("cannot build the request: {e}")),
             Err(e) => return Attempt::Retriable(describe(&e), None),

@@ -16,7 +16,9 @@
 //! its first lines can arrive twice. TCP itself has no acknowledgement of what the server read,
 //! so lines written just before a server dies can be lost without any error being seen.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,7 +26,8 @@ use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ConfigError, HumanDuration};
 use sluice_core::Event;
-use tokio::io::AsyncWriteExt;
+use sluice_tls::ClientTls;
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::retry::{Backoff, RetryConfig, StallLog};
@@ -50,6 +53,8 @@ struct TcpConfig {
     connect_timeout: HumanDuration,
     #[serde(default)]
     retry: RetryConfig,
+    /// TLS to the server: `ca`, a client `cert`/`key`, `server_name`, `verify`.
+    tls: Option<sluice_tls::TlsConfig>,
 }
 
 fn default_connect_timeout() -> HumanDuration {
@@ -61,7 +66,8 @@ struct TcpOutput {
     codec: TcpCodec,
     connect_timeout: Duration,
     retry: RetryConfig,
-    conn: tokio::sync::Mutex<Option<TcpStream>>,
+    tls: Option<Arc<ClientTls>>,
+    conn: tokio::sync::Mutex<Option<Connection>>,
     stall: StallLog,
     ctx: OutputContext,
 }
@@ -77,27 +83,61 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
     if c.connect_timeout.0.is_zero() {
         return Err(spec.key_error("connect_timeout", "must be more than 0"));
     }
+    let tls = ClientTls::for_component(spec, c.tls.as_ref())?;
     Ok(Arc::new(TcpOutput {
         address: c.address,
         codec: c.codec,
         connect_timeout: c.connect_timeout.0,
         retry: c.retry,
+        tls,
         conn: tokio::sync::Mutex::new(None),
         stall: StallLog::default(),
         ctx,
     }))
 }
 
-/// True when the server has closed its side (or the connection broke). Data the server sent
-/// is read and thrown away: this output does not expect any.
-fn peer_closed(stream: &TcpStream) -> bool {
-    let mut scratch = [0u8; 1024];
-    loop {
-        match stream.try_read(&mut scratch) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
-            Err(_) => return true,
+/// The kept-open connection: plain, or a TLS session over it.
+enum Connection {
+    Plain(TcpStream),
+    Tls(Box<sluice_tls::tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Connection {
+    /// True when the server has closed its side (or the connection broke). Data the server sent
+    /// is read and thrown away: this output does not expect any. Reads go through the TLS
+    /// session, which takes its own records (session tickets, close_notify) in passing.
+    fn peer_closed(&mut self) -> bool {
+        let mut scratch = [0u8; 1024];
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            let mut buf = ReadBuf::new(&mut scratch);
+            let polled = match self {
+                Connection::Plain(s) => Pin::new(s).poll_read(&mut cx, &mut buf),
+                Connection::Tls(s) => Pin::new(s.as_mut()).poll_read(&mut cx, &mut buf),
+            };
+            match polled {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return true,
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(_)) => return true,
+                Poll::Pending => return false,
+            }
+        }
+    }
+
+    async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            Connection::Plain(s) => s.write_all(data).await,
+            Connection::Tls(s) => {
+                s.write_all(data).await?;
+                s.flush().await
+            }
+        }
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        match self {
+            Connection::Plain(s) => s.shutdown().await,
+            Connection::Tls(s) => s.shutdown().await,
         }
     }
 }
@@ -118,21 +158,41 @@ impl TcpOutput {
         buf
     }
 
-    async fn connect(&self) -> Result<TcpStream, String> {
-        match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address)).await {
-            Ok(Ok(s)) => {
-                let _ = s.set_nodelay(true);
-                tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address = %self.address, "tcp output connected");
-                Ok(s)
+    async fn connect(&self) -> Result<Connection, String> {
+        let stream = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(format!("cannot connect to {}: {e}", self.address)),
+            Err(_) => {
+                return Err(format!("cannot connect to {}: timed out after {:?}", self.address, self.connect_timeout));
             }
-            Ok(Err(e)) => Err(format!("cannot connect to {}: {e}", self.address)),
-            Err(_) => Err(format!("cannot connect to {}: timed out after {:?}", self.address, self.connect_timeout)),
-        }
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = match &self.tls {
+            None => Connection::Plain(stream),
+            Some(tls) => {
+                let host = self.address.rsplit_once(':').map_or(self.address.as_str(), |(host, _)| host);
+                let handshake = tls.connect(host, stream);
+                match tokio::time::timeout(self.connect_timeout, handshake).await {
+                    Ok(Ok(s)) => Connection::Tls(Box::new(s)),
+                    Ok(Err(e)) => {
+                        return Err(format!(
+                            "TLS handshake with {} failed: {}",
+                            self.address,
+                            sluice_tls::describe_handshake_error(&e)
+                        ));
+                    }
+                    Err(_) => return Err(format!("TLS handshake with {} timed out", self.address)),
+                }
+            }
+        };
+        tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address = %self.address,
+            tls = self.tls.is_some(), "tcp output connected");
+        Ok(connection)
     }
 
     /// One attempt: (re)connects when needed and writes everything.
-    async fn write(&self, conn: &mut Option<TcpStream>, data: &[u8]) -> Result<(), String> {
-        if conn.as_ref().is_some_and(peer_closed) {
+    async fn write(&self, conn: &mut Option<Connection>, data: &[u8]) -> Result<(), String> {
+        if conn.as_mut().is_some_and(Connection::peer_closed) {
             tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address = %self.address,
                 "the server closed the connection; reconnecting");
             *conn = None;

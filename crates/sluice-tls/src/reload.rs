@@ -6,6 +6,7 @@
 //! session they negotiated; the next handshake uses the new files.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -125,6 +126,8 @@ pub struct ClientTls {
     config: TlsConfig,
     what: String,
     connector: RwLock<TlsConnector>,
+    /// Reloads so far, for a client that caches what it built over the configuration.
+    generation: AtomicU64,
 }
 
 impl ClientTls {
@@ -132,7 +135,12 @@ impl ClientTls {
     /// warning is logged for `verify: false`) and registers it for [`reload_all`].
     pub fn new(config: &TlsConfig, what: impl Into<String>) -> Result<Arc<ClientTls>, TlsError> {
         let connector = config.connector()?;
-        let tls = Arc::new(ClientTls { config: config.clone(), what: what.into(), connector: RwLock::new(connector) });
+        let tls = Arc::new(ClientTls {
+            config: config.clone(),
+            what: what.into(),
+            connector: RwLock::new(connector),
+            generation: AtomicU64::new(0),
+        });
         register(tls.clone());
         Ok(tls)
     }
@@ -164,7 +172,14 @@ impl ClientTls {
     pub fn reload(&self) -> Result<(), TlsError> {
         let connector = self.config.connector()?;
         *self.connector.write().unwrap_or_else(|e| e.into_inner()) = connector;
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// Grows by one at each successful reload: a client that built something over
+    /// [`ClientTls::client_config`] (an HTTP client) rebuilds it when this has moved.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 }
 

@@ -438,6 +438,16 @@ async fn reload(engine: &Engine, path: Option<&Path>) {
         return;
     };
     tracing::info!(config = %path.display(), "SIGHUP: reloading");
+    // Certificates first, so that listeners of pipelines the reload leaves alone serve the
+    // rotated ones too; pipelines it restarts read their files as they are built.
+    let certificates = sluice_tls::reload_all();
+    if certificates.reloaded + certificates.failed > 0 {
+        tracing::info!(
+            reloaded = certificates.reloaded,
+            failed = certificates.failed,
+            "SIGHUP: TLS certificates re-read"
+        );
+    }
     let config = match load_file(path) {
         Ok(c) => c,
         Err(errors) => {

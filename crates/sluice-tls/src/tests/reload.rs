@@ -46,11 +46,8 @@ async fn a_rotated_certificate_is_served_after_reload_and_a_broken_one_is_not() 
     let live = dir.path().join("live");
     std::fs::create_dir(&live).unwrap();
     install(&first, "node-1", &live);
-    let config = TlsConfig {
-        cert: Some(live.join("server.crt")),
-        key: Some(live.join("server.key")),
-        ..TlsConfig::default()
-    };
+    let config =
+        TlsConfig { cert: Some(live.join("server.crt")), key: Some(live.join("server.key")), ..TlsConfig::default() };
     let tls = ServerTls::new(&config, "test listener").unwrap();
     let addr = serve(tls.clone()).await;
     client_echo(&trusting(&first), "127.0.0.1", addr).await.expect("the first certificate is served");
