@@ -392,6 +392,13 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
     for (labels, c) in &comps {
         if let Some(state) = c.state.get() {
             figures.extend(state.figures().into_iter().map(|f| (f, labels.clone())));
+            for l in state.labelled_figures() {
+                let mut labels = labels.clone();
+                for (k, v) in &l.labels {
+                    labels.push_str(&format!(",{k}=\"{}\"", esc(v)));
+                }
+                figures.push((l.figure, labels));
+            }
         }
     }
     let mut names: Vec<&'static str> = figures.iter().map(|(f, _)| f.name).collect();
@@ -408,6 +415,23 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         } else {
             gauge(&mut out, &full, help, &rows.iter().map(|(f, l)| (l.clone(), f.value as f64)).collect::<Vec<_>>());
         }
+    }
+    // Components' own histograms (an output's request latency), one family per name.
+    let mut own: Vec<(&'static str, &'static str, String, &sluice_core::metrics::Histogram)> = Vec::new();
+    let states: Vec<_> = comps.iter().filter_map(|(l, c)| c.state.get().map(|s| (l, s.clone()))).collect();
+    for (labels, state) in &states {
+        for h in state.histograms() {
+            own.push((h.name, h.help, (*labels).clone(), h.histogram));
+        }
+    }
+    let mut names: Vec<&'static str> = own.iter().map(|(n, ..)| *n).collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        let rows: Vec<(String, &sluice_core::metrics::Histogram)> =
+            own.iter().filter(|(n, ..)| *n == name).map(|(_, _, l, h)| (l.clone(), *h)).collect();
+        let help = own.iter().find(|(n, ..)| *n == name).map(|(_, h, ..)| *h).unwrap_or_default();
+        histogram(&mut out, &format!("sluice_component_{name}"), help, &rows);
     }
     histogram(
         &mut out,
@@ -529,7 +553,20 @@ pub fn render_stats(state: &ApiState) -> Json {
                     "retries": c.retries.get(),
                     "refused": c.refused.get(),
                     "state": c.state.get().map(|s| {
-                        s.figures().into_iter().map(|f| (f.name.trim_end_matches("_total").to_string(), json!(f.value))).collect::<serde_json::Map<_, _>>()
+                        let mut state = s.figures().into_iter().map(|f| (f.name.trim_end_matches("_total").to_string(), json!(f.value))).collect::<serde_json::Map<_, _>>();
+                        for l in s.labelled_figures() {
+                            let key = l.figure.name.trim_end_matches("_total").to_string();
+                            let mut row = l.labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>();
+                            row.insert("value".into(), json!(l.figure.value));
+                            if let Some(rows) = state.entry(key).or_insert_with(|| json!([])).as_array_mut() {
+                                rows.push(serde_json::Value::Object(row));
+                            }
+                        }
+                        for h in s.histograms() {
+                            let (_, sum, count) = h.histogram.snapshot();
+                            state.insert(h.name.trim_end_matches("_seconds").to_string(), json!({"count": count, "sum_seconds": sum}));
+                        }
+                        state
                     }),
                 })
             })

@@ -110,6 +110,32 @@ pub struct ComponentMetrics {
 /// `sluice_component_<name>` with the component's labels, and in `/stats` under its `state`.
 pub trait ComponentState: Send + Sync {
     fn figures(&self) -> Vec<StateFigure>;
+
+    /// Figures split by labels of the component's own, such as an output's refused documents
+    /// by status and error type: `sluice_component_<name>{...,status="400"}`.
+    fn labelled_figures(&self) -> Vec<LabelledFigure> {
+        Vec::new()
+    }
+
+    /// Histograms of the component's own, such as an output's request latency.
+    fn histograms(&self) -> Vec<StateHistogram<'_>> {
+        Vec::new()
+    }
+}
+
+/// A [`StateFigure`] with labels of its own, added after the component's.
+#[derive(Debug, Clone)]
+pub struct LabelledFigure {
+    pub figure: StateFigure,
+    pub labels: Vec<(&'static str, String)>,
+}
+
+/// A histogram a component reports as `sluice_component_<name>`.
+#[derive(Debug, Clone, Copy)]
+pub struct StateHistogram<'a> {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub histogram: &'a Histogram,
 }
 
 impl std::fmt::Debug for dyn ComponentState {

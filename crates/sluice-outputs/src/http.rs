@@ -379,7 +379,7 @@ impl HttpOutput {
 }
 
 /// A `Retry-After` value: delay-seconds, or an HTTP date (the time until then).
-fn retry_after(value: &str) -> Option<Duration> {
+pub(crate) fn retry_after(value: &str) -> Option<Duration> {
     let value = value.trim();
     if let Ok(seconds) = value.parse::<u64>() {
         return Some(Duration::from_secs(seconds));
@@ -403,7 +403,7 @@ fn events_at_fault(status: StatusCode) -> bool {
 }
 
 /// A reqwest error with its causes, which name the actual problem (refused, reset, timeout).
-fn describe(e: &reqwest::Error) -> String {
+pub(crate) fn describe(e: &reqwest::Error) -> String {
     let mut text = if e.is_timeout() { format!("timed out: {e}") } else { e.to_string() };
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {

@@ -33,6 +33,7 @@ use sluice_core::metrics::ComponentMetrics;
 use tokio_util::sync::CancellationToken;
 
 mod blackhole;
+mod elasticsearch;
 mod file;
 mod http;
 mod pipeline;
@@ -107,12 +108,13 @@ pub struct OutputContext {
 }
 
 /// The output types this build knows, for messages.
-pub const TYPES: &[&str] = &["blackhole", "file", "http", "pipeline", "stdout", "tcp"];
+pub const TYPES: &[&str] = &["blackhole", "elasticsearch", "file", "http", "opensearch", "pipeline", "stdout", "tcp"];
 
 /// Builds an output from its config section. Network outputs connect lazily, on first send.
 pub fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
     match spec.type_name.as_str() {
         "blackhole" => blackhole::build(spec, ctx),
+        "elasticsearch" | "opensearch" => elasticsearch::build(spec, ctx),
         "file" => file::build(spec, ctx),
         "http" => http::build(spec, ctx),
         "pipeline" => pipeline::build(spec, ctx),
