@@ -1,0 +1,317 @@
+//! `beats` input: events from Filebeat, Winlogbeat, Metricbeat and any other client of the
+//! Lumberjack v2 protocol (what Beats send to Logstash), over TCP or TLS.
+//!
+//! A client announces a window of events, sends them (as JSON data frames, or zlib-compressed
+//! blocks of them), and waits for an ACK before it forgets them. This input ACKs a window only
+//! once every one of its events has reached the pipeline's ack point — written and fsynced in a
+//! persisted queue, or handled by the outputs with a memory queue — never before, and in the
+//! order the windows came, however many the client pipelines. While a window waits, keep-alive
+//! ACKs every `keepalive_interval` (5 s, as Logstash) tell the client the server is alive, so
+//! it does not time out and send again. A connection that closes, breaks the protocol or is cut
+//! by shutdown leaves its un-ACKed windows to the client, which sends them again: delivery is
+//! at least once.
+//!
+//! Events keep the fields they arrive with (`@timestamp` parsed into a timestamp, `@metadata`
+//! kept for processors and conditions); `@metadata.ip_address` gets the client's address, and
+//! `@metadata.tls_peer.subject` its certificate's subject when it sent one. A document that is
+//! not a JSON object is kept in `message`, tagged `_jsonparsefailure`, counted as failed, and
+//! ACKed with its window; the connection goes on.
+//!
+//! Bounds: `max_window_size` and `max_frame_bytes` are checked on the frame header, before
+//! anything of that size is allocated, and a client past them is logged (naming it) and
+//! disconnected; compressed frames inflate to at most `max_frame_bytes`; every read and every
+//! decoded event is charged to the node's memory budget before it is decoded; connections are
+//! bounded by `max_connections` and `idle_timeout` ([`crate::limits`]).
+//!
+//! Layout: [`protocol`] decodes frames, [`window`] keeps the ACKs owed, [`connection`] runs a
+//! client's reader and writer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use sluice_config::model::ComponentSpec;
+use sluice_config::{ByteSize, ConfigError, HumanDuration};
+use sluice_core::event::TIMESTAMP;
+use sluice_core::metrics::{ComponentState, Counter, StateFigure};
+use sluice_core::{Event, Map, Value};
+use sluice_tls::{ServerTls, TlsConfig};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use crate::codec::{Codec, Decoded};
+use crate::limits::{Activity, ConnectionSlots};
+use crate::{Input, InputContext, InputError};
+
+mod connection;
+mod protocol;
+#[cfg(test)]
+mod tests;
+mod window;
+
+/// Tag of an event whose `@timestamp` was not an RFC 3339 date (kept in `_@timestamp`).
+pub const TAG_TIMESTAMP_FAILURE: &str = "_timestampparsefailure";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BeatsConfig {
+    /// `host:port` to listen on.
+    address: String,
+    /// TLS for every connection (the shared `tls:` section).
+    tls: Option<TlsConfig>,
+    #[serde(default = "default_max_frame")]
+    max_frame_bytes: ByteSize,
+    #[serde(default = "default_max_window")]
+    max_window_size: u32,
+    #[serde(default = "default_max_connections")]
+    max_connections: usize,
+    #[serde(default = "default_idle_timeout")]
+    idle_timeout: HumanDuration,
+    #[serde(default = "default_keepalive")]
+    keepalive_interval: HumanDuration,
+}
+
+fn default_max_frame() -> ByteSize {
+    ByteSize(64 << 20)
+}
+fn default_max_window() -> u32 {
+    65_536
+}
+fn default_max_connections() -> usize {
+    1024
+}
+/// Logstash's `client_inactivity_timeout`.
+fn default_idle_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
+}
+/// Logstash's beats input sends a keep-alive after 5 s without writing while a batch waits.
+fn default_keepalive() -> HumanDuration {
+    HumanDuration(Duration::from_secs(5))
+}
+
+struct Beats {
+    config: BeatsConfig,
+    tls: Option<Arc<ServerTls>>,
+}
+
+pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
+    let config: BeatsConfig = spec.settings()?;
+    crate::tcp::check_address(&config.address).map_err(|m| spec.key_error("address", m))?;
+    if config.max_frame_bytes.0 < 1024 || config.max_frame_bytes.0 > 1 << 30 {
+        return Err(spec.key_error("max_frame_bytes", "must be between 1KiB and 1GiB"));
+    }
+    if config.max_window_size == 0 {
+        return Err(spec.key_error("max_window_size", "must be at least 1"));
+    }
+    if config.max_connections == 0 {
+        return Err(spec.key_error("max_connections", "must be at least 1"));
+    }
+    if config.keepalive_interval.0.is_zero() {
+        return Err(spec.key_error("keepalive_interval", "must be more than 0"));
+    }
+    let tls = match &config.tls {
+        Some(tls) if tls.enabled => {
+            let what = format!("beats input `{}` ({})", spec.id, spec.path);
+            Some(ServerTls::new(tls, what).map_err(|e| spec.nested_key_error(&["tls", e.key()], e.to_string()))?)
+        }
+        _ => None,
+    };
+    Ok(Box::new(Beats { config, tls }))
+}
+
+#[async_trait]
+impl Input for Beats {
+    async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
+        let address = &self.config.address;
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|e| InputError(format!("beats input cannot listen on {address}: {e}")))?;
+        serve(self.config, self.tls, listener, ctx).await
+    }
+}
+
+/// The input's own figures, at `/metrics` as `sluice_component_<name>` and in `/stats`.
+#[derive(Debug, Default)]
+pub(crate) struct Figures {
+    pub connections_open: AtomicU64,
+    pub connections: Counter,
+    pub windows: Counter,
+    pub acks: Counter,
+    pub keepalives: Counter,
+    pub protocol_errors: Counter,
+}
+
+impl ComponentState for Figures {
+    fn figures(&self) -> Vec<StateFigure> {
+        let f = |name, help, counter, value| StateFigure { name, help, counter, value };
+        vec![
+            f(
+                "beats_connections_open",
+                "Client connections the beats input holds open now.",
+                false,
+                self.connections_open.load(Ordering::Relaxed),
+            ),
+            f("beats_connections_total", "Client connections the beats input accepted.", true, self.connections.get()),
+            f("beats_windows_total", "Windows announced by beats clients.", true, self.windows.get()),
+            f(
+                "beats_acks_total",
+                "ACKs sent to beats clients for events that reached the ack point (whole windows and parts).",
+                true,
+                self.acks.get(),
+            ),
+            f(
+                "beats_keepalives_total",
+                "Keep-alive ACKs sent to beats clients while a window waited.",
+                true,
+                self.keepalives.get(),
+            ),
+            f(
+                "beats_protocol_errors_total",
+                "Beats connections closed because the client broke the protocol or a limit.",
+                true,
+                self.protocol_errors.get(),
+            ),
+        ]
+    }
+}
+
+/// Counts an open connection while it lives.
+pub(crate) struct OpenConnection(Arc<Figures>);
+
+impl OpenConnection {
+    pub fn new(figures: &Arc<Figures>) -> OpenConnection {
+        figures.connections.add(1);
+        figures.connections_open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(figures.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What every connection task shares.
+pub(crate) struct Shared {
+    pub ctx: InputContext,
+    pub limits: protocol::Limits,
+    pub keepalive: Duration,
+    pub tls: Option<Arc<ServerTls>>,
+    pub figures: Arc<Figures>,
+}
+
+/// Accepts connections on `listener` until shutdown, then waits for the connection tasks.
+async fn serve(
+    config: BeatsConfig,
+    tls: Option<Arc<ServerTls>>,
+    listener: TcpListener,
+    ctx: InputContext,
+) -> Result<(), InputError> {
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.address.clone());
+    tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, tls = tls.is_some(),
+        "beats input listening");
+    let figures = Arc::new(Figures::default());
+    let _ = ctx.metrics.state.set(figures.clone());
+    let slots = ConnectionSlots::new(config.max_connections);
+    let idle_timeout = config.idle_timeout.0;
+    let shared = Arc::new(Shared {
+        ctx: ctx.clone(),
+        limits: protocol::Limits { max_frame: config.max_frame_bytes.as_usize(), max_window: config.max_window_size },
+        keepalive: config.keepalive_interval.0,
+        tls,
+        figures,
+    });
+    let mut tasks = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            r = listener.accept() => r,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors, or a connection reset before it was accepted: keep
+                // serving, but do not spin on a persistent error.
+                tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, error = %e, "beats input cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let activity = Activity::new(idle_timeout, Duration::ZERO);
+        let Some(slot) = slots.take_or_evict(&activity) else {
+            ctx.metrics.refused.add(1);
+            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections = slots.max(),
+                "beats input refused a connection: max_connections reached, every one waiting on the pipeline");
+            drop(stream);
+            continue;
+        };
+        let shared = shared.clone();
+        tasks.spawn(async move {
+            connection::run(&shared, stream, peer, activity).await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// What a connection adds to each event's `@metadata`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PeerMetadata {
+    pub ip_address: Option<Value>,
+    pub tls_subject: Option<Value>,
+}
+
+/// One data frame's JSON document as an event stamped `now` unless it has its own
+/// `@timestamp`; whether the document was a JSON object.
+pub(crate) fn decode_event(payload: &[u8], now: i64, peer: &PeerMetadata) -> (Event, Decoded) {
+    let (mut event, decoded) = Codec::JsonLines.decode(payload, false, now);
+    if decoded == Decoded::Ok {
+        parse_timestamp(&mut event, now);
+    }
+    if peer.ip_address.is_some() || peer.tls_subject.is_some() {
+        let meta = event.metadata_mut();
+        if let Some(ip) = &peer.ip_address
+            && !meta.contains_key("ip_address")
+        {
+            meta.insert("ip_address", ip.clone());
+        }
+        if let Some(subject) = &peer.tls_subject
+            && !meta.contains_key("tls_peer")
+        {
+            let mut tls = Map::with_capacity(1);
+            tls.insert("subject", subject.clone());
+            meta.insert("tls_peer", Value::Object(tls));
+        }
+    }
+    (event, decoded)
+}
+
+/// A Beat sends `@timestamp` as RFC 3339 text: made a timestamp, as the other inputs stamp
+/// theirs. Anything else is kept in `_@timestamp`, the event is stamped `now` and tagged.
+fn parse_timestamp(event: &mut Event, now: i64) {
+    let parsed = match event.fields.get(TIMESTAMP) {
+        Some(Value::String(s)) => {
+            chrono::DateTime::parse_from_rfc3339(s).ok().and_then(|d| d.timestamp_nanos_opt()).ok_or(())
+        }
+        Some(Value::Timestamp(_)) => return,
+        _ => Err(()),
+    };
+    match parsed {
+        Ok(ns) => event.set_timestamp_nanos(ns),
+        Err(()) => {
+            if let Some(original) = event.fields.remove(TIMESTAMP) {
+                event.fields.insert("_@timestamp", original);
+            }
+            event.set_timestamp_nanos(now);
+            event.add_tag(TAG_TIMESTAMP_FAILURE);
+        }
+    }
+}

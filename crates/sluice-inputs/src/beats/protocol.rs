@@ -1,0 +1,236 @@
+//! Lumberjack v2 frames, as Beats send them: the decoder of what a client writes and the
+//! encoder of the one frame a server writes back (the ACK).
+//!
+//! Every frame starts with the version byte `'2'` and a type byte; integers are big-endian
+//! `u32`s:
+//! - `W` window: `count`, the number of events the client will send before it waits for an ACK;
+//! - `J` JSON data: `seq`, `len`, then `len` bytes of one JSON document;
+//! - `C` compressed: `len`, then `len` bytes of a zlib stream that inflates to further complete
+//!   frames (`J`, or `C` again);
+//! - `A` ACK (server to client): `seq`, the sequence number of the last event acknowledged.
+//!
+//! Guarantees: nothing is allocated from a length the client announced before that length has
+//! been checked against `max_frame_bytes` (a frame) or `max_window_size` (a window); a
+//! compressed frame inflates to at most `max_frame_bytes` in all, nested ones included, and
+//! nests at most [`MAX_NESTING`] deep. Version 1 (legacy lumberjack: `D` data frames of
+//! key/value pairs) is refused with an error saying so, as soon as its first byte is seen.
+
+use std::io::Read;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+/// The version byte of every v2 frame.
+pub const VERSION: u8 = b'2';
+/// How deep compressed frames may nest inside one another.
+pub const MAX_NESTING: usize = 4;
+
+/// The bounds a decoder holds a client to.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The largest frame payload (a JSON document, a compressed block) and the most a
+    /// compressed frame may inflate to.
+    pub max_frame: usize,
+    /// The largest window a client may announce.
+    pub max_window: u32,
+}
+
+/// One frame read off the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    Window(u32),
+    Json { seq: u32, payload: Bytes },
+    Compressed(Bytes),
+}
+
+/// Why a client's bytes cannot be read as Lumberjack v2. The connection is closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error(
+        "the client speaks Lumberjack protocol version 1 (frame `1{0}`), which is not supported: \
+         use a client that speaks version 2, as every Beat does"
+    )]
+    Version1(char),
+    #[error("unknown protocol version byte 0x{0:02x} (expected '2'): not a Beats/Lumberjack v2 client")]
+    Version(u8),
+    #[error("unknown frame type 0x{0:02x}")]
+    FrameType(u8),
+    #[error("the client announced a window of {size} events, more than max_window_size ({max})")]
+    WindowTooLarge { size: u32, max: u32 },
+    #[error("the client announced a {kind} frame of {len} bytes, more than max_frame_bytes ({max})")]
+    FrameTooLarge { kind: &'static str, len: u32, max: usize },
+    #[error("a compressed frame is not a valid zlib stream: {0}")]
+    Inflate(String),
+    #[error("a compressed frame inflates to more than max_frame_bytes ({0})")]
+    InflatedTooLarge(usize),
+    #[error("a compressed frame ends in the middle of a frame")]
+    TruncatedInner,
+    #[error("compressed frames are nested more than {MAX_NESTING} deep")]
+    TooDeep,
+    #[error("a window frame inside a compressed frame")]
+    WindowInCompressed,
+}
+
+impl ProtocolError {
+    /// Whether a limit was exceeded (rather than the bytes being malformed).
+    pub fn is_limit(&self) -> bool {
+        matches!(
+            self,
+            ProtocolError::WindowTooLarge { .. }
+                | ProtocolError::FrameTooLarge { .. }
+                | ProtocolError::InflatedTooLarge(_)
+        )
+    }
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Takes the next complete frame off the front of `buf`. `Ok(None)` when `buf` does not hold a
+/// whole frame yet (nothing is taken then); an error as soon as the bytes seen are wrong,
+/// without waiting for the rest of the frame.
+pub fn next_frame(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, ProtocolError> {
+    let Some(&version) = buf.first() else { return Ok(None) };
+    if version != VERSION {
+        if version == b'1' {
+            let kind = buf.get(1).map(|&t| t as char).unwrap_or('?');
+            return Err(ProtocolError::Version1(if kind.is_ascii_graphic() { kind } else { '?' }));
+        }
+        return Err(ProtocolError::Version(version));
+    }
+    let Some(&kind) = buf.get(1) else { return Ok(None) };
+    match kind {
+        b'W' => {
+            if buf.len() < 6 {
+                return Ok(None);
+            }
+            let size = be32(&buf[2..6]);
+            if size > limits.max_window {
+                return Err(ProtocolError::WindowTooLarge { size, max: limits.max_window });
+            }
+            buf.advance(6);
+            Ok(Some(Frame::Window(size)))
+        }
+        b'J' => {
+            if buf.len() < 10 {
+                return Ok(None);
+            }
+            let seq = be32(&buf[2..6]);
+            let len = be32(&buf[6..10]);
+            if len as usize > limits.max_frame {
+                return Err(ProtocolError::FrameTooLarge { kind: "JSON data", len, max: limits.max_frame });
+            }
+            if buf.len() < 10 + len as usize {
+                return Ok(None);
+            }
+            buf.advance(10);
+            Ok(Some(Frame::Json { seq, payload: buf.split_to(len as usize).freeze() }))
+        }
+        b'C' => {
+            if buf.len() < 6 {
+                return Ok(None);
+            }
+            let len = be32(&buf[2..6]);
+            if len as usize > limits.max_frame {
+                return Err(ProtocolError::FrameTooLarge { kind: "compressed", len, max: limits.max_frame });
+            }
+            if buf.len() < 6 + len as usize {
+                return Ok(None);
+            }
+            buf.advance(6);
+            Ok(Some(Frame::Compressed(buf.split_to(len as usize).freeze())))
+        }
+        other => Err(ProtocolError::FrameType(other)),
+    }
+}
+
+/// How many bytes the frame at the front of `buf` needs in all, once its header is there
+/// (for reserving memory before reading a large frame); `None` before that.
+pub fn frame_len(buf: &[u8]) -> Option<usize> {
+    match (buf.first(), buf.get(1)) {
+        (Some(&VERSION), Some(b'J')) if buf.len() >= 10 => Some(10 + be32(&buf[6..10]) as usize),
+        (Some(&VERSION), Some(b'C')) if buf.len() >= 6 => Some(6 + be32(&buf[2..6]) as usize),
+        _ => None,
+    }
+}
+
+/// The data frames (`seq`, JSON payload) a compressed frame's payload holds, nested compressed
+/// frames expanded in place, appended to `out`. Inflates at most `limits.max_frame` bytes in
+/// all; returns how many it inflated.
+pub fn expand_compressed(payload: &[u8], limits: &Limits, out: &mut Vec<(u32, Bytes)>) -> Result<usize, ProtocolError> {
+    let mut left = limits.max_frame;
+    expand(payload, limits, 1, &mut left, out)?;
+    Ok(limits.max_frame - left)
+}
+
+fn expand(
+    payload: &[u8],
+    limits: &Limits,
+    depth: usize,
+    left: &mut usize,
+    out: &mut Vec<(u32, Bytes)>,
+) -> Result<(), ProtocolError> {
+    if depth > MAX_NESTING {
+        return Err(ProtocolError::TooDeep);
+    }
+    let inflated = inflate(payload, *left, limits.max_frame)?;
+    *left -= inflated.len();
+    // No copy: the inflated bytes become the buffer the inner frames are cut from.
+    let mut inner = BytesMut::from(Bytes::from(inflated));
+    while !inner.is_empty() {
+        match next_frame(&mut inner, limits)? {
+            None => return Err(ProtocolError::TruncatedInner),
+            Some(Frame::Window(_)) => return Err(ProtocolError::WindowInCompressed),
+            Some(Frame::Json { seq, payload }) => out.push((seq, payload)),
+            Some(Frame::Compressed(nested)) => expand(&nested, limits, depth + 1, left, out)?,
+        }
+    }
+    Ok(())
+}
+
+/// Inflates a zlib stream, refusing to produce more than `left` bytes (`max` is for the message).
+fn inflate(payload: &[u8], left: usize, max: usize) -> Result<Vec<u8>, ProtocolError> {
+    let mut out = Vec::with_capacity((payload.len() * 4).min(left).min(1 << 20));
+    let mut decoder = flate2::read::ZlibDecoder::new(payload).take(left as u64 + 1);
+    decoder.read_to_end(&mut out).map_err(|e| ProtocolError::Inflate(e.to_string()))?;
+    if out.len() > left {
+        return Err(ProtocolError::InflatedTooLarge(max));
+    }
+    Ok(out)
+}
+
+/// The ACK frame for `seq`.
+pub fn ack(seq: u32) -> [u8; 6] {
+    let s = seq.to_be_bytes();
+    [VERSION, b'A', s[0], s[1], s[2], s[3]]
+}
+
+/// Test and fuzzing support: the frames a client writes.
+#[cfg(test)]
+pub mod encode {
+    use std::io::Write;
+
+    pub fn window(n: u32) -> Vec<u8> {
+        let mut v = vec![b'2', b'W'];
+        v.extend_from_slice(&n.to_be_bytes());
+        v
+    }
+
+    pub fn json(seq: u32, payload: &[u8]) -> Vec<u8> {
+        let mut v = vec![b'2', b'J'];
+        v.extend_from_slice(&seq.to_be_bytes());
+        v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        v.extend_from_slice(payload);
+        v
+    }
+
+    pub fn compressed(frames: &[u8]) -> Vec<u8> {
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(frames).unwrap();
+        let body = z.finish().unwrap();
+        let mut v = vec![b'2', b'C'];
+        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        v.extend_from_slice(&body);
+        v
+    }
+}
