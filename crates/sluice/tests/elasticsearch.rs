@@ -1,0 +1,279 @@
+//! The `elasticsearch` output against a real OpenSearch 2.19 started from Maven Central jars
+//! (`servers/opensearch/run`): exact counts and no duplicates with `document_id`, refused
+//! documents in the dead letter queue with the engine's reason and replayed once the mapping
+//! is fixed, real 429s retried until every document is in, and the engine killed mid-load with
+//! nothing that a client was acknowledged for lost. A test that cannot start the server fails
+//! and says why.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Sluice, free_port, try_http, wait_until};
+use serde_json::Value;
+use sluice_testkit::opensearch::OpenSearch;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// Events as JSON lines: `event_id` e-0.., `n`, `service`.
+fn events_file(dir: &std::path::Path, n: usize, extra: impl Fn(usize) -> Option<(&'static str, Value)>) -> std::path::PathBuf {
+    let path = dir.join("events.ndjson");
+    let mut text = String::with_capacity(n * 64);
+    for i in 0..n {
+        let mut e = serde_json::json!({"event_id": format!("e-{i}"), "n": i, "service": "web"});
+        if let Some((k, v)) = extra(i) {
+            e[k] = v;
+        }
+        text.push_str(&e.to_string());
+        text.push('\n');
+    }
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs `sluice run` over `config` with `input` on stdin until it exits; returns its log.
+fn run_once(dir: &std::path::Path, config: &str, input: &std::path::Path) -> (bool, String) {
+    let path = dir.join(format!("run-{}.yml", Instant::now().elapsed().as_nanos()));
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "-c", path.to_str().unwrap()])
+        .env("SLUICE_LOG", "info")
+        .stdin(Stdio::from(std::fs::File::open(input).unwrap()))
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn search_ids(os: &OpenSearch, index: &str, ids: &[String]) -> Vec<Value> {
+    let body = serde_json::json!({"size": ids.len(), "query": {"ids": {"values": ids}}}).to_string();
+    let (status, text) = os.request("POST", &format!("/{index}/_search"), &body);
+    assert_eq!(status, 200, "{text}");
+    json(&text)["hits"]["hits"].as_array().unwrap().clone()
+}
+
+#[test]
+fn every_event_is_indexed_once_and_a_replay_with_document_ids_adds_nothing() {
+    let os = OpenSearch::start_or_panic(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let n = 20_000;
+    let input = events_file(dir.path(), n, |_| None);
+    let config = format!(
+        "data_dir: '{data}'
+api: {{enabled: false}}
+pipelines:
+  main:
+    workers: 2
+    inputs: [{{type: stdin, codec: json_lines}}]
+    outputs:
+      - {{type: opensearch, hosts: ['{url}'], index: 'logs-%{{/service}}-%{{+%Y.%m.%d}}', document_id: '%{{/event_id}}', batch_max_events: 500}}
+",
+        data = dir.path().join("data").display(),
+        url = os.url()
+    );
+    let (ok, log) = run_once(dir.path(), &config, &input);
+    assert!(ok, "{log}");
+    os.refresh("logs-web-*");
+    assert_eq!(os.count("logs-web-*"), n as u64, "{log}");
+    let sample: Vec<String> = (0..n).step_by(997).map(|i| format!("e-{i}")).collect();
+    let hits = search_ids(&os, "logs-web-*", &sample);
+    assert_eq!(hits.len(), sample.len());
+    for hit in &hits {
+        let id = hit["_id"].as_str().unwrap();
+        let i: u64 = id.trim_start_matches("e-").parse().unwrap();
+        assert_eq!(hit["_source"]["n"].as_u64(), Some(i), "{hit}");
+        assert_eq!(hit["_source"]["event_id"], id);
+        assert!(hit["_source"]["@timestamp"].is_string(), "{hit}");
+    }
+
+    // The same events again: same ids, so the count does not move.
+    let (ok, log) = run_once(dir.path(), &config, &input);
+    assert!(ok, "{log}");
+    os.refresh("logs-web-*");
+    assert_eq!(os.count("logs-web-*"), n as u64, "a replay with document_id adds no duplicate");
+}
+
+#[test]
+fn documents_the_mapping_refuses_go_to_the_dead_letter_queue_and_replay_once_it_is_fixed() {
+    let os = OpenSearch::start_or_panic(&[]);
+    let mapping = r#"{"mappings": {"dynamic": "strict", "properties": {
+        "@timestamp": {"type": "date"}, "event_id": {"type": "keyword"}, "n": {"type": "long"}, "service": {"type": "keyword"}}}}"#;
+    let (status, body) = os.request("PUT", "/strict", mapping);
+    assert_eq!(status, 200, "{body}");
+    let dir = tempfile::tempdir().unwrap();
+    let n = 2_000;
+    // Every 50th has a field the strict mapping does not know; every 70th a `n` that is not a number.
+    let input = events_file(dir.path(), n, |i| match i {
+        _ if i % 50 == 7 => Some(("extra", Value::from("surprise"))),
+        _ if i % 70 == 3 => Some(("n", Value::from("many"))),
+        _ => None,
+    });
+    let refused: std::collections::BTreeSet<String> =
+        (0..n).filter(|i| i % 50 == 7 || i % 70 == 3).map(|i| format!("e-{i}")).collect();
+    let data = dir.path().join("data");
+    let config = format!(
+        "data_dir: '{data}'
+api: {{enabled: false}}
+pipelines:
+  main:
+    inputs: [{{type: stdin, codec: json_lines}}]
+    outputs:
+      - {{type: elasticsearch, id: search, hosts: ['{url}'], index: strict, document_id: '%{{/event_id}}', batch_max_events: 300}}
+    dead_letter_queue: {{enabled: true, sync: commit}}
+",
+        data = data.display(),
+        url = os.url()
+    );
+    let (ok, log) = run_once(dir.path(), &config, &input);
+    assert!(ok, "{log}");
+    os.refresh("strict");
+    assert_eq!(os.count("strict"), (n - refused.len()) as u64, "{log}");
+
+    let out = Command::new(BIN)
+        .args(["dlq", "show", "--data-dir", data.to_str().unwrap(), "--pipeline", "main"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let entries: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(json).collect();
+    let in_dlq: std::collections::BTreeSet<String> =
+        entries.iter().map(|e| e["event"]["event_id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(in_dlq, refused, "exactly the refused documents are in the dead letter queue");
+    for e in &entries {
+        let reason = e["reason"].as_str().unwrap();
+        assert_eq!(e["plugin_id"], "search");
+        assert!(reason.contains("status 400") && reason.contains("index strict"), "{reason}");
+        if e["event"].get("extra").is_some() {
+            assert!(reason.contains("strict_dynamic_mapping_exception"), "{reason}");
+        } else {
+            assert!(reason.contains("mapper_parsing_exception"), "{reason}");
+        }
+    }
+
+    // Fix the mapping: know `extra`, and let a malformed `n` be kept but not indexed.
+    let (status, body) = os.request(
+        "PUT",
+        "/strict/_mapping",
+        r#"{"properties": {"extra": {"type": "keyword"}, "n": {"type": "long", "ignore_malformed": true}}}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let again = dir.path().join("again.yml");
+    std::fs::write(
+        &again,
+        format!(
+            "data_dir: '{}'\napi: {{enabled: false}}\npipelines:\n  again:\n    inputs: [{{type: stdin}}]\n    outputs: [{{type: elasticsearch, hosts: ['{}'], index: strict, document_id: '%{{/event_id}}'}}]\n",
+            data.display(),
+            os.url()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["dlq", "replay", "-c", again.to_str().unwrap(), "--pipeline", "main", "--to", "again"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    os.refresh("strict");
+    assert_eq!(os.count("strict"), n as u64, "the replayed documents are indexed");
+}
+
+#[test]
+fn real_429s_are_retried_until_every_document_is_in_without_duplicates() {
+    let os = OpenSearch::start_or_panic(&[("thread_pool.write.size", "1"), ("thread_pool.write.queue_size", "1")]);
+    let dir = tempfile::tempdir().unwrap();
+    let n = 20_000;
+    let input = events_file(dir.path(), n, |_| None);
+    let api = free_port();
+    let config = format!(
+        "data_dir: '{data}'
+api: {{address: '127.0.0.1:{api}'}}
+pipelines:
+  main:
+    workers: 4
+    inputs: [{{type: stdin, codec: json_lines}}]
+    outputs:
+      - {{type: elasticsearch, hosts: ['{url}'], index: busy, document_id: '%{{/event_id}}', batch_max_events: 100, max_in_flight: 16,
+          retry: {{initial_backoff: 20ms, max_backoff: 500ms}}}}
+",
+        data = dir.path().join("data").display(),
+        url = os.url()
+    );
+    let (ok, log) = run_once(dir.path(), &config, &input);
+    assert!(ok, "{log}");
+    os.refresh("busy");
+    assert_eq!(os.count("busy"), n as u64, "{log}");
+    let (status, body) = os.request("GET", "/_nodes/stats/thread_pool", "");
+    assert_eq!(status, 200);
+    let rejected: u64 = json(&body)["nodes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|node| node["thread_pool"]["write"]["rejected"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(rejected > 0, "the engine rejected nothing, so nothing was retried: the test proves nothing");
+    eprintln!("write thread pool rejections during the run: {rejected}");
+}
+
+#[test]
+fn the_engine_killed_mid_load_loses_nothing_an_http_client_was_acknowledged_for() {
+    let mut os = OpenSearch::start_or_panic(&[]);
+    let port = free_port();
+    let mut s = Sluice::start(&format!(
+        "data_dir: '{{dir}}/data'
+api: {{enabled: false}}
+pipelines:
+  main:
+    queue: {{type: persisted, sync: commit}}
+    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
+    outputs:
+      - {{type: opensearch, hosts: ['{url}'], index: survive, document_id: '%{{/event_id}}', batch_max_events: 200,
+          timeout: 5s, retry: {{initial_backoff: 50ms, max_backoff: 1s}}}}
+",
+        url = os.url()
+    ));
+    s.wait_port(port);
+    let address = format!("127.0.0.1:{port}");
+    let mut acked = Vec::new();
+    let mut next = 0u64;
+    let post = |from: u64, count: u64| {
+        let body: String = (from..from + count).map(|i| format!("{{\"event_id\":\"e-{i}\",\"n\":{i}}}\n")).collect();
+        try_http(&address, "POST", "/", &[], body.as_bytes())
+    };
+    let started = Instant::now();
+    let mut killed = false;
+    let mut restarted = false;
+    while next < 30_000 {
+        if !killed && next >= 8_000 {
+            os.kill();
+            killed = true;
+        }
+        if killed && !restarted && next >= 16_000 {
+            os.restart_or_panic();
+            restarted = true;
+        }
+        match post(next, 100) {
+            Ok((200, _)) => acked.extend(next..next + 100),
+            Ok((status, body)) => eprintln!("POST answered {status}: {body}"),
+            Err(e) => eprintln!("POST failed: {e}"),
+        }
+        next += 100;
+        assert!(started.elapsed() < Duration::from_secs(240), "the load took too long:\n{}", s.log());
+    }
+    assert!(acked.len() >= 29_000, "the persisted queue acknowledges while the engine is down: {}", acked.len());
+    wait_until("every acknowledged event indexed", Duration::from_secs(120), || {
+        os.try_request("POST", "/survive/_refresh", "").is_ok_and(|(s, _)| s == 200)
+            && os.try_request("GET", "/survive/_count", "").is_ok_and(|(s, b)| {
+                s == 200 && json(&b)["count"].as_u64().unwrap_or(0) >= acked.len() as u64
+            })
+    });
+    // Every acknowledged id is there, not just as many documents.
+    for chunk in acked.chunks(1000) {
+        let ids: Vec<String> = chunk.iter().map(|i| format!("e-{i}")).collect();
+        assert_eq!(search_ids(&os, "survive", &ids).len(), ids.len());
+    }
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("bulk request failed; sending again"), "the outage was retried and logged:\n{log}");
+}
