@@ -178,12 +178,10 @@ impl SyslogFramer {
     pub(super) fn finish(&mut self, mut emit: impl FnMut(Frame<'_>)) {
         match self.framing {
             Some(Framing::Newline) => self.lines.finish(|l| emit(Frame { bytes: l.bytes, truncated: l.truncated })),
-            Some(Framing::OctetCounting) => {
-                if matches!(self.octet, Octet::Body(_)) && !self.partial.is_empty() {
-                    emit(Frame { bytes: &self.partial, truncated: true });
-                }
+            Some(Framing::OctetCounting) if matches!(self.octet, Octet::Body(_)) && !self.partial.is_empty() => {
+                emit(Frame { bytes: &self.partial, truncated: true });
             }
-            None => {}
+            _ => {}
         }
         self.partial.clear();
         self.octet = Octet::Length(Vec::new());

@@ -166,6 +166,7 @@ fn socket_inode(socket: &UdpSocket) -> Option<u64> {
     let mut stat = MaybeUninit::<libc::stat>::uninit();
     // SAFETY: a valid descriptor and room for a `stat`; it is read only when fstat succeeded.
     let ok = unsafe { libc::fstat(socket.as_raw_fd(), stat.as_mut_ptr()) } == 0;
+    #[allow(clippy::unnecessary_cast)] // `ino_t` is not `u64` everywhere.
     ok.then(|| unsafe { stat.assume_init() }.st_ino as u64)
 }
 
@@ -296,13 +297,13 @@ fn receive(
     let start = arena.len();
     // Any address of the socket's family, for the kernel to overwrite with the sender's.
     let mut addr = SockAddr::from(local);
-    let spare = &mut arena.spare_capacity_mut()[..room];
-    let mut bufs = [MaybeUninitSlice::new(spare)];
-    let mut msg = MsgHdrMut::new().with_addr(&mut addr).with_buffers(&mut bufs).with_control(&mut control.0);
-    let n = SockRef::from(socket).recvmsg(&mut msg, 0)?;
-    let truncated = msg.flags().is_truncated();
-    let control_len = msg.control_len();
-    drop(msg);
+    let (n, truncated, control_len) = {
+        let spare = &mut arena.spare_capacity_mut()[..room];
+        let mut bufs = [MaybeUninitSlice::new(spare)];
+        let mut msg = MsgHdrMut::new().with_addr(&mut addr).with_buffers(&mut bufs).with_control(&mut control.0);
+        let n = SockRef::from(socket).recvmsg(&mut msg, 0)?;
+        (n, msg.flags().is_truncated(), msg.control_len())
+    };
     // SAFETY: the kernel wrote `n` bytes (at most `room`, which `reserve` made spare) there.
     unsafe { arena.set_len(start + n.min(room)) };
     let dropped = overflow_count(&control.0[..control_len.min(control.0.len())]);
