@@ -60,16 +60,24 @@ impl Parser {
     /// The event for one framed message (`truncated` when it was cut to `max_message_bytes`),
     /// received at `received` (ns since the epoch).
     pub(super) fn parse(&self, bytes: &[u8], truncated: bool, received: i64) -> (Event, Parsed) {
-        let now = Utc::now().with_timezone(&self.zone).naive_local();
-        self.parse_at(bytes, truncated, received, now)
+        self.parse_with(bytes, truncated, received, None)
     }
 
     /// As [`Parser::parse`], with the wall-clock time in `timezone` that a year is inferred
     /// from given (for tests).
+    #[cfg(test)]
     pub(super) fn parse_at(&self, bytes: &[u8], truncated: bool, received: i64, now: NaiveDateTime) -> (Event, Parsed) {
+        self.parse_with(bytes, truncated, received, Some(now))
+    }
+
+    fn parse_with(&self, bytes: &[u8], truncated: bool, received: i64, now: Option<NaiveDateTime>) -> (Event, Parsed) {
         let raw = text(bytes);
         let line = raw.trim_start_matches('\u{feff}').trim_end_matches(['\n', '\r', '\0']);
-        let get_year = move |date: IncompleteDate| infer_year(date, now);
+        // The clock is read only for a BSD time without a year.
+        let zone = self.zone;
+        let get_year = move |date: IncompleteDate| {
+            infer_year(date, now.unwrap_or_else(|| Utc::now().with_timezone(&zone).naive_local()))
+        };
         let parsed = match pri_prefix(line) {
             Pri::Invalid => None,
             // Times without an offset are read as UTC here and placed in `timezone` below:
@@ -259,7 +267,7 @@ pub(super) fn typical_event_bytes() -> usize {
     *BYTES.get_or_init(|| {
         let sample = b"<165>1 2003-10-11T22:14:15.003Z mymachine.example.com evntslog - ID47 \
             [exampleSDID@32473 iut=\"3\" eventSource=\"Application\"] An application event log entry";
-        let (e, _) = Parser::new(Tz::UTC).parse_at(sample, false, 0, NaiveDateTime::default());
+        let (e, _) = Parser::new(Tz::UTC).parse(sample, false, 0);
         e.memory_size()
     })
 }
