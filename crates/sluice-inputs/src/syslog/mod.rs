@@ -32,7 +32,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ByteSize, ConfigError, HumanDuration};
-use sluice_core::{Event, FieldPath, Str, Value};
+use sluice_core::{Event, FieldPath, Map, Str, Value};
 use sluice_tls::{ServerTls, TlsConfig};
 
 use crate::tcp::check_address;
@@ -197,13 +197,22 @@ impl Input for Syslog {
     }
 }
 
+/// Who sent a read's messages, as the events record it.
+#[derive(Debug, Default)]
+pub(super) struct Sender {
+    /// `ip:port`, when `peer_field` is set.
+    peer: Option<Str>,
+    /// The subject of the client's TLS certificate, when it sent one.
+    tls_subject: Option<Str>,
+}
+
 impl Settings {
     /// The events of one read's messages, appended to `events`; returns how many failed to
     /// parse.
     fn decode<'a>(
         &self,
         frames: impl IntoIterator<Item = (&'a [u8], bool)>,
-        peer: Option<&Str>,
+        sender: &Sender,
         received: i64,
         events: &mut Vec<Event>,
     ) -> u64 {
@@ -211,8 +220,13 @@ impl Settings {
         for (bytes, truncated) in frames {
             let (mut event, parsed) = self.parser.parse(bytes, truncated, received);
             failed += u64::from(parsed == parse::Parsed::Failed);
-            if let (Some(path), Some(peer)) = (&self.peer_field, peer) {
+            if let (Some(path), Some(peer)) = (&self.peer_field, &sender.peer) {
                 let _ = event.insert(path, Value::String(peer.clone()));
+            }
+            if let Some(subject) = &sender.tls_subject {
+                let mut tls = Map::with_capacity(1);
+                tls.insert("subject", Value::String(subject.clone()));
+                event.metadata_mut().insert("tls_peer", Value::Object(tls));
             }
             events.push(event);
         }

@@ -14,7 +14,8 @@
 //! - `max_connections` and `idle_timeout` work as for the `tcp` input ([`crate::limits`]):
 //!   a newcomer makes room by closing the connection idle the longest.
 //! - With `tls:`, the handshake is bounded by [`HANDSHAKE_TIMEOUT`] and by the connection's
-//!   own limits; a failed one is logged with the peer and counted in `refused`.
+//!   own limits; a failed one is logged with the peer and counted in `refused`. A client's
+//!   certificate subject, when it sent one, is in each event's `@metadata.tls_peer.subject`.
 //! - On shutdown the input stops accepting; each connection pushes what it has read (an
 //!   unterminated last message included) and closes.
 
@@ -29,8 +30,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
-use super::Settings;
 use super::frame::{Frame, SyslogFramer};
+use super::{Sender, Settings};
 use crate::limits::{Activity, ConnectionSlots};
 use crate::{InputContext, InputError};
 
@@ -124,7 +125,10 @@ async fn handshake(
 async fn connection(shared: &Shared, mut stream: ServerStream<TcpStream>, peer: SocketAddr, activity: &Activity) {
     let ctx = &shared.ctx;
     let settings = &shared.settings;
-    let peer_text = settings.peer_field.as_ref().map(|_| Str::from(peer.to_string()));
+    let sender = Sender {
+        peer: settings.peer_field.as_ref().map(|_| Str::from(peer.to_string())),
+        tls_subject: stream.peer_certificate_subject().map(Str::from),
+    };
     let mut framer = SyslogFramer::new(settings.max_message_bytes);
     let mut buf = Vec::with_capacity(READ_BUFFER);
     let mut truncated = 0u64;
@@ -169,7 +173,7 @@ async fn connection(shared: &Shared, mut stream: ServerStream<TcpStream>, peer: 
             let mut take = |frame: Frame<'_>| {
                 bytes += frame.bytes.len();
                 truncated += u64::from(frame.truncated);
-                failed += settings.decode([(frame.bytes, frame.truncated)], peer_text.as_ref(), received, &mut events);
+                failed += settings.decode([(frame.bytes, frame.truncated)], &sender, received, &mut events);
             };
             let framed = if end {
                 framer.finish(&mut take);

@@ -231,9 +231,10 @@ async fn tcp_with_tls() {
     let dir = tempfile::tempdir().unwrap();
     let certs = CertSet::generate(dir.path(), &["server", "client"]);
     let yaml = format!(
-        "{{type: syslog, mode: tcp, address: 'x:0', tls: {{cert: '{}', key: '{}'}}}}",
+        "{{type: syslog, mode: tcp, address: 'x:0', tls: {{cert: '{}', key: '{}', ca: '{}', client_auth: optional}}}}",
         certs.cert("server").display(),
-        certs.key("server").display()
+        certs.key("server").display(),
+        certs.ca_cert.display()
     );
     let (addr, ctx, mut rx, task) = start_tcp(&yaml).await;
     let connector = certs.tls("client").connector().unwrap();
@@ -245,6 +246,8 @@ async fn tcp_with_tls() {
     let events = collect(&mut rx, 2).await;
     let messages: Vec<_> = events.iter().map(|e| e.message().unwrap().to_string()).collect();
     assert_eq!(messages, ["s", "secret"], "octet counting, then a fallback to newlines");
+    let subject = text(&events[0], "/@metadata/tls_peer/subject").unwrap_or_default();
+    assert!(subject.contains("client"), "the client certificate's subject: {subject:?}");
     // A client that does not speak TLS is refused and counted.
     let mut plain = TcpStream::connect(addr).await.unwrap();
     plain.write_all(b"<13>Nov 26 07:16:16 h a: plain\n").await.unwrap();

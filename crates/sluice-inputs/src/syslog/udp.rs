@@ -30,7 +30,7 @@ use socket2::{Domain, MaybeUninitSlice, MsgHdrMut, Protocol, SockAddr, SockRef, 
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
-use super::Settings;
+use super::{Sender, Settings};
 use crate::{InputContext, InputError};
 
 /// Datagrams drained into one batch at most.
@@ -213,7 +213,8 @@ pub(super) async fn serve(settings: Settings, socket: UdpSocket, ctx: InputConte
     let mut arena: Vec<u8> = Vec::with_capacity(MAX_BATCH_BYTES.max(room));
     let mut datagrams: Vec<Datagram> = Vec::with_capacity(MAX_BATCH_DATAGRAMS);
     let mut control = Control([MaybeUninit::uninit(); 64]);
-    let mut last_peer: Option<(SocketAddr, Str)> = None;
+    let mut last_peer: Option<SocketAddr> = None;
+    let mut sender = Sender::default();
     let mut drops_logged = (0u64, None::<Instant>);
     loop {
         tokio::select! {
@@ -255,17 +256,12 @@ pub(super) async fn serve(settings: Settings, socket: UdpSocket, ctx: InputConte
         let mut events: Vec<Event> = Vec::with_capacity(datagrams.len());
         let mut failed = 0;
         for d in &datagrams {
-            let peer = match (&settings.peer_field, d.peer) {
-                (Some(_), Some(addr)) => {
-                    if last_peer.as_ref().is_none_or(|(a, _)| *a != addr) {
-                        last_peer = Some((addr, Str::from(addr.to_string())));
-                    }
-                    last_peer.as_ref().map(|(_, s)| s)
-                }
-                _ => None,
-            };
+            if settings.peer_field.is_some() && last_peer != d.peer {
+                last_peer = d.peer;
+                sender.peer = d.peer.map(|a| Str::from(a.to_string()));
+            }
             let bytes = &arena[d.start..d.start + d.len];
-            failed += settings.decode([(bytes, d.truncated)], peer, received, &mut events);
+            failed += settings.decode([(bytes, d.truncated)], &sender, received, &mut events);
         }
         if failed > 0 {
             ctx.metrics.failed.add(failed);
