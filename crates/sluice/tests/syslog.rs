@@ -330,3 +330,21 @@ fn a_udp_flood_into_a_tiny_receive_buffer_counts_the_kernels_drops() {
     assert!(log.contains("the kernel dropped syslog datagrams"), "{log}");
     assert!(log.contains("granted_bytes"), "the granted buffer size is logged: {log}");
 }
+
+#[test]
+fn validate_checks_the_tls_files_and_refuses_tls_over_udp() {
+    let (ok, out) = validate(
+        "pipelines:
+  s:
+    inputs:
+      - {type: syslog, mode: tcp, address: '127.0.0.1:5514', tls: {cert: '{dir}/missing.crt', key: '{dir}/missing.key'}}
+      - {type: syslog, mode: udp, address: '127.0.0.1:5514', tls: {cert: a.crt, key: a.key}}
+      - {type: syslog, mode: udp, address: '127.0.0.1:5514', idle_timeout: 5s}
+    outputs: [{type: stdout}]
+",
+    );
+    assert!(!ok, "{out}");
+    assert!(out.contains("inputs[0].tls.cert") && out.contains("missing.crt"), "{out}");
+    assert!(out.contains("inputs[1].tls") && out.contains("TLS needs `mode: tcp`"), "{out}");
+    assert!(out.contains("inputs[2].idle_timeout"), "{out}");
+}

@@ -432,6 +432,18 @@ mod tests {
     }
 
     #[test]
+    fn a_header_without_a_pri_is_accepted() {
+        let e = parse("Nov 26 07:16:16 web-1 nginx[7]: GET /");
+        assert_eq!(
+            (s(&e, "/hostname"), s(&e, "/appname"), int(&e, "/procid")),
+            (Some("web-1"), Some("nginx"), Some(7))
+        );
+        assert_eq!(e.message(), Some("GET /"));
+        assert_eq!(e.timestamp_nanos(), Some(ns("2026-11-26T07:16:16Z")));
+        assert!(get(&e, "/facility").is_none() && get(&e, "/severity").is_none());
+    }
+
+    #[test]
     fn a_pri_without_a_header_keeps_facility_and_severity() {
         let e = parse("<190>just some text");
         assert_eq!(e.message(), Some("just some text"));

@@ -332,6 +332,22 @@ async fn udp_drops_are_counted_when_the_buffer_overflows() {
     task.await.unwrap();
 }
 
+#[tokio::test]
+async fn udp_over_ipv6() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("no IPv6 loopback here; skipped");
+        return;
+    }
+    let (addr, ctx, mut rx, task) = start_udp("{type: syslog, mode: udp, address: '[::1]:0', peer_field: /peer}").await;
+    let sender = std::net::UdpSocket::bind("[::1]:0").unwrap();
+    sender.send_to(b"<14>1 2026-11-26T07:00:00Z h app - - - over v6", addr).unwrap();
+    let events = collect(&mut rx, 1).await;
+    assert_eq!(events[0].message(), Some("over v6"));
+    assert_eq!(text(&events[0], "/peer"), Some(sender.local_addr().unwrap().to_string().as_str()));
+    ctx.shutdown.cancel();
+    task.await.unwrap();
+}
+
 #[test]
 fn drops_are_read_from_the_proc_table() {
     let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
