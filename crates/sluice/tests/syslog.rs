@@ -167,13 +167,15 @@ impl Rsyslog {
             work.display()
         );
         for (port, framing) in forwards {
-            let (framing, template) = match *framing {
-                "octet-counted" => ("octet-counted", "RSYSLOG_SyslogProtocol23Format"),
-                _ => ("traditional", "RSYSLOG_TraditionalForwardFormat"),
+            // Octet counting with RFC 5424, or rsyslog's defaults: newline framing and its
+            // traditional (RFC 3164-like) forwarding format.
+            let style = match *framing {
+                "octet-counted" => " TCP_Framing=\"octet-counted\" template=\"RSYSLOG_SyslogProtocol23Format\"",
+                _ => "",
             };
             conf.push_str(&format!(
-                "*.* action(type=\"omfwd\" target=\"127.0.0.1\" port=\"{port}\" protocol=\"tcp\" TCP_Framing=\"{framing}\" \
-                 template=\"{template}\" queue.type=\"LinkedList\" action.resumeRetryCount=\"-1\" action.resumeInterval=\"1\")\n"
+                "*.* action(type=\"omfwd\" target=\"127.0.0.1\" port=\"{port}\" protocol=\"tcp\"{style} \
+                 queue.type=\"LinkedList\" action.resumeRetryCount=\"-1\" action.resumeInterval=\"1\")\n"
             ));
         }
         let conf_path = dir.path().join("rsyslog.conf");
