@@ -207,30 +207,19 @@ pub(super) struct Sender {
 }
 
 impl Settings {
-    /// The events of one read's messages, appended to `events`; returns how many failed to
-    /// parse.
-    fn decode<'a>(
-        &self,
-        frames: impl IntoIterator<Item = (&'a [u8], bool)>,
-        sender: &Sender,
-        received: i64,
-        events: &mut Vec<Event>,
-    ) -> u64 {
-        let mut failed = 0;
-        for (bytes, truncated) in frames {
-            let (mut event, parsed) = self.parser.parse(bytes, truncated, received);
-            failed += u64::from(parsed == parse::Parsed::Failed);
-            if let (Some(path), Some(peer)) = (&self.peer_field, &sender.peer) {
-                let _ = event.insert(path, Value::String(peer.clone()));
-            }
-            if let Some(subject) = &sender.tls_subject {
-                let mut tls = Map::with_capacity(1);
-                tls.insert("subject", Value::String(subject.clone()));
-                event.metadata_mut().insert("tls_peer", Value::Object(tls));
-            }
-            events.push(event);
+    /// The event of one message, appended to `events`; true when it failed to parse.
+    fn decode(&self, bytes: &[u8], truncated: bool, sender: &Sender, received: i64, events: &mut Vec<Event>) -> bool {
+        let (mut event, parsed) = self.parser.parse(bytes, truncated, received);
+        if let (Some(path), Some(peer)) = (&self.peer_field, &sender.peer) {
+            let _ = event.insert(path, Value::String(peer.clone()));
         }
-        failed
+        if let Some(subject) = &sender.tls_subject {
+            let mut tls = Map::with_capacity(1);
+            tls.insert("subject", Value::String(subject.clone()));
+            event.metadata_mut().insert("tls_peer", Value::Object(tls));
+        }
+        events.push(event);
+        parsed == parse::Parsed::Failed
     }
 
     /// The memory to reserve before decoding `bytes` bytes holding about `messages` messages:

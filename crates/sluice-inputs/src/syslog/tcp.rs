@@ -173,7 +173,7 @@ async fn connection(shared: &Shared, mut stream: ServerStream<TcpStream>, peer: 
             let mut take = |frame: Frame<'_>| {
                 bytes += frame.bytes.len();
                 truncated += u64::from(frame.truncated);
-                failed += settings.decode([(frame.bytes, frame.truncated)], &sender, received, &mut events);
+                failed += u64::from(settings.decode(frame.bytes, frame.truncated, &sender, received, &mut events));
             };
             let framed = if end {
                 framer.finish(&mut take);

@@ -261,7 +261,7 @@ pub(super) async fn serve(settings: Settings, socket: UdpSocket, ctx: InputConte
                 sender.peer = d.peer.map(|a| Str::from(a.to_string()));
             }
             let bytes = &arena[d.start..d.start + d.len];
-            failed += settings.decode([(bytes, d.truncated)], &sender, received, &mut events);
+            failed += u64::from(settings.decode(bytes, d.truncated, &sender, received, &mut events));
         }
         if failed > 0 {
             ctx.metrics.failed.add(failed);
