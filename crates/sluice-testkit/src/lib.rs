@@ -4,6 +4,11 @@
 //! disk is the kernel's ENOSPC and not a simulation. Mounting needs root; where the process may
 //! not mount, [`SmallTmpfs::mount`] says why on stderr and returns `None`, and the test returns
 //! early (it cannot check anything there).
+//!
+//! [`opensearch::OpenSearch`]: a real single-node OpenSearch started from Maven Central jars by
+//! `servers/opensearch/run`; a test that needs it fails when it cannot be started.
+
+pub mod opensearch;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
