@@ -349,6 +349,7 @@ impl Conn<'_> {
         let figures = &self.shared.figures;
         let mut last_write = Instant::now();
         let mut grace: Option<Instant> = None;
+        let mut was_owed = false;
         let mut out = Vec::with_capacity(64);
         loop {
             let due = self.windows.due();
@@ -368,9 +369,11 @@ impl Conn<'_> {
                 return;
             }
             let owed = self.windows.owed();
-            if owed == 0 && self.reading.load(Ordering::Acquire) {
+            if owed == 0 && was_owed && self.reading.load(Ordering::Acquire) {
+                // Owed nothing any more while the reader waits on the client: idle from now.
                 self.activity.request_finished();
             }
+            was_owed = owed > 0;
             match self.ended.get() {
                 Some(End::Failed) => return,
                 Some(_) if owed == 0 => {

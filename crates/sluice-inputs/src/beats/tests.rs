@@ -537,6 +537,28 @@ async fn idle_clients_are_closed_but_not_while_they_wait_for_an_ack() {
 }
 
 #[tokio::test]
+async fn a_client_that_stops_in_the_middle_of_a_window_is_closed_after_idle_timeout() {
+    let input = start("{type: beats, address: 'x:0', idle_timeout: 400ms, keepalive_interval: 100ms}").await;
+    let mut s = TcpStream::connect(input.addr).await.unwrap();
+    let started = std::time::Instant::now();
+    // Two events of the three announced, then nothing: keep-alives flow, but the client owes
+    // the server, not the other way round.
+    let wire = window_of(0, 3, false);
+    let cut = wire.len() - encode::json(3, &doc(2)).len();
+    s.write_all(&wire[..cut]).await.unwrap();
+    let mut keepalives = 0;
+    while let Some(seq) = ack_within(&mut s, Duration::from_secs(5)).await {
+        assert_eq!(seq, 0);
+        keepalives += 1;
+    }
+    assert!(started.elapsed() >= Duration::from_millis(350), "{:?}", started.elapsed());
+    assert!(keepalives >= 2, "{keepalives}");
+    assert!(closed_within(&mut s, Duration::from_secs(1)).await);
+    assert_eq!(input.ctx.metrics.refused.get(), 1);
+    input.stop().await;
+}
+
+#[tokio::test]
 async fn decoding_waits_for_the_memory_budget_and_batches_carry_their_charge() {
     let mut input = start("{type: beats, address: 'x:0'}").await;
     let held = input.ctx.memory.charge(input.ctx.memory.limit(), None).await.unwrap();
