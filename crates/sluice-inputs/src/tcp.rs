@@ -38,9 +38,9 @@ use sluice_config::model::ComponentSpec;
 use sluice_config::{ByteSize, ConfigError, HumanDuration};
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, Event, FieldPath, SharedText, Str, TextPool, Value};
+use sluice_tls::ServerTls;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
-use sluice_tls::ServerTls;
 use tokio::task::JoinSet;
 
 use crate::admission;

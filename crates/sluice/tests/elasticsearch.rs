@@ -21,7 +21,11 @@ fn json(text: &str) -> Value {
 }
 
 /// Events as JSON lines: `event_id` e-0.., `n`, `service`.
-fn events_file(dir: &std::path::Path, n: usize, extra: impl Fn(usize) -> Option<(&'static str, Value)>) -> std::path::PathBuf {
+fn events_file(
+    dir: &std::path::Path,
+    n: usize,
+    extra: impl Fn(usize) -> Option<(&'static str, Value)>,
+) -> std::path::PathBuf {
     let path = dir.join("events.ndjson");
     let mut text = String::with_capacity(n * 64);
     for i in 0..n {
@@ -264,9 +268,9 @@ pipelines:
     assert!(acked.len() >= 29_000, "the persisted queue acknowledges while the engine is down: {}", acked.len());
     wait_until("every acknowledged event indexed", Duration::from_secs(120), || {
         os.try_request("POST", "/survive/_refresh", "").is_ok_and(|(s, _)| s == 200)
-            && os.try_request("GET", "/survive/_count", "").is_ok_and(|(s, b)| {
-                s == 200 && json(&b)["count"].as_u64().unwrap_or(0) >= acked.len() as u64
-            })
+            && os
+                .try_request("GET", "/survive/_count", "")
+                .is_ok_and(|(s, b)| s == 200 && json(&b)["count"].as_u64().unwrap_or(0) >= acked.len() as u64)
     });
     // Every acknowledged id is there, not just as many documents.
     for chunk in acked.chunks(1000) {

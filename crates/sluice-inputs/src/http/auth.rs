@@ -80,10 +80,9 @@ impl Authenticator {
                     Ok(Some(Authenticator { scheme: "Bearer", credentials: token.as_bytes().to_vec() }))
                 }
                 (Some(_), Some(_)) => Err(spec.key_error("auth", "set one of `basic` and `bearer`, not both")),
-                (None, None) => Err(spec.key_error(
-                    "auth",
-                    "needs `basic: {user, password}` or `bearer: TOKEN` (or remove `auth`)",
-                )),
+                (None, None) => {
+                    Err(spec.key_error("auth", "needs `basic: {user, password}` or `bearer: TOKEN` (or remove `auth`)"))
+                }
             },
         }
     }
@@ -155,7 +154,8 @@ mod tests {
 
     #[test]
     fn bearer_token_and_the_older_key() {
-        for yaml in ["{type: http, address: 'x:0', auth: {bearer: s3cret}}", "{type: http, address: 'x:0', auth_token: s3cret}"]
+        for yaml in
+            ["{type: http, address: 'x:0', auth: {bearer: s3cret}}", "{type: http, address: 'x:0', auth_token: s3cret}"]
         {
             let a = authenticator(yaml).unwrap().unwrap();
             assert!(a.admits(&headers("Bearer s3cret")));
@@ -172,7 +172,9 @@ mod tests {
         let e = |yaml: &str| authenticator(yaml).unwrap_err().to_string();
         assert!(e("{type: http, address: 'x:0', auth: {bearer: t}, auth_token: t}").contains("both set"));
         assert!(e("{type: http, address: 'x:0', auth: {}}").contains("needs `basic"));
-        assert!(e("{type: http, address: 'x:0', auth: {basic: {user: a, password: b}, bearer: t}}").contains("not both"));
+        assert!(
+            e("{type: http, address: 'x:0', auth: {basic: {user: a, password: b}, bearer: t}}").contains("not both")
+        );
         let m = e("{type: http, address: 'x:0', auth: {basic: {user: 'a:b', password: c}}}");
         assert!(m.contains("auth.basic.user"), "{m}");
         let m = e("{type: http, address: 'x:0', auth: {basic: {user: a}}}");

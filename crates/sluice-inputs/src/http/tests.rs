@@ -11,9 +11,7 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::tcp::tests::{context, spec};
 
-async fn start(
-    yaml: &str,
-) -> (SocketAddr, InputContext, mpsc::UnboundedReceiver<Batch>, tokio::task::JoinHandle<()>) {
+async fn start(yaml: &str) -> (SocketAddr, InputContext, mpsc::UnboundedReceiver<Batch>, tokio::task::JoinHandle<()>) {
     start_with_budget(yaml, 64 << 20).await
 }
 
@@ -34,18 +32,10 @@ async fn start_with_budget(
 }
 
 /// One HTTP/1.1 request on a fresh connection; returns the status and the body.
-async fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> (u16, String) {
+async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+    let mut head =
+        format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -164,8 +154,7 @@ async fn stalled_connections_make_room_for_a_new_client() {
 
 #[tokio::test]
 async fn half_a_head_is_closed_after_header_timeout_and_idle_after_idle_timeout() {
-    let (addr, ctx, rx, task) =
-        start("{type: http, address: 'x:0', header_timeout: 200ms, idle_timeout: 1s}").await;
+    let (addr, ctx, rx, task) = start("{type: http, address: 'x:0', header_timeout: 200ms, idle_timeout: 1s}").await;
     let _batches = auto_ack(rx);
     let mut slow = TcpStream::connect(addr).await.unwrap();
     let mut idle = TcpStream::connect(addr).await.unwrap();
@@ -173,10 +162,7 @@ async fn half_a_head_is_closed_after_header_timeout_and_idle_after_idle_timeout(
     let started = std::time::Instant::now();
     assert!(closed_within(&mut slow, Duration::from_secs(5)).await.is_some(), "the slow head was kept");
     let slow_closed = started.elapsed();
-    assert!(
-        slow_closed >= Duration::from_millis(150) && slow_closed < Duration::from_millis(900),
-        "{slow_closed:?}"
-    );
+    assert!(slow_closed >= Duration::from_millis(150) && slow_closed < Duration::from_millis(900), "{slow_closed:?}");
     // A connection that sent nothing is only idle: it outlives the header timeout...
     let mut one = [0u8; 1];
     assert!(tokio::time::timeout(Duration::from_millis(300), idle.read(&mut one)).await.is_err());
@@ -258,8 +244,7 @@ async fn a_request_that_waits_request_timeout_for_memory_gets_429() {
 async fn requests_that_together_exceed_the_budget_take_turns_instead_of_stalling() {
     // Each request's events need most of half the budget: two at once cannot both fit, and
     // a request that waited while holding its part would stall the others until timeout.
-    let (addr, ctx, rx, task) =
-        start_with_budget("{type: http, address: 'x:0', request_timeout: 20s}", 4 << 20).await;
+    let (addr, ctx, rx, task) = start_with_budget("{type: http, address: 'x:0', request_timeout: 20s}", 4 << 20).await;
     let mut batches = auto_ack(rx);
     let body: Vec<u8> = (0..3000).flat_map(|i| format!("{{\"n\":{i}}}\n").into_bytes()).collect();
     let started = std::time::Instant::now();
