@@ -36,6 +36,7 @@ use sluice_config::{ConfigError, HumanDuration};
 use sluice_core::Event;
 use sluice_tls::ClientTls;
 
+use crate::http_client::HttpClient;
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, Rejected, encode_json_lines};
 
@@ -113,10 +114,7 @@ fn default_batch_max() -> usize {
 }
 
 struct HttpOutput {
-    /// The client, and the TLS generation it was built with: rebuilt when the certificates
-    /// are re-read (SIGHUP), so new connections use them.
-    client: parking_lot::Mutex<(u64, reqwest::Client)>,
-    client_settings: ClientSettings,
+    client: HttpClient,
     url: Url,
     method: Method,
     format: Format,
@@ -168,11 +166,10 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
     if tls.is_some() && url.scheme() != "https" {
         return Err(spec.key_error("tls", format!("`tls` is set but `{}` is not an https:// URL", c.url)));
     }
-    let client_settings = ClientSettings { timeout: c.timeout.0, headers, tls };
-    let client = client_settings.build().map_err(|e| spec.error(format!("cannot build the HTTP client: {e}")))?;
+    let client = HttpClient::new(c.timeout.0, headers, tls)
+        .map_err(|e| spec.error(format!("cannot build the HTTP client: {e}")))?;
     Ok(Arc::new(HttpOutput {
-        client: parking_lot::Mutex::new((client_settings.generation(), client)),
-        client_settings,
+        client,
         url,
         method: match c.method {
             HttpMethod::Post => Method::POST,
@@ -186,50 +183,6 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
         stall: StallLog::default(),
         ctx,
     }))
-}
-
-/// What the HTTP client is built from.
-struct ClientSettings {
-    timeout: Duration,
-    headers: HeaderMap,
-    tls: Option<Arc<ClientTls>>,
-}
-
-impl ClientSettings {
-    fn build(&self) -> reqwest::Result<reqwest::Client> {
-        // reqwest is built without a default crypto provider; install ring once for https.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = reqwest::Client::builder()
-            .timeout(self.timeout)
-            .connect_timeout(self.timeout.min(Duration::from_secs(10)))
-            .default_headers(self.headers.clone())
-            .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
-        if let Some(tls) = &self.tls {
-            builder = builder.tls_backend_preconfigured((*tls.client_config()).clone());
-        }
-        builder.build()
-    }
-
-    fn generation(&self) -> u64 {
-        self.tls.as_ref().map_or(0, |t| t.generation())
-    }
-}
-
-impl HttpOutput {
-    /// The client, rebuilt first if the certificates were re-read since it was built.
-    fn client(&self) -> reqwest::Client {
-        let mut client = self.client.lock();
-        let generation = self.client_settings.generation();
-        if client.0 != generation {
-            match self.client_settings.build() {
-                Ok(rebuilt) => *client = (generation, rebuilt),
-                Err(e) => tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, error = %e,
-                    "http output cannot rebuild its client with the re-read certificates; keeping the one in use"),
-            }
-            client.0 = generation;
-        }
-        client.1.clone()
-    }
 }
 
 /// What one attempt came to.
@@ -273,11 +226,12 @@ impl HttpOutput {
     }
 
     async fn attempt(&self, body: Bytes) -> Attempt {
-        let response = match self.client().request(self.method.clone(), self.url.clone()).body(body).send().await {
-            Ok(r) => r,
-            Err(e) if e.is_builder() => return Attempt::Refused(format!("cannot build the request: {e}")),
-            Err(e) => return Attempt::Retriable(describe(&e), None),
-        };
+        let response =
+            match self.client.get(&self.ctx).request(self.method.clone(), self.url.clone()).body(body).send().await {
+                Ok(r) => r,
+                Err(e) if e.is_builder() => return Attempt::Refused(format!("cannot build the request: {e}")),
+                Err(e) => return Attempt::Retriable(describe(&e), None),
+            };
         let status = response.status();
         if status.is_success() {
             // Read the answer to the end so the connection can be used again.

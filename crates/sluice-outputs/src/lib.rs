@@ -36,6 +36,7 @@ mod blackhole;
 mod elasticsearch;
 mod file;
 mod http;
+mod http_client;
 mod pipeline;
 pub mod retry;
 mod stdout;

@@ -38,6 +38,7 @@ use sluice_expr::Template;
 use sluice_tls::ClientTls;
 use tokio::sync::Semaphore;
 
+use crate::http_client::HttpClient;
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, Rejected};
 
@@ -60,8 +61,7 @@ pub(crate) struct ElasticsearchOutput {
     targets: Targets,
     create_conflict_delivered: bool,
     hosts: Hosts,
-    client: parking_lot::Mutex<(u64, reqwest::Client)>,
-    client_settings: ClientSettings,
+    client: HttpClient,
     compression: Compression,
     batch_max_events: usize,
     batch_max_bytes: usize,
@@ -146,16 +146,15 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<E
         return Err(spec.key_error("tls", "`tls` is set but not every host is an https:// URL"));
     }
     let template = c.template.as_ref().map(|t| template::Install::read(spec, t)).transpose()?;
-    let client_settings = ClientSettings { timeout: c.timeout.0, headers, tls };
-    let client = client_settings.build().map_err(|e| spec.error(format!("cannot build the HTTP client: {e}")))?;
+    let client = HttpClient::new(c.timeout.0, headers, tls)
+        .map_err(|e| spec.error(format!("cannot build the HTTP client: {e}")))?;
     let figures = Arc::new(Figures::default());
     let _ = ctx.metrics.state.set(figures.clone());
     Ok(ElasticsearchOutput {
         targets: Targets { action: c.action, index, id, routing, pipeline },
         create_conflict_delivered: c.create_conflict == ConflictPolicy::Delivered,
         hosts: Hosts::new(&urls),
-        client: parking_lot::Mutex::new((client_settings.generation(), client)),
-        client_settings,
+        client,
         compression: c.compression,
         batch_max_events: c.batch_max_events,
         batch_max_bytes: c.batch_max_bytes.as_usize(),
@@ -196,34 +195,6 @@ fn authorization(spec: &ComponentSpec, auth: &config::AuthConfig) -> Result<Head
     HeaderValue::from_str(&value).map_err(|_| spec.key_error("auth", "holds characters a header cannot carry"))
 }
 
-/// What the HTTP client is built from; rebuilt when the certificates are re-read.
-struct ClientSettings {
-    timeout: Duration,
-    headers: HeaderMap,
-    tls: Option<Arc<ClientTls>>,
-}
-
-impl ClientSettings {
-    fn build(&self) -> reqwest::Result<reqwest::Client> {
-        // reqwest is built without a default crypto provider; install ring once for https.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = reqwest::Client::builder()
-            .timeout(self.timeout)
-            .connect_timeout(self.timeout.min(Duration::from_secs(10)))
-            .pool_idle_timeout(Duration::from_secs(50))
-            .default_headers(self.headers.clone())
-            .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
-        if let Some(tls) = &self.tls {
-            builder = builder.tls_backend_preconfigured((*tls.client_config()).clone());
-        }
-        builder.build()
-    }
-
-    fn generation(&self) -> u64 {
-        self.tls.as_ref().map_or(0, |t| t.generation())
-    }
-}
-
 /// What one bulk request came to as a whole.
 enum Answer {
     /// 2xx: the body, to read per document.
@@ -235,20 +206,6 @@ enum Answer {
 }
 
 impl ElasticsearchOutput {
-    fn client(&self) -> reqwest::Client {
-        let mut client = self.client.lock();
-        let generation = self.client_settings.generation();
-        if client.0 != generation {
-            match self.client_settings.build() {
-                Ok(rebuilt) => *client = (generation, rebuilt),
-                Err(e) => tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, error = %e,
-                    "elasticsearch output cannot rebuild its client with the re-read certificates; keeping the one in use"),
-            }
-            client.0 = generation;
-        }
-        client.1.clone()
-    }
-
     /// The request body of `items`: their lines, gzipped when configured.
     fn body(&self, encoded: &Encoded, items: &[usize]) -> Bytes {
         let size: usize = items.iter().map(|&i| encoded.items[i].len()).sum();
@@ -281,7 +238,7 @@ impl ElasticsearchOutput {
         let url = self.hosts.bulk_url(host).clone();
         let started = Instant::now();
         self.figures.requests_in_flight.fetch_add(1, Ordering::Relaxed);
-        let result = self.client().post(url).body(body).send().await;
+        let result = self.client.get(&self.ctx).post(url).body(body).send().await;
         let answer = match result {
             Err(e) => Answer::Retriable {
                 reason: format!("{}: {}", self.hosts.name(host), crate::http::describe(&e)),
@@ -490,7 +447,7 @@ impl ElasticsearchOutput {
                 loop {
                     let host = self.hosts.pick();
                     let base = self.hosts.bulk_url(host).join("./").expect("the bulk URL has a base");
-                    match install.run(&self.client(), &base).await {
+                    match install.run(&self.client.get(&self.ctx), &base).await {
                         Ok(what) => {
                             tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, template = %install.name(),
                                 host = %self.hosts.name(host), "index template {what}");
