@@ -328,3 +328,23 @@ fn hostile_windows_and_frames_close_the_connection_and_the_node_serves_the_next_
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
 }
+
+#[test]
+fn validate_reads_the_tls_files_and_checks_the_limits() {
+    let (ok, text) = validate(
+        "pipelines:
+  p:
+    inputs: [{type: beats, address: '127.0.0.1:5044', tls: {cert: missing.crt, key: missing.key}}]
+    outputs: [{type: stdout}]
+",
+    );
+    assert!(!ok && text.contains("missing.crt") && text.contains("inputs[0].tls.cert"), "{text}");
+    let (ok, text) = validate(
+        "pipelines:
+  p:
+    inputs: [{type: beats, address: '127.0.0.1:5044', max_window_size: 0, keepalive_interval: 0s}]
+    outputs: [{type: stdout}]
+",
+    );
+    assert!(!ok && text.contains("max_window_size"), "{text}");
+}

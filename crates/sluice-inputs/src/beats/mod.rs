@@ -111,13 +111,8 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError>
     if config.keepalive_interval.0.is_zero() {
         return Err(spec.key_error("keepalive_interval", "must be more than 0"));
     }
-    let tls = match &config.tls {
-        Some(tls) if tls.enabled => {
-            let what = format!("beats input `{}` ({})", spec.id, spec.path);
-            Some(ServerTls::new(tls, what).map_err(|e| spec.nested_key_error(&["tls", e.key()], e.to_string()))?)
-        }
-        _ => None,
-    };
+    // The files are read and checked now, so that `sluice validate` reports them.
+    let tls = ServerTls::for_component(spec, config.tls.as_ref())?;
     Ok(Box::new(Beats { config, tls }))
 }
 

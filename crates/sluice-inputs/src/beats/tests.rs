@@ -559,6 +559,33 @@ async fn a_client_that_stops_in_the_middle_of_a_window_is_closed_after_idle_time
 }
 
 #[tokio::test]
+async fn a_full_house_closes_the_connection_idle_the_longest_never_one_owed_an_ack() {
+    let mut input = start("{type: beats, address: 'x:0', max_connections: 2}").await;
+    let mut owed = TcpStream::connect(input.addr).await.unwrap();
+    owed.write_all(&window_of(0, 1, false)).await.unwrap();
+    let held = input.events(1).await;
+    let mut idle = TcpStream::connect(input.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Full: the newcomer is served, and the idle one (not the one owed an ACK) makes room.
+    let mut newcomer = TcpStream::connect(input.addr).await.unwrap();
+    newcomer.write_all(&window_of(10, 1, true)).await.unwrap();
+    input.events(1).await.into_iter().for_each(Batch::complete);
+    assert_eq!(ack_within(&mut newcomer, Duration::from_secs(5)).await, Some(1));
+    assert!(closed_within(&mut idle, Duration::from_secs(5)).await);
+    held.into_iter().for_each(Batch::complete);
+    assert_eq!(ack_within(&mut owed, Duration::from_secs(5)).await, Some(1));
+    // Both open ones owed an ACK: a third is closed at once.
+    owed.write_all(&window_of(20, 1, false)).await.unwrap();
+    newcomer.write_all(&window_of(30, 1, false)).await.unwrap();
+    let waiting = input.events(2).await;
+    let mut refused = TcpStream::connect(input.addr).await.unwrap();
+    assert!(closed_within(&mut refused, Duration::from_secs(5)).await);
+    assert_eq!(input.ctx.metrics.refused.get(), 2);
+    drop((waiting, owed, newcomer));
+    input.stop().await;
+}
+
+#[tokio::test]
 async fn decoding_waits_for_the_memory_budget_and_batches_carry_their_charge() {
     let mut input = start("{type: beats, address: 'x:0'}").await;
     let held = input.ctx.memory.charge(input.ctx.memory.limit(), None).await.unwrap();
