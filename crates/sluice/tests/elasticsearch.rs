@@ -223,10 +223,10 @@ pipelines:
 #[test]
 fn the_engine_killed_mid_load_loses_nothing_an_http_client_was_acknowledged_for() {
     let mut os = OpenSearch::start_or_panic(&[]);
-    let port = free_port();
+    let (port, api) = (free_port(), free_port());
     let mut s = Sluice::start(&format!(
         "data_dir: '{{dir}}/data'
-api: {{enabled: false}}
+api: {{address: '127.0.0.1:{api}'}}
 pipelines:
   main:
     queue: {{type: persisted, sync: commit}}
@@ -277,6 +277,29 @@ pipelines:
         let ids: Vec<String> = chunk.iter().map(|i| format!("e-{i}")).collect();
         assert_eq!(search_ids(&os, "survive", &ids).len(), ids.len());
     }
+    // The output's own figures at /metrics and /stats.
+    let (_, metrics) = common::http(&format!("127.0.0.1:{api}"), "GET", "/metrics", &[], b"");
+    let series = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    };
+    assert!(series("sluice_component_documents_indexed_total") >= acked.len() as f64);
+    assert!(series("sluice_component_bulk_request_duration_seconds_count") > 0.0);
+    assert!(
+        series("sluice_component_bulk_bytes_sent_total") < series("sluice_component_bulk_bytes_encoded_total"),
+        "gzip"
+    );
+    let stats = common::get_json(&format!("127.0.0.1:{api}"), "/stats");
+    let state = &stats["pipelines"]["main"]["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "opensearch")
+        .unwrap()["state"];
+    assert!(state["documents_indexed"].as_u64().unwrap() >= acked.len() as u64, "{state}");
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
     assert!(log.contains("bulk request failed; sending again"), "the outage was retried and logged:\n{log}");
