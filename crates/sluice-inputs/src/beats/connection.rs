@@ -189,10 +189,11 @@ impl Conn<'_> {
         let mut current: Option<Current> = None;
         let mut failed_logged = false;
         loop {
-            // Room for the rest of the frame under way (its length was checked against
-            // max_frame_bytes when its header was read) or for one read, charged first.
+            // Room for one more read, charged first. Toward a large frame (its length checked
+            // against max_frame_bytes when its header came) the buffer doubles, so that a slow
+            // client holds about what it has sent, and a large frame is not copied over and over.
             let need = protocol::frame_len(&buf).map_or(0, |len| len.saturating_sub(buf.len()));
-            let target = buf.len() + need.max(READ_SIZE);
+            let target = buf.len() + need.min(buf.len()).max(READ_SIZE);
             if target > held.bytes() {
                 match self.reserve(target - held.bytes()).await {
                     Ok(more) => held.merge(more),

@@ -586,6 +586,29 @@ async fn a_full_house_closes_the_connection_idle_the_longest_never_one_owed_an_a
 }
 
 #[tokio::test]
+async fn a_large_frame_sent_slowly_holds_about_what_was_sent() {
+    let mut input = start("{type: beats, address: 'x:0', max_frame_bytes: 8MiB}").await;
+    let mut s = TcpStream::connect(input.addr).await.unwrap();
+    let big = format!("{{\"message\":\"{}\"}}", "m".repeat(4 << 20));
+    let mut wire = encode::window(1);
+    wire.extend(encode::json(1, big.as_bytes()));
+    // The header announces 4 MiB; 100 KiB follow, then a pause.
+    s.write_all(&wire[..100 << 10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held = input.ctx.memory.used();
+    assert!(held < 512 << 10, "{held} bytes charged for 100 KiB received");
+    for chunk in wire[100 << 10..].chunks(1 << 20) {
+        s.write_all(chunk).await.unwrap();
+    }
+    let batch = input.batch().await;
+    assert_eq!(batch.events[0].message().map(str::len), Some(4 << 20));
+    batch.complete();
+    assert_eq!(ack_within(&mut s, Duration::from_secs(5)).await, Some(1));
+    drop(s);
+    input.stop().await;
+}
+
+#[tokio::test]
 async fn decoding_waits_for_the_memory_budget_and_batches_carry_their_charge() {
     let mut input = start("{type: beats, address: 'x:0'}").await;
     let held = input.ctx.memory.charge(input.ctx.memory.limit(), None).await.unwrap();
