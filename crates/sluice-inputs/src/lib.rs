@@ -24,6 +24,7 @@ use sluice_core::{Batch, MemoryBudget, MemoryCharge, Queue, QueueClosed};
 use tokio_util::sync::CancellationToken;
 
 pub mod admission;
+mod beats;
 pub mod codec;
 pub mod dead_letter_queue;
 mod file;
@@ -33,6 +34,7 @@ mod http;
 pub mod limits;
 mod pipeline;
 mod stdin;
+mod syslog;
 mod tcp;
 
 #[doc(hidden)]
@@ -119,17 +121,20 @@ impl InputContext {
 }
 
 /// The input types this build knows, for messages.
-pub const TYPES: &[&str] = &["dead_letter_queue", "file", "generator", "http", "pipeline", "stdin", "tcp"];
+pub const TYPES: &[&str] =
+    &["beats", "dead_letter_queue", "file", "generator", "http", "pipeline", "stdin", "syslog", "tcp"];
 
 /// Builds an input from its config section; nothing is opened or bound until it runs.
 pub fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
     match spec.type_name.as_str() {
+        "beats" => beats::build(spec),
         "dead_letter_queue" => dead_letter_queue::build(spec),
         "file" => file::build(spec),
         "generator" => generator::build(spec),
         "http" => http::build(spec),
         "pipeline" => pipeline::build(spec),
         "stdin" => stdin::build(spec),
+        "syslog" => syslog::build(spec),
         "tcp" => tcp::build(spec),
         other => Err(spec.error(format!(
             "unknown input type `{other}`, expected one of {}",

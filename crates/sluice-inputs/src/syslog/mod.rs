@@ -132,10 +132,7 @@ fn settings(spec: &ComponentSpec) -> Result<(Mode, Settings, Option<Arc<ServerTl
             if config.max_connections == Some(0) {
                 return Err(spec.key_error("max_connections", "must be at least 1"));
             }
-            if let Some(section) = config.tls.as_ref().filter(|t| t.enabled) {
-                let what = format!("{} (syslog `{}`)", spec.path, spec.id);
-                tls = Some(ServerTls::new(section, what).map_err(|e| tls_error(spec, &e))?);
-            }
+            tls = ServerTls::for_component(spec, config.tls.as_ref())?;
         }
         Mode::Udp => {
             for (key, set) in
@@ -169,14 +166,6 @@ fn settings(spec: &ComponentSpec) -> Result<(Mode, Settings, Option<Arc<ServerTl
         receive_buffer_bytes: config.receive_buffer_bytes.map(|b| b.as_usize()),
     };
     Ok((config.mode, settings, tls))
-}
-
-/// A TLS error placed at `<input>.tls.<key>`, where the key was written.
-fn tls_error(spec: &ComponentSpec, e: &sluice_tls::TlsError) -> ConfigError {
-    let path = format!("{}.tls.{}", spec.path, e.key());
-    let section = spec.settings.get("tls");
-    let mark = section.and_then(|t| t.get(e.key())).or(section).map_or_else(|| spec.mark.clone(), |n| n.mark.clone());
-    ConfigError::at(e.to_string(), &path, mark)
 }
 
 #[async_trait]

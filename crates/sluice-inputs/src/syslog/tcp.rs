@@ -13,7 +13,7 @@
 //!   peer (counted in `refused`): what follows it cannot be framed.
 //! - `max_connections` and `idle_timeout` work as for the `tcp` input ([`crate::limits`]):
 //!   a newcomer makes room by closing the connection idle the longest.
-//! - With `tls:`, the handshake is bounded by [`HANDSHAKE_TIMEOUT`] and by the connection's
+//! - With `tls:`, the handshake is bounded by [`crate::limits::TLS_HANDSHAKE_TIMEOUT`] and by the connection's
 //!   own limits; a failed one is logged with the peer and counted in `refused`. A client's
 //!   certificate subject, when it sent one, is in each event's `@metadata.tls_peer.subject`.
 //! - On shutdown the input stops accepting; each connection pushes what it has read (an
@@ -32,13 +32,11 @@ use tokio::task::JoinSet;
 
 use super::frame::{Frame, SyslogFramer};
 use super::{Sender, Settings};
-use crate::limits::{Activity, ConnectionSlots};
+use crate::limits::{Activity, ConnectionSlots, tls_handshake};
 use crate::{InputContext, InputError};
 
 /// The most read (and turned into one batch) at once per connection.
 pub(super) const READ_BUFFER: usize = 64 << 10;
-/// How long a client has to complete its TLS handshake once connected.
-pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Shared {
     settings: Settings,
@@ -105,20 +103,15 @@ async fn handshake(
     activity: &Activity,
 ) -> Option<ServerStream<TcpStream>> {
     let ctx = &shared.ctx;
-    let Some(tls) = &shared.tls else { return Some(ServerStream::Plain(stream)) };
-    let why = tokio::select! {
-        biased;
-        _ = ctx.shutdown.cancelled() => return None,
-        why = activity.expired() => format!("the connection {why}"),
-        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, ServerStream::accept(Some(tls), stream)) => match r {
-            Ok(Ok(stream)) => return Some(stream),
-            Ok(Err(e)) => format!("TLS handshake failed: {}", sluice_tls::describe_handshake_error(&e)),
-            Err(_) => format!("TLS handshake not completed within {}s", HANDSHAKE_TIMEOUT.as_secs()),
-        },
-    };
-    ctx.metrics.refused.add(1);
-    tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "syslog input closed a connection: {why}");
-    None
+    match tls_handshake(shared.tls.as_ref(), stream, activity, &ctx.shutdown).await {
+        Ok(stream) => Some(stream),
+        Err(_) if ctx.shutdown.is_cancelled() => None,
+        Err(why) => {
+            ctx.metrics.refused.add(1);
+            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "syslog input closed a connection: {why}");
+            None
+        }
+    }
 }
 
 /// Reads one sender until it closes, fails, breaks the framing, or shutdown is asked.
