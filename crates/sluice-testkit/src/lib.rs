@@ -7,7 +7,12 @@
 //!
 //! [`opensearch::OpenSearch`]: a real single-node OpenSearch started from Maven Central jars by
 //! `servers/opensearch/run`; a test that needs it fails when it cannot be started.
+//!
+//! [`kafka::Kafka`]: a real Apache Kafka broker (KRaft, one node) started from Maven Central jars
+//! by `servers/kafka/run`, with topic administration and an independent Java client; a test
+//! that needs it fails when it cannot be started.
 
+pub mod kafka;
 pub mod opensearch;
 
 use std::io::Write;
