@@ -1,7 +1,9 @@
 module sluice.test/beats-client
 
-go 1.25
+go 1.21
 
 require github.com/elastic/go-lumber v0.1.0
 
-require github.com/klauspost/compress v1.20.4 // indirect
+// go-lumber v0.1.0 has no go.mod of its own; its zlib comes from here, kept at a version that
+// builds with Go 1.21.
+require github.com/klauspost/compress v1.17.11 // indirect
