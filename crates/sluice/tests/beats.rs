@@ -325,6 +325,16 @@ fn hostile_windows_and_frames_close_the_connection_and_the_node_serves_the_next_
     let (_, metrics) = http(&api, "GET", "/metrics", &[], b"");
     assert_eq!(series(&metrics, "sluice_component_beats_protocol_errors_total"), 3.0);
     assert_eq!(series(&metrics, "sluice_component_beats_connections_open"), 0.0);
+    let stats = get_json(&api, "/stats");
+    let input = stats["pipelines"]["beats"]["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "beats")
+        .unwrap_or_else(|| panic!("no beats component in {stats}"))
+        .clone();
+    assert_eq!(input["state"]["beats_protocol_errors"], 3, "{input}");
+    assert_eq!(input["refused"], 2, "the window and the frame past their limits: {input}");
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
 }

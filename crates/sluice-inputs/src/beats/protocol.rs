@@ -205,7 +205,7 @@ pub fn ack(seq: u32) -> [u8; 6] {
     [VERSION, b'A', s[0], s[1], s[2], s[3]]
 }
 
-/// Test and fuzzing support: the frames a client writes.
+/// Test support: the frames a client writes.
 #[cfg(test)]
 pub mod encode {
     use std::io::Write;
