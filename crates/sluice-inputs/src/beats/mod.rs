@@ -310,3 +310,34 @@ fn parse_timestamp(event: &mut Event, now: i64) {
         }
     }
 }
+
+/// Decodes `bytes` as a client's stream the way a connection does (frames, compressed blocks,
+/// events), without a socket: for fuzz targets. The number of events and whether the stream
+/// was refused. Never panics, and allocates nothing a frame header announced before checking it.
+#[doc(hidden)]
+#[allow(dead_code)] // until lib.rs re-exports it for sluice-fuzz
+pub fn decode_for_fuzzing(bytes: &[u8]) -> (usize, bool) {
+    let limits = protocol::Limits { max_frame: 1 << 20, max_window: 4096 };
+    let mut buf = bytes::BytesMut::from(bytes);
+    let mut events = 0;
+    let peer = PeerMetadata::default();
+    loop {
+        let payloads = match protocol::next_frame(&mut buf, &limits) {
+            Ok(None) => return (events, false),
+            Err(_) => return (events, true),
+            Ok(Some(protocol::Frame::Window(_))) => continue,
+            Ok(Some(protocol::Frame::Json { seq, payload })) => vec![(seq, payload)],
+            Ok(Some(protocol::Frame::Compressed(block))) => {
+                let mut inner = Vec::new();
+                if protocol::expand_compressed(&block, &limits, &mut inner).is_err() {
+                    return (events, true);
+                }
+                inner
+            }
+        };
+        for (_, payload) in payloads {
+            let _ = decode_event(&payload, 0, &peer);
+            events += 1;
+        }
+    }
+}

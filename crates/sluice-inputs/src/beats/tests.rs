@@ -148,6 +148,38 @@ fn bad_versions_and_frame_types_are_named() {
 }
 
 #[test]
+fn mangled_streams_never_panic() {
+    let mut valid = window_of(0, 20, false);
+    valid.extend(window_of(20, 20, true));
+    let nested = encode::compressed(&encode::compressed(&encode::json(1, &doc(1))));
+    valid.extend(encode::window(1));
+    valid.extend(nested);
+    assert_eq!(decode_for_fuzzing(&valid), (41, false));
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for _ in 0..3000 {
+        let mut bytes = valid.clone();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() % bytes.len() as u64) as usize;
+            match next() % 3 {
+                0 => bytes[at] = next() as u8,
+                1 => bytes.truncate(at),
+                _ => bytes.insert(at, next() as u8),
+            }
+            if bytes.is_empty() {
+                break;
+            }
+        }
+        let _ = decode_for_fuzzing(&bytes);
+    }
+}
+
+#[test]
 fn acks_go_in_window_order_whatever_order_parts_finish_in() {
     let mut s = State::default();
     let a = s.open(3);
