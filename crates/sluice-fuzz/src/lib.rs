@@ -2,7 +2,8 @@
 //! segment frames and the binary event codec, whole persisted-queue directories (segment files
 //! and checkpoints, read as `sluice queue verify` reads them), registry snapshots and op logs,
 //! dead letter entries, the YAML config loader, the condition and template languages, the line
-//! framing and the `lines` / `json_lines` codecs, and the http input's request bodies.
+//! framing and the `lines` / `json_lines` codecs, the http input's request bodies and the beats
+//! input's frames.
 //!
 //! Each target is a plain `pub fn(&[u8])` so that two callers share it: the cargo-fuzz targets
 //! in the repository's `fuzz/` directory (nightly, libFuzzer) and the stable test
@@ -14,6 +15,7 @@
 //! agree; an error can be rendered as text; and readers that promise not to write leave their
 //! files untouched. A failed check is a panic, which is what libFuzzer and the test report.
 
+mod beats;
 pub mod checksums;
 mod config;
 mod dlq;
@@ -25,6 +27,7 @@ mod registry;
 mod segment;
 pub mod split;
 
+pub use beats::beats_frames;
 pub use config::config;
 pub use dlq::dlq_entry;
 pub use expr::expr;
@@ -47,4 +50,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("expr", expr),
     ("line_codecs", line_codecs),
     ("http_body", http_body),
+    ("beats_frames", beats_frames),
 ];

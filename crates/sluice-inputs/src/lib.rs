@@ -9,7 +9,8 @@
 //! [`sluice_core::Acker`] to each batch.
 //!
 //! Network line inputs share [`framing::LineFramer`] (newline splitting with a length cap that
-//! truncates and tags instead of stalling); the `file` input has its own framing with exact
+//! truncates and tags instead of stalling); `syslog` has its own framer for octet counting
+//! (RFC 6587) and `beats` its own frame decoder (Lumberjack v2); the `file` input has its own framing with exact
 //! byte offsets, any delimiter and any encoding. All use [`codec::Codec`] (text or JSON lines).
 
 use std::path::PathBuf;
@@ -37,6 +38,8 @@ mod stdin;
 mod syslog;
 mod tcp;
 
+#[doc(hidden)]
+pub use beats::decode_for_fuzzing as beats_decode_for_fuzzing;
 #[doc(hidden)]
 pub use http::parse_body_for_fuzzing;
 

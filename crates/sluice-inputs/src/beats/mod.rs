@@ -315,7 +315,6 @@ fn parse_timestamp(event: &mut Event, now: i64) {
 /// events), without a socket: for fuzz targets. The number of events and whether the stream
 /// was refused. Never panics, and allocates nothing a frame header announced before checking it.
 #[doc(hidden)]
-#[allow(dead_code)] // until lib.rs re-exports it for sluice-fuzz
 pub fn decode_for_fuzzing(bytes: &[u8]) -> (usize, bool) {
     let limits = protocol::Limits { max_frame: 1 << 20, max_window: 4096 };
     let mut buf = bytes::BytesMut::from(bytes);
