@@ -15,6 +15,9 @@
 //!   or has been sending one head for longer than `header_timeout`, so that a client that
 //!   sends half a request and then nothing is closed, while one waiting for its answer is not.
 //!   A body's own timeout belongs to whoever reads the body.
+//! - [`accept_connections`]: the accept loop of the stream inputs (`tcp`, `syslog`, `beats`):
+//!   each connection in a task of its own holding a slot, accept errors (out of file
+//!   descriptors) logged and retried without spinning, and the tasks waited for at shutdown.
 //! - [`tls_handshake`]: the TLS handshake of an accepted connection, bounded by
 //!   [`TLS_HANDSHAKE_TIMEOUT`] and by the connection's own timeouts, so that a client that
 //!   connects and never finishes its handshake holds its slot no longer than an idle one.
@@ -305,6 +308,59 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedIo<S> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
+}
+
+/// Accepts connections on `listener` until shutdown, each handled by `handle(stream, peer,
+/// activity)` in a task of its own that holds one of `max_connections` slots; then waits for
+/// those tasks. With every slot taken, the connection idle the longest makes room (see
+/// [`ConnectionSlots::take_or_evict`]); when none is idle the new one is closed at once, counted
+/// in `refused` and logged with the peer. `kind` names the input in logs (`tcp`, `beats`).
+pub async fn accept_connections<F, Fut>(
+    listener: tokio::net::TcpListener,
+    max_connections: usize,
+    idle_timeout: Duration,
+    ctx: &crate::InputContext,
+    kind: &'static str,
+    mut handle: F,
+) where
+    F: FnMut(tokio::net::TcpStream, std::net::SocketAddr, Arc<Activity>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let slots = ConnectionSlots::new(max_connections);
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            r = listener.accept() => r,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors, or a connection reset before it was accepted: keep
+                // serving, but do not spin on a persistent error.
+                tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, error = %e, "{kind} input cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let activity = Activity::new(idle_timeout, Duration::ZERO);
+        let Some(slot) = slots.take_or_evict(&activity) else {
+            ctx.metrics.refused.add(1);
+            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections = slots.max(),
+                "{kind} input refused a connection: max_connections reached and none of them idle");
+            drop(stream);
+            continue;
+        };
+        let connection = handle(stream, peer, activity);
+        tasks.spawn(async move {
+            connection.await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    while tasks.join_next().await.is_some() {}
 }
 
 /// How long a client has to complete its TLS handshake once connected.

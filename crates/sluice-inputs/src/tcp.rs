@@ -41,12 +41,11 @@ use sluice_core::{Batch, Event, FieldPath, SharedText, Str, TextPool, Value};
 use sluice_tls::ServerTls;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 
 use crate::admission;
 use crate::codec::{Codec, Decoded};
 use crate::framing::{Line, LineFramer};
-use crate::limits::{Activity, ConnectionSlots, tls_handshake};
+use crate::limits::{Activity, accept_connections, tls_handshake};
 use crate::{Input, InputContext, InputError};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -147,44 +146,14 @@ async fn serve(
 ) -> Result<(), InputError> {
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.address.clone());
     tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, tls = tls.is_some(), "tcp input listening");
-    let slots = ConnectionSlots::new(config.max_connections);
-    let idle_timeout = config.idle_timeout.0;
+    let (max_connections, idle_timeout) = (config.max_connections, config.idle_timeout.0);
     let texts = TextPool::new(TEXTS_KEPT, config.read_buffer.as_usize() * 2);
     let shared = Arc::new(Shared { config, tls, ctx: ctx.clone(), texts });
-    let mut tasks = JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            biased;
-            _ = ctx.shutdown.cancelled() => break,
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-            r = listener.accept() => r,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of file descriptors, or a connection reset before it was accepted: keep
-                // serving, but do not spin on a persistent error.
-                tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, error = %e, "tcp input cannot accept a connection");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let activity = Activity::new(idle_timeout, Duration::ZERO);
-        let Some(slot) = slots.take_or_evict(&activity) else {
-            ctx.metrics.refused.add(1);
-            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections = slots.max(),
-                "tcp input refused a connection: max_connections reached, every one busy");
-            drop(stream);
-            continue;
-        };
+    accept_connections(listener, max_connections, idle_timeout, &ctx, "tcp", |stream, peer, activity| {
         let shared = shared.clone();
-        tasks.spawn(async move {
-            connection(&shared, stream, peer, &activity).await;
-            drop(slot);
-        });
-    }
-    drop(listener);
-    while tasks.join_next().await.is_some() {}
+        async move { connection(&shared, stream, peer, &activity).await }
+    })
+    .await;
     Ok(())
 }
 

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{self, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
@@ -36,7 +36,7 @@ use sluice_config::{ConfigError, HumanDuration};
 use sluice_core::Event;
 use sluice_tls::ClientTls;
 
-use crate::http_client::HttpClient;
+use crate::http_client::{HttpClient, configured_headers};
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, Rejected, encode_json_lines};
 
@@ -138,14 +138,7 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
     if c.timeout.0.is_zero() {
         return Err(spec.key_error("timeout", "must be more than 0"));
     }
-    let mut headers = HeaderMap::new();
-    for (name, value) in &c.headers {
-        let n = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| spec.key_error("headers", format!("`{name}` is not a valid header name")))?;
-        let v = HeaderValue::from_str(value)
-            .map_err(|_| spec.key_error("headers", format!("the value of `{name}` is not a valid header value")))?;
-        headers.insert(n, v);
-    }
+    let mut headers = configured_headers(spec, &c.headers)?;
     if let Some(token) = &c.auth_token {
         let mut v = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| spec.key_error("auth_token", "is not valid in a header"))?;

@@ -46,6 +46,23 @@ impl HttpClient {
     }
 }
 
+/// The `headers:` of an output section as request headers; a bad name or value is an error at
+/// `headers`.
+pub(crate) fn configured_headers(
+    spec: &sluice_config::model::ComponentSpec,
+    configured: &std::collections::BTreeMap<String, String>,
+) -> Result<HeaderMap, sluice_config::ConfigError> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in configured {
+        let n = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| spec.key_error("headers", format!("`{name}` is not a valid header name")))?;
+        let v = reqwest::header::HeaderValue::from_str(value)
+            .map_err(|_| spec.key_error("headers", format!("the value of `{name}` is not a valid header value")))?;
+        headers.insert(n, v);
+    }
+    Ok(headers)
+}
+
 fn build(timeout: Duration, headers: &HeaderMap, tls: Option<&ClientTls>) -> reqwest::Result<reqwest::Client> {
     // reqwest is built without a default crypto provider; install ring once for https.
     let _ = rustls::crypto::ring::default_provider().install_default();

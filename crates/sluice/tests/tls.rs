@@ -38,9 +38,8 @@ fn send_line(port: u16, client: &TlsConfig, line: &str) -> Result<(), String> {
         tls.flush().await.map_err(|e| e.to_string())?;
         // With TLS 1.3 a refused client certificate shows at the first read.
         let mut buf = [0u8; 1];
-        match tokio::time::timeout(Duration::from_millis(300), tls.read(&mut buf)).await {
-            Ok(Err(e)) => return Err(sluice_tls::describe_handshake_error(&e)),
-            _ => {}
+        if let Ok(Err(e)) = tokio::time::timeout(Duration::from_millis(300), tls.read(&mut buf)).await {
+            return Err(sluice_tls::describe_handshake_error(&e));
         }
         tls.shutdown().await.map_err(|e| e.to_string())
     })

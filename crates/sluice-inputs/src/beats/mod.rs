@@ -39,10 +39,9 @@ use sluice_core::metrics::{ComponentState, Counter, StateFigure};
 use sluice_core::{Event, Map, Value};
 use sluice_tls::{ServerTls, TlsConfig};
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
 
 use crate::codec::{Codec, Decoded};
-use crate::limits::{Activity, ConnectionSlots};
+use crate::limits::accept_connections;
 use crate::{Input, InputContext, InputError};
 
 mod connection;
@@ -210,8 +209,7 @@ async fn serve(
         "beats input listening");
     let figures = Arc::new(Figures::default());
     let _ = ctx.metrics.state.set(figures.clone());
-    let slots = ConnectionSlots::new(config.max_connections);
-    let idle_timeout = config.idle_timeout.0;
+    let (max_connections, idle_timeout) = (config.max_connections, config.idle_timeout.0);
     let shared = Arc::new(Shared {
         ctx: ctx.clone(),
         limits: protocol::Limits { max_frame: config.max_frame_bytes.as_usize(), max_window: config.max_window_size },
@@ -219,41 +217,12 @@ async fn serve(
         tls,
         figures,
     });
-    let mut tasks = JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            biased;
-            _ = ctx.shutdown.cancelled() => break,
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-            r = listener.accept() => r,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of file descriptors, or a connection reset before it was accepted: keep
-                // serving, but do not spin on a persistent error.
-                tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, error = %e, "beats input cannot accept a connection");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    accept_connections(listener, max_connections, idle_timeout, &ctx, "beats", |stream, peer, activity| {
         let _ = stream.set_nodelay(true);
-        let activity = Activity::new(idle_timeout, Duration::ZERO);
-        let Some(slot) = slots.take_or_evict(&activity) else {
-            ctx.metrics.refused.add(1);
-            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections = slots.max(),
-                "beats input refused a connection: max_connections reached, every one waiting on the pipeline");
-            drop(stream);
-            continue;
-        };
         let shared = shared.clone();
-        tasks.spawn(async move {
-            connection::run(&shared, stream, peer, activity).await;
-            drop(slot);
-        });
-    }
-    drop(listener);
-    while tasks.join_next().await.is_some() {}
+        async move { connection::run(&shared, stream, peer, activity).await }
+    })
+    .await;
     Ok(())
 }
 

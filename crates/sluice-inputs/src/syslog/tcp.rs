@@ -21,18 +21,16 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, Event, Str};
 use sluice_tls::{ServerStream, ServerTls};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 
 use super::frame::{Frame, SyslogFramer};
 use super::{Sender, Settings};
-use crate::limits::{Activity, ConnectionSlots, tls_handshake};
+use crate::limits::{Activity, accept_connections, tls_handshake};
 use crate::{InputContext, InputError};
 
 /// The most read (and turned into one batch) at once per connection.
@@ -54,43 +52,17 @@ pub(super) async fn serve(
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| settings.address.clone());
     tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, tls = tls.is_some(),
         max_connections = settings.max_connections, "syslog input listening on tcp");
-    let slots = ConnectionSlots::new(settings.max_connections);
-    let idle_timeout = settings.idle_timeout;
+    let (max_connections, idle_timeout) = (settings.max_connections, settings.idle_timeout);
     let shared = Arc::new(Shared { settings, tls, ctx: ctx.clone() });
-    let mut tasks = JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            biased;
-            _ = ctx.shutdown.cancelled() => break,
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-            r = listener.accept() => r,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, error = %e, "syslog input cannot accept a connection");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let activity = Activity::new(idle_timeout, Duration::ZERO);
-        let Some(slot) = slots.take_or_evict(&activity) else {
-            ctx.metrics.refused.add(1);
-            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections = slots.max(),
-                "syslog input refused a connection: max_connections reached, every one busy");
-            drop(stream);
-            continue;
-        };
+    accept_connections(listener, max_connections, idle_timeout, &ctx, "syslog", |stream, peer, activity| {
         let shared = shared.clone();
-        tasks.spawn(async move {
+        async move {
             if let Some(stream) = handshake(&shared, stream, peer, &activity).await {
                 connection(&shared, stream, peer, &activity).await;
             }
-            drop(slot);
-        });
-    }
-    drop(listener);
-    while tasks.join_next().await.is_some() {}
+        }
+    })
+    .await;
     Ok(())
 }
 

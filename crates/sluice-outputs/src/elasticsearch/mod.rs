@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use base64::Engine;
 use bytes::Bytes;
-use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{self, HeaderValue};
 use reqwest::{StatusCode, Url};
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
@@ -38,7 +38,7 @@ use sluice_expr::Template;
 use sluice_tls::ClientTls;
 use tokio::sync::Semaphore;
 
-use crate::http_client::HttpClient;
+use crate::http_client::{HttpClient, configured_headers};
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, Rejected};
 
@@ -123,14 +123,7 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<E
     if c.timeout.0.is_zero() {
         return Err(spec.key_error("timeout", "must be more than 0"));
     }
-    let mut headers = HeaderMap::new();
-    for (name, value) in &c.headers {
-        let n = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| spec.key_error("headers", format!("`{name}` is not a valid header name")))?;
-        let v = HeaderValue::from_str(value)
-            .map_err(|_| spec.key_error("headers", format!("the value of `{name}` is not a valid header value")))?;
-        headers.insert(n, v);
-    }
+    let mut headers = configured_headers(spec, &c.headers)?;
     if let Some(auth) = &c.auth {
         let mut value = authorization(spec, auth)?;
         value.set_sensitive(true);
