@@ -42,6 +42,16 @@ struct NodeSpec {
     group_duration: String,
 }
 
+/// A name of the test's own for its cluster, from its membership: tests run side by side, and a
+/// port one test's node let go of may be taken by another test's node, which its peers must
+/// refuse (HELLO checks the cluster name) rather than forward to.
+fn cluster_name(discovery: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    discovery.hash(&mut h);
+    format!("test-{:016x}", h.finish())
+}
+
 fn config(n: &NodeSpec) -> String {
     format!(
         "data_dir: '{{dir}}/data'
@@ -50,6 +60,7 @@ shutdown_timeout: 30s
 cluster:
   listen: '{cluster}'
   advertise: '{cluster}'
+  cluster_name: '{name}'
   discovery: {discovery}
 {extra}
 pipelines:
@@ -63,6 +74,7 @@ pipelines:
     outputs: [{{type: file, path: '{{dir}}/agg.log'}}]
 ",
         cluster = n.cluster,
+        name = cluster_name(&n.discovery),
         discovery = n.discovery,
         extra = n.cluster_extra,
         queue = n.queue,
