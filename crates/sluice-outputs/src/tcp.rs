@@ -57,6 +57,10 @@ struct TcpConfig {
     tls: Option<sluice_tls::TlsConfig>,
 }
 
+/// The longest a TLS 1.3 connection waits for the server's verdict on our certificate when the
+/// server sends no session tickets (see [`sluice_tls::confirm_accepted`]).
+const SERVER_VERDICT_WAIT: Duration = Duration::from_secs(1);
+
 fn default_connect_timeout() -> HumanDuration {
     HumanDuration(Duration::from_secs(10))
 }
@@ -171,7 +175,13 @@ impl TcpOutput {
             None => Connection::Plain(stream),
             Some(tls) => {
                 let host = self.address.rsplit_once(':').map_or(self.address.as_str(), |(host, _)| host);
-                let handshake = tls.connect(host, stream);
+                // With TLS 1.3 the server checks our certificate after our side of the handshake
+                // is over: wait for its verdict, or a refusal would pass for delivered batches.
+                let handshake = async {
+                    let mut s = tls.connect(host, stream).await?;
+                    sluice_tls::confirm_accepted(&mut s, self.connect_timeout.min(SERVER_VERDICT_WAIT)).await?;
+                    Ok::<_, std::io::Error>(s)
+                };
                 match tokio::time::timeout(self.connect_timeout, handshake).await {
                     Ok(Ok(s)) => Connection::Tls(Box::new(s)),
                     Ok(Err(e)) => {

@@ -2,14 +2,17 @@
 //! `server_name` or the host dialled.
 
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
 
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::config::{TlsConfig, provider};
 use crate::error::TlsError;
@@ -122,6 +125,51 @@ impl std::fmt::Debug for TlsConnector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsConnector").field("server_name", &self.server_name).finish_non_exhaustive()
     }
+}
+
+/// Waits, up to `wait`, for the server's verdict on a client's certificate after a TLS 1.3
+/// handshake, and fails with the server's alert when it refused it.
+///
+/// In TLS 1.3 the client's handshake is over before the server has checked the client's
+/// certificate (or noticed there is none): a server that refuses it says so with an alert that
+/// the client sees only at its next read. A client that only writes, such as the `tcp` output,
+/// would otherwise take its writes into a session the server already dropped for delivered.
+/// A server that accepted the client sends its session tickets right away (rustls, OpenSSL
+/// and Go do by default), which ends the wait at once. `Ok` when the server says nothing
+/// within `wait`, and at once over TLS 1.2, whose handshake ends with the server's `Finished`,
+/// sent after it checked the client's certificate. Data the server sends meanwhile is read and
+/// thrown away: call it only for a client that expects none. The error goes through
+/// [`crate::describe_handshake_error`] like a failed handshake's.
+pub async fn confirm_accepted<S>(stream: &mut tokio_rustls::client::TlsStream<S>, wait: Duration) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if stream.get_ref().1.protocol_version() != Some(rustls::ProtocolVersion::TLSv1_3) {
+        return Ok(());
+    }
+    let verdict = std::future::poll_fn(|cx| {
+        let mut scratch = [0u8; 1024];
+        loop {
+            if stream.get_ref().1.tls13_tickets_received() > 0 {
+                return Poll::Ready(Ok(()));
+            }
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut *stream).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the server closed the connection right after the handshake",
+                    )));
+                }
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                // The records read so far (tickets, if any) are taken; the loop's check decides.
+                Poll::Pending if stream.get_ref().1.tls13_tickets_received() > 0 => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    });
+    tokio::time::timeout(wait, verdict).await.unwrap_or(Ok(()))
 }
 
 /// `verify: false`: any server certificate is accepted; handshake signatures are still checked,

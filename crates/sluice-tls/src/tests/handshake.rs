@@ -176,3 +176,48 @@ async fn a_peer_that_does_not_speak_tls_is_named_on_both_ends() {
     assert!(said.starts_with("the peer does not speak TLS"), "{said}");
     plain_server.await.unwrap();
 }
+
+/// A client that only writes learns of a refused certificate from `confirm_accepted`, not by
+/// losing its writes; an accepted one is told at once, by the server's session tickets.
+#[tokio::test]
+async fn confirm_accepted_gives_the_servers_verdict_on_a_tls13_client_certificate() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let certs = CertSet::generate(dir.path(), &["server", "client"]);
+    let other = CertSet::generate_other_ca(dir.path(), &["client"]);
+    let acceptor = certs.tls("server").acceptor().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut tls) = acceptor.accept(tcp).await {
+                    let _ = tokio::io::copy(&mut tls, &mut tokio::io::sink()).await;
+                }
+            });
+        }
+    });
+    let confirm = |client: TlsConfig| async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // The client's side of a TLS 1.3 handshake succeeds whatever the server thinks of it.
+        let mut tls = client.connector().unwrap().connect("localhost", tcp).await.expect("the client's handshake");
+        assert_eq!(tls.get_ref().1.protocol_version(), Some(rustls::ProtocolVersion::TLSv1_3));
+        let started = Instant::now();
+        let verdict = crate::confirm_accepted(&mut tls, Duration::from_secs(5)).await;
+        (verdict, started.elapsed())
+    };
+
+    let (verdict, took) = confirm(certs.tls("client")).await;
+    verdict.expect("a certificate from the CA is accepted");
+    assert!(took < Duration::from_secs(2), "the tickets end the wait, it took {took:?}");
+
+    let (verdict, _) = confirm(verifying_client(&certs)).await;
+    let said = cause("client without a certificate", verdict);
+    assert!(said.starts_with("the peer requires a client certificate and none was sent"), "{said}");
+
+    let (verdict, _) = confirm(TlsConfig { ca: Some(certs.ca_cert.clone()), ..other.tls("client") }).await;
+    let said = cause("client with a certificate from another CA", verdict);
+    assert!(said.starts_with("the peer refused our certificate"), "{said}");
+}
