@@ -8,6 +8,8 @@
 //! - A record the broker refuses for good (larger than the broker or `message_max_bytes`
 //!   allows, an unknown topic with auto-creation off, an invalid record or topic name) is
 //!   rejected with the broker's reason: to the dead letter queue when the pipeline has one.
+//!   The broker's size limit applies to the batch librdkafka made, so records refused as too
+//!   large are sent again one at a time first: only one refused on its own is rejected.
 //!   An event whose `topic` template names a field it lacks is rejected before it is sent.
 //! - Everything else (a broker down, leaders moving, the local queue full) is retried: the
 //!   send waits, which holds the pipeline back, and a broker that is down loses nothing.
@@ -122,6 +124,8 @@ struct Record {
     payload: Vec<u8>,
     headers: Option<OwnedHeaders>,
     attempts: u32,
+    /// Sent on its own after the broker refused its batch as too large.
+    alone: bool,
 }
 
 impl KafkaOutput {
@@ -152,7 +156,7 @@ impl KafkaOutput {
                 None => event.write_json(&mut payload),
             },
         }
-        Ok(Record { event: index, topic, key, payload, headers, attempts: 0 })
+        Ok(Record { event: index, topic, key, payload, headers, attempts: 0, alone: false })
     }
 
     /// Hands `record` to librdkafka, waiting while its queue is full. `Err` with a reason when
@@ -214,16 +218,18 @@ impl Output for KafkaOutput {
                     }
                 }
             }
+            let mut alone = Vec::new();
             for (record, future) in in_flight {
                 let outcome = tokio::select! {
                     o = future => o,
                     _ = self.ctx.abort.cancelled() => return Err(Aborted),
                 };
                 match outcome {
-                    Ok(Ok(_)) => {
-                        self.figures.produced.fetch_add(1, Ordering::Relaxed);
-                        self.figures.bytes.fetch_add(record.payload.len() as u64, Ordering::Relaxed);
-                    }
+                    Ok(Ok(_)) => self.produced(&record),
+                    // The broker's size limit is on the whole batch librdkafka made: a record
+                    // refused as too large may only have shared a batch with one that is. Each
+                    // is sent again alone to tell which.
+                    Ok(Err((e, _))) if too_large(&e) && !record.alone => alone.push(record),
                     Ok(Err((e, _))) if refused_for_good(&e) => self.refuse(&record, &e, &mut rejected),
                     Ok(Err((e, _))) => {
                         last_error = e.to_string();
@@ -231,6 +237,17 @@ impl Output for KafkaOutput {
                     }
                     Err(_canceled) => {
                         last_error = "the producer dropped the record".into();
+                        again.push(record);
+                    }
+                }
+            }
+            for mut record in alone {
+                record.alone = true;
+                match self.send_alone(&record).await? {
+                    Ok(()) => self.produced(&record),
+                    Err(e) if refused_for_good(&e) => self.refuse(&record, &e, &mut rejected),
+                    Err(e) => {
+                        last_error = e.to_string();
                         again.push(record);
                     }
                 }
@@ -273,7 +290,39 @@ impl Output for KafkaOutput {
     }
 }
 
+/// The broker found the record's batch too large.
+fn too_large(e: &KafkaError) -> bool {
+    matches!(
+        e,
+        KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge)
+    )
+}
+
 impl KafkaOutput {
+    /// Sends one record and waits for its acknowledgement before anything else is handed over,
+    /// so that librdkafka puts it in a batch of its own.
+    async fn send_alone(&self, record: &Record) -> Result<Result<(), KafkaError>, Aborted> {
+        let future = match self.enqueue(record).await {
+            Ok(f) => f,
+            Err(Err(Aborted)) => return Err(Aborted),
+            Err(Ok(e)) => return Ok(Err(e)),
+        };
+        let outcome = tokio::select! {
+            o = future => o,
+            _ = self.ctx.abort.cancelled() => return Err(Aborted),
+        };
+        Ok(match outcome {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((e, _))) => Err(e),
+            Err(_) => Err(KafkaError::Canceled),
+        })
+    }
+
+    fn produced(&self, record: &Record) {
+        self.figures.produced.fetch_add(1, Ordering::Relaxed);
+        self.figures.bytes.fetch_add(record.payload.len() as u64, Ordering::Relaxed);
+    }
+
     fn refuse(&self, record: &Record, e: &KafkaError, rejected: &mut Vec<Rejected>) {
         let code = match e {
             KafkaError::MessageProduction(code) => format!("{code:?}"),
