@@ -3,7 +3,9 @@
 //! every record of a 3-partition topic arrives, and a clean restart resumes exactly at the
 //! committed offsets; SIGKILL at random moments while consuming loses nothing (duplicates are
 //! counted and printed); two processes in one group share the partitions, and when one stops
-//! the other takes its partitions over; the broker stopped and started mid-load loses nothing.
+//! the other takes its partitions over; the broker stopped and started mid-load loses nothing;
+//! a pipeline held full for longer than `max.poll.interval.ms` pauses the consumer, which keeps
+//! its partitions and loses nothing.
 //! A test that cannot start the broker fails and says why. `SLUICE_CRASH_CYCLES` sets the
 //! number of kills (default 30).
 
@@ -12,8 +14,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -179,7 +181,7 @@ fn sigkill_while_consuming_loses_no_record() {
         // Until it writes something new (or a few seconds: the producer may be between calls).
         let grew =
             eventually(Duration::from_secs(5), || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0) > before);
-        std::thread::sleep(Duration::from_millis(rng.next() % 300));
+        std::thread::sleep(Duration::from_millis(rng.next() % 800));
         if let Ok(Some(status)) = s.child.try_wait() {
             panic!("sluice exited ({status}) before it was killed:\n{}", s.log());
         }
@@ -190,18 +192,21 @@ fn sigkill_while_consuming_loses_no_record() {
     let produced = producer.join().unwrap();
     // A last run delivers what the queue holds and reads the rest, then stops cleanly.
     let mut s = Sluice::start_in(dir, &cfg, Stdio::null());
+    let api = s.api();
     let out = s.path("out.log");
     let got = wait_for_all(&[&out], produced, Duration::from_secs(90), "after the kills");
+    let last_run = input_state(&api)["records_consumed"].as_u64().unwrap_or(0);
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
     let unknown: Vec<u64> = got.keys().copied().filter(|n| *n >= produced).collect();
     eprintln!(
         "kafka crash test (seed {seed}): {cycles} kills ({killed_while_consuming} after new output), {produced} records \
-         produced, {} delivered, {} duplicates, 0 missing",
+         produced, {} delivered, {} duplicates, 0 missing; the last run read {last_run}",
         got.len(),
         duplicates(&got)
     );
     assert!(unknown.is_empty(), "records nobody produced: {unknown:?}");
+    assert!(last_run < produced, "the killed runs committed offsets: the last run read {last_run} of {produced}");
     assert!(
         killed_while_consuming * 2 >= cycles,
         "most kills hit a node that was consuming ({killed_while_consuming})"
@@ -262,8 +267,8 @@ fn two_processes_share_the_partitions_and_one_takes_over_when_the_other_stops() 
 fn the_broker_stopped_and_started_mid_load_loses_nothing() {
     let mut kafka = Kafka::start_or_panic(&[]);
     kafka.create_topic("outage", 3);
-    let first = 40_000;
-    produce(&kafka, "outage", 0..first, 400);
+    let first = 25_000;
+    produce(&kafka, "outage", 0..first, 300);
     let cfg = config(&kafka, "outage", "outage", "");
     let mut s = Sluice::start(&cfg);
     let api = s.api();
@@ -277,7 +282,7 @@ fn the_broker_stopped_and_started_mid_load_loses_nothing() {
         panic!("sluice exited ({status}) while the broker was down:\n{}", s.log());
     }
     kafka.restart_or_panic();
-    produce(&kafka, "outage", first..2 * first, 400);
+    produce(&kafka, "outage", first..2 * first, 300);
     let got = wait_for_all(&[&out], 2 * first, Duration::from_secs(120), "after the outage");
     let state = input_state(&api);
     let (status, log) = s.stop();
@@ -289,4 +294,67 @@ fn the_broker_stopped_and_started_mid_load_loses_nothing() {
         state["offset_commit_failures"],
         state["rebalances"]
     );
+}
+
+#[test]
+fn a_full_pipeline_pauses_the_consumer_which_keeps_its_partitions() {
+    let kafka = Kafka::start_or_panic(&[]);
+    kafka.create_topic("slow", 3);
+    let n = 10_000;
+    produce(&kafka, "slow", 0..n, 40);
+    // An endpoint that answers 503 (retried: the pipeline waits) until it is opened.
+    let open = Arc::new(AtomicBool::new(false));
+    let received = Arc::new(Mutex::new(BTreeMap::<u64, u32>::new()));
+    let url = {
+        let (open, received) = (open.clone(), received.clone());
+        serve_http(move |body| {
+            if !open.load(Ordering::SeqCst) {
+                return "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n".into();
+            }
+            let text = String::from_utf8_lossy(body);
+            let mut r = received.lock().unwrap();
+            for piece in text.split(r#""n":"#).skip(1) {
+                let digits: String = piece.chars().take_while(char::is_ascii_digit).collect();
+                *r.entry(digits.parse().unwrap()).or_insert(0) += 1;
+            }
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".into()
+        })
+    };
+    let cfg = format!(
+        "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  p:
+    queue: {{type: memory, max_events: 1000}}
+    inputs:
+      - {{type: kafka, bootstrap_servers: '{}', topics: [slow], group_id: slow, codec: json, auto_offset_reset: earliest,
+          commit_interval: 200ms, revoke_timeout: 3s,
+          librdkafka_options: {{session.timeout.ms: '6000', max.poll.interval.ms: '7000'}}}}
+    outputs: [{{type: http, url: 'http://{url}/', retry: {{initial_backoff: 100ms, max_backoff: 500ms}}}}]
+",
+        kafka.bootstrap()
+    );
+    let mut s = Sluice::start(&cfg);
+    let api = s.api();
+    wait_until("the consumer to pause", Duration::from_secs(60), || input_state(&api)["paused"] == 1);
+    // Held full for longer than max.poll.interval.ms: a member that stopped polling would be
+    // expelled from the group here.
+    std::thread::sleep(Duration::from_secs(10));
+    let state = input_state(&api);
+    assert_eq!(state["paused"], 1, "{state}");
+    assert_eq!(state["rebalances"], 1, "one assignment, no rebalance while paused: {state}");
+    assert!(!s.log().contains("lost its partitions"), "{}", s.log());
+    assert!(state["records_consumed"].as_u64() < Some(n), "consumption stopped while paused: {state}");
+    open.store(true, Ordering::SeqCst);
+    wait_until("every record delivered", Duration::from_secs(60), || {
+        let r = received.lock().unwrap();
+        (0..n).all(|i| r.contains_key(&i))
+    });
+    let state = input_state(&api);
+    assert_eq!(state["rebalances"], 1, "{state}");
+    assert_eq!(state["paused"], 0, "{state}");
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    let dups: u32 = received.lock().unwrap().values().map(|c| c - 1).sum();
+    eprintln!("paused consumer: {n} records delivered, {dups} duplicates, pauses {}", state["pauses"]);
+    assert_eq!(dups, 0, "a pause reads nothing twice");
 }

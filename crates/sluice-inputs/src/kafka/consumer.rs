@@ -11,7 +11,7 @@
 //!   partition, the offset after the contiguous run of records whose events reached the ack
 //!   point ([`super::offsets`]), asynchronously; a failed commit is counted, logged and made
 //!   again at the next tick. A partition given up (revocation, shutdown) is committed
-//!   synchronously first.
+//!   synchronously first (waiting at most [`COMMIT_TIMEOUT`] for the coordinator).
 //! - **Rebalance.** On a revocation, the [`Context`] stops the revoked partitions from taking
 //!   new events, waits at most `revoke_timeout` for their events in flight to be acknowledged,
 //!   commits their offsets synchronously and only then lets librdkafka release them. Their
@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio::sync::mpsc::{self, error::TrySendError};
@@ -54,6 +54,8 @@ const POLL_WAIT: Duration = Duration::from_millis(100);
 const PAUSED_POLL_WAIT: Duration = Duration::from_millis(10);
 /// librdkafka's warnings and errors (a broker away repeats them) are logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(10);
+/// The longest a synchronous commit (revocation, shutdown) waits for the coordinator's answer.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Records polled together, handed to the input's task.
 #[derive(Default)]
@@ -104,13 +106,13 @@ impl Shared {
         }
     }
 
-    /// Commits `offsets` and waits for the answer; updates the figures.
+    /// Commits `offsets` and waits for the answer (at most [`COMMIT_TIMEOUT`]); updates the
+    /// figures.
     fn commit_sync(&self, consumer: &BaseConsumer<Context>, offsets: &[(PartitionKey, i64)], why: &str) {
         if offsets.is_empty() {
             return;
         }
-        let tpl = list(offsets);
-        match consumer.commit(&tpl, CommitMode::Sync) {
+        match commit_and_wait(consumer, &list(offsets), COMMIT_TIMEOUT) {
             Ok(()) => {
                 self.figures.commits.fetch_add(1, Ordering::Relaxed);
                 for (key, offset) in offsets {
@@ -225,7 +227,7 @@ impl ConsumerContext for Context {
             Ok(()) => {
                 s.figures.commits.fetch_add(1, Ordering::Relaxed);
                 for e in offsets.elements() {
-                    if let Offset::Offset(o) = e.offset() {
+                    if let (Ok(()), Offset::Offset(o)) = (e.error(), e.offset()) {
                         let key = (Arc::from(e.topic()), e.partition());
                         if s.tracker.confirm(&key, o) {
                             s.figures.set_committed(&key, o);
@@ -432,6 +434,55 @@ fn commit_async(consumer: &BaseConsumer<Context>, queue: &MainQueue, shared: &Sh
         }
     }
     shared.figures.set_high_watermarks(highs);
+}
+
+/// Commits `tpl` and waits at most `timeout` for the answer: the request's error, or the
+/// first partition's. (`rd_kafka_commit` in its synchronous form waits without a bound, which
+/// a coordinator that is away would make forever.)
+fn commit_and_wait(
+    consumer: &BaseConsumer<Context>,
+    tpl: &TopicPartitionList,
+    timeout: Duration,
+) -> Result<(), String> {
+    use rdkafka::bindings as rd;
+    use rdkafka::types::RDKafkaRespErr;
+    let rk = consumer.client().native_ptr();
+    // SAFETY: `rk` is valid while `consumer` lives. The queue is ours: created here, destroyed
+    // before returning (a reply arriving after that is discarded by librdkafka). The list is
+    // copied by librdkafka during the call. The event, when one comes, is read while it lives
+    // and destroyed once; its partition list belongs to it.
+    unsafe {
+        let queue = rd::rd_kafka_queue_new(rk);
+        if queue.is_null() {
+            return Err("librdkafka gave no queue".into());
+        }
+        let err = rd::rd_kafka_commit_queue(rk, tpl.ptr(), queue, None, std::ptr::null_mut());
+        let result = if err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            Err(RDKafkaErrorCode::from(err).to_string())
+        } else {
+            let event = rd::rd_kafka_queue_poll(queue, timeout.as_millis().min(i32::MAX as u128) as i32);
+            if event.is_null() {
+                Err(format!("no answer from the group coordinator within {timeout:?}"))
+            } else {
+                let mut err = rd::rd_kafka_event_error(event);
+                let list = rd::rd_kafka_event_topic_partition_list(event);
+                if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR && !list.is_null() && !(*list).elems.is_null() {
+                    let elems = std::slice::from_raw_parts((*list).elems, (*list).cnt.max(0) as usize);
+                    if let Some(e) = elems.iter().find(|e| e.err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR) {
+                        err = e.err;
+                    }
+                }
+                rd::rd_kafka_event_destroy(event);
+                if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+                    Ok(())
+                } else {
+                    Err(RDKafkaErrorCode::from(err).to_string())
+                }
+            }
+        };
+        rd::rd_kafka_queue_destroy(queue);
+        result
+    }
 }
 
 /// The partition's end offset as librdkafka last learnt it from a fetch (no request is made).
