@@ -1,11 +1,11 @@
 //! The `kafka` input against a real Kafka 4.3 broker (KRaft) started from Maven Central jars
 //! (`servers/kafka/run`), through the real binary with a persisted queue and a file output:
-//! every record of a 3-partition topic arrives, and a clean restart resumes exactly at the
-//! committed offsets; SIGKILL at random moments while consuming loses nothing (duplicates are
+//! every record of a 3-partition topic arrives once, with its topic, partition, offset, key
+//! and timestamp where configured, and a clean restart resumes exactly at the committed offsets; SIGKILL at random moments while consuming loses nothing (duplicates are
 //! counted and printed); two processes in one group share the partitions, and when one stops
 //! the other takes its partitions over; the broker stopped and started mid-load loses nothing;
-//! a pipeline held full for longer than `max.poll.interval.ms` pauses the consumer, which keeps
-//! its partitions and loses nothing.
+//! a pipeline held full for longer than `max.poll.interval.ms` pauses the consumer (subscribed
+//! by a `^regex`), which keeps its partitions and loses nothing.
 //! A test that cannot start the broker fails and says why. `SLUICE_CRASH_CYCLES` sets the
 //! number of kills (default 30).
 
@@ -112,7 +112,14 @@ fn every_record_of_a_three_partition_topic_arrives_and_a_restart_resumes_at_the_
     kafka.create_topic("logs", 3);
     let n = 50_000;
     produce(&kafka, "logs", 0..n, 40);
-    let cfg = config(&kafka, "logs", "sluice", "");
+    // The record's facts moved out of @metadata, so that the output shows them.
+    let cfg = config(
+        &kafka,
+        "logs",
+        "sluice",
+        ", topic_field: /kafka/topic, partition_field: /kafka/partition, offset_field: /kafka/offset, \
+         key_field: /kafka/key, timestamp_field: /kafka/timestamp",
+    );
     let mut s = Sluice::start(&cfg);
     let api = s.api();
     let out = s.path("out.log");
@@ -120,6 +127,19 @@ fn every_record_of_a_three_partition_topic_arrives_and_a_restart_resumes_at_the_
     let got = wait_for_all(&[&out], n, Duration::from_secs(90), "first run");
     eprintln!("{n} records consumed and written in {:?}", started.elapsed());
     assert_eq!(duplicates(&got), 0, "a single member with no failure reads each record once");
+    // Each record once by its coordinates, with its topic, key and timestamp.
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut coordinates = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let e: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let k = &e["kafka"];
+        assert_eq!(k["topic"], "logs", "{line}");
+        assert_eq!(k["key"], format!("key-{}", e["n"].as_u64().unwrap() % 101), "{line}");
+        assert!(k["timestamp"].is_string(), "{line}");
+        let at = (k["partition"].as_u64().unwrap(), k["offset"].as_u64().unwrap());
+        assert!(at.0 < 3 && coordinates.insert(at), "{line}");
+    }
+    assert_eq!(coordinates.len() as u64, n);
     // Every offset committed once acknowledged: the sum of the partitions' committed offsets
     // is the number of records, and the lag is 0.
     let committed = eventually(Duration::from_secs(20), || {
@@ -326,7 +346,7 @@ pipelines:
   p:
     queue: {{type: memory, max_events: 1000}}
     inputs:
-      - {{type: kafka, bootstrap_servers: '{}', topics: [slow], group_id: slow, codec: json, auto_offset_reset: earliest,
+      - {{type: kafka, bootstrap_servers: '{}', topics: ['^sl.w$'], group_id: slow, codec: json, auto_offset_reset: earliest,
           commit_interval: 200ms, revoke_timeout: 3s,
           librdkafka_options: {{session.timeout.ms: '6000', max.poll.interval.ms: '7000'}}}}
     outputs: [{{type: http, url: 'http://{url}/', retry: {{initial_backoff: 100ms, max_backoff: 500ms}}}}]
