@@ -1,11 +1,16 @@
 //! The `kafka` input against a real Kafka 4.3 broker (KRaft) started from Maven Central jars
 //! (`servers/kafka/run`), through the real binary with a persisted queue and a file output:
-//! every record of a 3-partition topic arrives once, with its topic, partition, offset, key
-//! and timestamp where configured, and a clean restart resumes exactly at the committed offsets; SIGKILL at random moments while consuming loses nothing (duplicates are
-//! counted and printed); two processes in one group share the partitions, and when one stops
-//! the other takes its partitions over; the broker stopped and started mid-load loses nothing;
-//! a pipeline held full for longer than `max.poll.interval.ms` pauses the consumer (subscribed
-//! by a `^regex`), which keeps its partitions and loses nothing.
+//! - every record of a 3-partition topic arrives once, with its topic, partition, offset, key
+//!   and timestamp where configured, and a clean restart resumes exactly at the committed
+//!   offsets;
+//! - SIGKILL at random moments while consuming loses nothing (duplicates are counted and
+//!   printed);
+//! - two processes in one group share the partitions, and when one stops the other takes its
+//!   partitions over;
+//! - the broker stopped and started mid-load loses nothing;
+//! - a pipeline held full for longer than `max.poll.interval.ms` pauses the consumer
+//!   (subscribed by a `^regex`), which keeps its partitions and loses nothing.
+//!
 //! A test that cannot start the broker fails and says why. `SLUICE_CRASH_CYCLES` sets the
 //! number of kills (default 30).
 
