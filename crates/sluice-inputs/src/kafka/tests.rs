@@ -1,6 +1,7 @@
-//! The `kafka` input's settings: defaults, what is refused and how errors name the key. (The
-//! offset tracker and the decoding have their own tests; the input against a real broker is
-//! tested through the binary, in `crates/sluice/tests/kafka_input.rs`.)
+//! The `kafka` input's settings (defaults, what is refused, how errors name the key) and its
+//! task between the consumer thread and the queue. (The offset tracker and the decoding have
+//! their own tests; the input against a real broker is tested through the binary, in
+//! `crates/sluice/tests/kafka_input.rs`.)
 
 use sluice_config::ConfigError;
 
@@ -114,4 +115,110 @@ fn tls_and_sasl_reach_librdkafka() {
         build("{type: kafka, bootstrap_servers: 'a:9092', topics: [t], group_id: g, tls: {verify: false}}").unwrap();
     assert_eq!(client.get("security.protocol"), Some("ssl"));
     assert_eq!(client.get("enable.ssl.certificate.verification"), Some("false"));
+}
+
+mod sending {
+    //! The input's task between the consumer thread and the queue: batches grouped by
+    //! partition, one acknowledgement per partition, revoked partitions' records left out.
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use sluice_core::{FieldPath, Value};
+    use tokio::sync::mpsc;
+
+    use super::super::consumer::Chunk;
+    use super::super::decode::{Fields, Record};
+    use super::super::figures::Figures;
+    use super::super::offsets::OffsetTracker;
+    use super::super::{KafkaInput, send_chunks};
+    use crate::codec::Codec;
+    use crate::tcp::tests::context;
+
+    fn record(partition: i32, offset: i64, epoch: u64) -> Record {
+        Record {
+            topic: Arc::from("logs"),
+            partition,
+            offset,
+            epoch,
+            timestamp_ms: None,
+            key: None,
+            value: format!("{{\"p\":{partition},\"o\":{offset}}}").into_bytes(),
+            headers: Vec::new(),
+        }
+    }
+
+    fn input() -> KafkaInput {
+        KafkaInput {
+            client: rdkafka::ClientConfig::new(),
+            topics: vec!["logs".into()],
+            group_id: "g".into(),
+            bootstrap: "a:1".into(),
+            codec: Codec::JsonLines,
+            fields: Fields {
+                topic: None,
+                partition: FieldPath::parse("/@metadata/kafka/partition").ok(),
+                offset: FieldPath::parse("/@metadata/kafka/offset").ok(),
+                key: None,
+                timestamp: None,
+                headers: None,
+            },
+            commit_interval: Duration::from_secs(1),
+            revoke_timeout: Duration::from_secs(1),
+        }
+    }
+
+    fn committable(t: &OffsetTracker, p: i32) -> Option<i64> {
+        t.to_commit().into_iter().find(|((_, q), _)| *q == p).map(|(_, o)| o)
+    }
+
+    #[tokio::test]
+    async fn one_acknowledgement_per_partition_and_revoked_records_left_out() {
+        let (ctx, mut batches) = context();
+        let tracker = OffsetTracker::new();
+        let key = |p: i32| (Arc::<str>::from("logs"), p);
+        tracker.assign([key(0), key(1), key(2)]);
+        let epochs = tracker.epochs();
+        let e = |p: i32| epochs[&key(p)];
+        // Partition 2 is revoked after its records were polled.
+        tracker.close(&[key(2)]);
+        tracker.release(&[key(2)]);
+        let records = vec![
+            record(0, 10, e(0)),
+            record(1, 5, e(1)),
+            record(2, 7, e(2)),
+            record(0, 11, e(0)),
+            record(1, 6, e(1)),
+            record(0, 12, e(0)),
+        ];
+        let bytes = records.iter().map(|r| r.value.len()).sum();
+        let (tx, mut rx) = mpsc::channel(2);
+        tx.send(Chunk { records, bytes }).await.unwrap();
+        drop(tx);
+        let figures = Figures::default();
+        send_chunks(&input(), &ctx, &tracker, &figures, &mut rx).await;
+        let batch = batches.try_recv().unwrap();
+        let at = |i: usize| {
+            let get = |p: &str| batch.events[i].get(&FieldPath::parse(p).unwrap()).cloned();
+            (get("/@metadata/kafka/partition"), get("/@metadata/kafka/offset"))
+        };
+        assert_eq!(batch.len(), 5, "partition 2's record is left to its next owner");
+        // Grouped by partition, each in offset order.
+        let expected = [(0, 10), (0, 11), (0, 12), (1, 5), (1, 6)];
+        for (i, (p, o)) in expected.iter().enumerate() {
+            assert_eq!(at(i), (Some(Value::Int(*p)), Some(Value::Int(*o))));
+        }
+        assert_eq!(batch.acks.covered(), 5);
+        assert_eq!(figures.skipped_revoked.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(committable(&tracker, 0), None, "nothing committable on receipt");
+        // Handled: each partition's offset moves past its last record.
+        let mut batch = batch;
+        let first = batch.split_front(3);
+        first.complete();
+        assert_eq!(committable(&tracker, 0), Some(13));
+        assert_eq!(committable(&tracker, 1), None);
+        batch.complete();
+        assert_eq!(committable(&tracker, 1), Some(7));
+        assert_eq!(ctx.metrics.events_in.get(), 5);
+    }
 }
