@@ -32,6 +32,7 @@ mod file;
 pub mod framing;
 mod generator;
 mod http;
+mod kafka;
 pub mod limits;
 mod pipeline;
 mod stdin;
@@ -125,7 +126,7 @@ impl InputContext {
 
 /// The input types this build knows, for messages.
 pub const TYPES: &[&str] =
-    &["beats", "dead_letter_queue", "file", "generator", "http", "pipeline", "stdin", "syslog", "tcp"];
+    &["beats", "dead_letter_queue", "file", "generator", "http", "kafka", "pipeline", "stdin", "syslog", "tcp"];
 
 /// Builds an input from its config section; nothing is opened or bound until it runs.
 pub fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
@@ -135,6 +136,7 @@ pub fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
         "file" => file::build(spec),
         "generator" => generator::build(spec),
         "http" => http::build(spec),
+        "kafka" => kafka::build(spec),
         "pipeline" => pipeline::build(spec),
         "stdin" => stdin::build(spec),
         "syslog" => syslog::build(spec),

@@ -37,6 +37,7 @@ mod elasticsearch;
 mod file;
 mod http;
 mod http_client;
+mod kafka;
 mod pipeline;
 pub mod retry;
 mod stdout;
@@ -109,7 +110,8 @@ pub struct OutputContext {
 }
 
 /// The output types this build knows, for messages.
-pub const TYPES: &[&str] = &["blackhole", "elasticsearch", "file", "http", "opensearch", "pipeline", "stdout", "tcp"];
+pub const TYPES: &[&str] =
+    &["blackhole", "elasticsearch", "file", "http", "kafka", "opensearch", "pipeline", "stdout", "tcp"];
 
 /// Builds an output from its config section. Network outputs connect lazily, on first send.
 pub fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
@@ -118,6 +120,7 @@ pub fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>
         "elasticsearch" | "opensearch" => elasticsearch::build(spec, ctx),
         "file" => file::build(spec, ctx),
         "http" => http::build(spec, ctx),
+        "kafka" => kafka::build(spec, ctx),
         "pipeline" => pipeline::build(spec, ctx),
         "stdout" => stdout::build(spec, ctx),
         "tcp" => tcp::build(spec, ctx),

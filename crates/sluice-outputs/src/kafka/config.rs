@@ -1,0 +1,155 @@
+//! The `kafka` output's settings and the librdkafka producer configuration made from them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use serde::Deserialize;
+use sluice_config::model::ComponentSpec;
+use sluice_config::{ByteSize, ConfigError, HumanDuration};
+use sluice_kafka::Connection;
+
+use crate::retry::RetryConfig;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaOutputConfig {
+    pub bootstrap_servers: String,
+    pub tls: Option<sluice_tls::TlsConfig>,
+    pub sasl: Option<sluice_kafka::Sasl>,
+    #[serde(default)]
+    pub librdkafka_options: BTreeMap<String, String>,
+    /// Topic template: `%{/field}` and date parts.
+    pub topic: String,
+    /// Record key template; an event without the field gets no key.
+    pub key: Option<String>,
+    /// Record headers: name → template; a header whose field is missing is left out.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub codec: Codec,
+    #[serde(default)]
+    pub compression: Compression,
+    #[serde(default)]
+    pub acks: Acks,
+    #[serde(default = "yes")]
+    pub idempotence: bool,
+    #[serde(default = "default_linger")]
+    pub linger: HumanDuration,
+    #[serde(default = "default_batch_max_bytes")]
+    pub batch_max_bytes: ByteSize,
+    #[serde(default = "default_message_max_bytes")]
+    pub message_max_bytes: ByteSize,
+    /// How long librdkafka keeps trying one record; `0` (the default) without limit.
+    #[serde(default = "no_timeout")]
+    pub delivery_timeout: HumanDuration,
+    #[serde(default)]
+    pub retry: RetryConfig,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Codec {
+    /// The event as one JSON object.
+    #[default]
+    Json,
+    /// The `message` field as is (the event as JSON when it has none).
+    Text,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    #[default]
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+pub enum Acks {
+    #[default]
+    #[serde(rename = "all")]
+    All,
+    #[serde(rename = "1")]
+    Leader,
+    #[serde(rename = "0")]
+    None,
+}
+
+fn yes() -> bool {
+    true
+}
+fn no_timeout() -> HumanDuration {
+    HumanDuration(Duration::ZERO)
+}
+fn default_linger() -> HumanDuration {
+    HumanDuration(Duration::from_millis(5))
+}
+fn default_batch_max_bytes() -> ByteSize {
+    ByteSize(1 << 20)
+}
+fn default_message_max_bytes() -> ByteSize {
+    ByteSize(1_000_000)
+}
+
+/// The librdkafka keys the output's own settings set.
+const OWNED: &[&str] = &[
+    "acks",
+    "request.required.acks",
+    "enable.idempotence",
+    "compression.type",
+    "compression.codec",
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "batch.size",
+    "message.max.bytes",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+];
+
+pub fn producer_config(spec: &ComponentSpec, c: &KafkaOutputConfig) -> Result<ClientConfig, ConfigError> {
+    if c.idempotence && c.acks != Acks::All {
+        return Err(spec
+            .key_error("acks", "the idempotent producer needs `acks: all`; set `idempotence: false` to use another"));
+    }
+    if c.message_max_bytes.0 < 1000 || c.message_max_bytes.0 > 1_000_000_000 {
+        return Err(spec.key_error("message_max_bytes", "must be between 1000 bytes and 1GB"));
+    }
+    if c.batch_max_bytes.0 < 1 || c.batch_max_bytes.0 > i32::MAX as u64 {
+        return Err(spec.key_error("batch_max_bytes", "must be between 1 byte and 2GiB"));
+    }
+    let connection = Connection {
+        bootstrap_servers: c.bootstrap_servers.clone(),
+        tls: c.tls.clone(),
+        sasl: c.sasl.clone(),
+        librdkafka_options: c.librdkafka_options.clone(),
+    };
+    let mut config = connection.client_config(spec, OWNED)?;
+    config.set(
+        "acks",
+        match c.acks {
+            Acks::All => "all",
+            Acks::Leader => "1",
+            Acks::None => "0",
+        },
+    );
+    config.set("enable.idempotence", if c.idempotence { "true" } else { "false" });
+    config.set(
+        "compression.type",
+        match c.compression {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Snappy => "snappy",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        },
+    );
+    config.set("linger.ms", c.linger.0.as_millis().to_string());
+    config.set("batch.size", c.batch_max_bytes.0.to_string());
+    config.set("message.max.bytes", c.message_max_bytes.0.to_string());
+    config.set("message.timeout.ms", c.delivery_timeout.0.as_millis().to_string());
+    Ok(config)
+}

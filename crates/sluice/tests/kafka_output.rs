@@ -1,0 +1,191 @@
+//! The `kafka` output against a real Kafka 4.3 broker (KRaft) started from Maven Central jars
+//! (`servers/kafka/run`): every event exactly once in a 3-partition topic, keyed; records the
+//! broker refuses (too large, unknown topic with auto-creation off) in the dead letter queue
+//! with the broker's reason; the broker stopped and started mid-load with nothing lost that a
+//! client was acknowledged for. A test that cannot start the broker fails and says why.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Sluice, free_port, try_http};
+use serde_json::Value;
+use sluice_testkit::kafka::Kafka;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+fn json(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(bytes)))
+}
+
+/// Runs `sluice run` over `config` with `input` on stdin until it exits; returns its log.
+fn run_once(dir: &std::path::Path, config: &str, input: &str) -> (bool, String) {
+    let path = dir.join("run.yml");
+    std::fs::write(&path, config).unwrap();
+    let input_path = dir.join("input.ndjson");
+    std::fs::write(&input_path, input).unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "-c", path.to_str().unwrap()])
+        .env("SLUICE_LOG", "info")
+        .stdin(Stdio::from(std::fs::File::open(&input_path).unwrap()))
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn every_event_once_in_a_three_partition_topic_keyed_by_host() {
+    let kafka = Kafka::start_or_panic(&[("auto.create.topics.enable", "false")]);
+    kafka.create_topic("logs-web", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let n = 30_000;
+    let input: String = (0..n)
+        .map(|i| {
+            format!(
+                "{{\"event_id\":{i},\"service\":\"web\",\"host\":\"host-{}\",\"pad\":\"{}\"}}\n",
+                i % 17,
+                "x".repeat(150)
+            )
+        })
+        .collect();
+    let config = format!(
+        "data_dir: '{}'
+api: {{enabled: false}}
+pipelines:
+  main:
+    workers: 2
+    inputs: [{{type: stdin, codec: json_lines}}]
+    outputs:
+      - {{type: kafka, bootstrap_servers: '{}', topic: 'logs-%{{/service}}', key: '%{{/host}}', compression: zstd,
+          headers: {{x-event-id: '%{{/event_id}}'}}}}
+",
+        dir.path().join("data").display(),
+        kafka.bootstrap()
+    );
+    let (ok, log) = run_once(dir.path(), &config, &input);
+    assert!(ok, "{log}");
+    let records = kafka.consume_all("logs-web", n, Duration::from_secs(60));
+    let mut seen = BTreeMap::<u64, u32>::new();
+    let mut partitions_of_key = BTreeMap::<Vec<u8>, BTreeSet<i32>>::new();
+    for (partition, _offset, key, value) in &records {
+        let e = json(value);
+        *seen.entry(e["event_id"].as_u64().unwrap()).or_default() += 1;
+        let key = key.clone().expect("every record has a key");
+        assert_eq!(key, e["host"].as_str().unwrap().as_bytes(), "the key is the host");
+        partitions_of_key.entry(key).or_default().insert(*partition);
+    }
+    assert_eq!(seen.len(), n, "every event arrived");
+    assert!(seen.values().all(|&c| c == 1), "and only once: {:?}", seen.iter().find(|(_, c)| **c > 1));
+    assert_eq!(partitions_of_key.len(), 17);
+    assert!(partitions_of_key.values().all(|p| p.len() == 1), "one partition per key");
+    let used: BTreeSet<i32> = partitions_of_key.values().flatten().copied().collect();
+    assert!(used.len() > 1, "keys spread over the partitions: {used:?}");
+}
+
+#[test]
+fn records_the_broker_refuses_go_to_the_dead_letter_queue_with_its_reason() {
+    let kafka = Kafka::start_or_panic(&[("auto.create.topics.enable", "false")]);
+    kafka.try_create_topic("small", 1, &[("max.message.bytes", "10000")]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // 100 ordinary events, 3 larger than the topic takes, 2 for a topic that does not exist.
+    let mut input = String::new();
+    for i in 0..105 {
+        let (topic, pad) = match i {
+            100..=102 => ("small", 20_000),
+            103 | 104 => ("nosuch", 10),
+            _ => ("small", 100),
+        };
+        input.push_str(&format!("{{\"event_id\":{i},\"to\":\"{topic}\",\"pad\":\"{}\"}}\n", "y".repeat(pad)));
+    }
+    let data = dir.path().join("data");
+    let config = format!(
+        "data_dir: '{}'
+api: {{enabled: false}}
+pipelines:
+  main:
+    inputs: [{{type: stdin, codec: json_lines}}]
+    outputs:
+      - {{type: kafka, id: bus, bootstrap_servers: '{}', topic: '%{{/to}}',
+          librdkafka_options: {{topic.metadata.propagation.max.ms: '2000'}}}}
+    dead_letter_queue: {{enabled: true, sync: commit}}
+",
+        data.display(),
+        kafka.bootstrap()
+    );
+    let (ok, log) = run_once(dir.path(), &config, &input);
+    assert!(ok, "{log}");
+    let records = kafka.consume_all("small", 100, Duration::from_secs(30));
+    let delivered: BTreeSet<u64> = records.iter().map(|(_, _, _, v)| json(v)["event_id"].as_u64().unwrap()).collect();
+    assert_eq!(delivered, (0..100).collect::<BTreeSet<u64>>());
+    let out = Command::new(BIN)
+        .args(["dlq", "show", "--data-dir", data.to_str().unwrap(), "--pipeline", "main"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let entries: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| json(l.as_bytes())).collect();
+    let mut ids: Vec<u64> = entries.iter().map(|e| e["event"]["event_id"].as_u64().unwrap()).collect();
+    ids.sort();
+    assert_eq!(ids, [100, 101, 102, 103, 104], "exactly the refused records are in the dead letter queue");
+    for e in &entries {
+        let reason = e["reason"].as_str().unwrap();
+        assert_eq!(e["plugin_id"], "bus");
+        if e["event"]["to"] == "small" {
+            assert!(reason.contains("topic small") && reason.to_lowercase().contains("too large"), "{reason}");
+        } else {
+            assert!(reason.contains("topic nosuch") && reason.contains("Unknown topic"), "{reason}");
+        }
+    }
+}
+
+#[test]
+fn the_broker_stopped_and_started_mid_load_loses_nothing_a_client_was_acknowledged_for() {
+    let mut kafka = Kafka::start_or_panic(&[]);
+    kafka.create_topic("events", 3);
+    let port = free_port();
+    let mut s = Sluice::start(&format!(
+        "data_dir: '{{dir}}/data'
+api: {{enabled: false}}
+pipelines:
+  main:
+    queue: {{type: persisted, sync: commit}}
+    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
+    outputs:
+      - {{type: kafka, bootstrap_servers: '{}', topic: events, key: '%{{/id}}', retry: {{initial_backoff: 50ms, max_backoff: 1s}}}}
+",
+        kafka.bootstrap()
+    ));
+    s.wait_port(port);
+    let address = format!("127.0.0.1:{port}");
+    let mut acked = Vec::new();
+    let started = Instant::now();
+    let (mut stopped, mut restarted) = (false, false);
+    let mut next = 0u64;
+    while next < 20_000 {
+        if !stopped && next >= 6_000 {
+            kafka.stop();
+            stopped = true;
+        }
+        if stopped && !restarted && next >= 12_000 {
+            kafka.restart_or_panic();
+            restarted = true;
+        }
+        let body: String = (next..next + 100).map(|i| format!("{{\"id\":{i}}}\n")).collect();
+        match try_http(&address, "POST", "/", &[], body.as_bytes()) {
+            Ok((200, _)) => acked.extend(next..next + 100),
+            Ok((status, body)) => eprintln!("POST answered {status}: {body}"),
+            Err(e) => eprintln!("POST failed: {e}"),
+        }
+        next += 100;
+        assert!(started.elapsed() < Duration::from_secs(180), "the load took too long:\n{}", s.log());
+    }
+    assert!(acked.len() >= 19_000, "the persisted queue acknowledges while the broker is away: {}", acked.len());
+    let records = kafka.consume_all("events", acked.len(), Duration::from_secs(120));
+    let ids: BTreeSet<u64> = records.iter().map(|(_, _, _, v)| json(v)["id"].as_u64().unwrap()).collect();
+    let missing: Vec<&u64> = acked.iter().filter(|i| !ids.contains(i)).take(10).collect();
+    assert!(missing.is_empty(), "acknowledged but not in the topic: {missing:?}\n{}", s.log());
+    eprintln!("{} acknowledged, {} records ({} duplicates)", acked.len(), records.len(), records.len() - ids.len());
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+}
