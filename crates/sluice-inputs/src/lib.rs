@@ -10,8 +10,11 @@
 //!
 //! Network line inputs share [`framing::LineFramer`] (newline splitting with a length cap that
 //! truncates and tags instead of stalling); `syslog` has its own framer for octet counting
-//! (RFC 6587) and `beats` its own frame decoder (Lumberjack v2); the `file` input has its own framing with exact
-//! byte offsets, any delimiter and any encoding. All use [`codec::Codec`] (text or JSON lines).
+//! (RFC 6587) and `beats` its own frame decoder (Lumberjack v2); the `file` input has its own
+//! framing with exact byte offsets, any delimiter and any encoding. All use [`codec::Codec`]
+//! (text or JSON lines). The stream inputs share their accept loop, connection limits and TLS
+//! handshake ([`limits`]); `kafka` reads through librdkafka's consumer group and commits only
+//! what reached the ack point.
 
 use std::path::PathBuf;
 use std::sync::Arc;
