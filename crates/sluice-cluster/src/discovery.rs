@@ -20,7 +20,7 @@ pub(crate) async fn start(shared: &Arc<Shared>) -> Result<(), String> {
             match resolve(&dns).await {
                 Ok(members) => {
                     if !members.contains(&shared.config.node) {
-                        tracing::warn!(name = %dns.name, node = %shared.config.node, resolved = ?members,
+                        tracing::warn!(name = %dns.name, node = %shared.config.node, resolved = %members.join(", "),
                             "this node's own address is not among those the discovery name resolves to; it takes part in the ring anyway");
                     }
                     shared.set_members(members);

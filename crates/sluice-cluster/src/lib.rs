@@ -162,7 +162,7 @@ impl Shared {
         let old = std::mem::replace(&mut *self.topology.write(), Arc::new(Topology { ring, me, links }));
         if !old.ring.is_empty() {
             self.metrics.ring_changes.add(1);
-            tracing::info!(members = ?members, "cluster membership changed; ring rebuilt");
+            tracing::info!(members = %members.join(", "), "cluster membership changed; ring rebuilt");
         }
         // After the new ring is in place: what they hold is routed by it.
         for link in removed {
@@ -278,7 +278,7 @@ impl Cluster {
         discovery::start(&shared).await?;
         tokio::spawn(server::serve(listener, acceptor, shared.clone(), shared.stop.clone()));
         tracing::info!(node = %shared.config.node, listen = %shared.config.listen,
-            members = ?shared.topology().ring.members(), "cluster node started");
+            members = %shared.topology().ring.members().join(", "), "cluster node started");
         Ok(Cluster { shared })
     }
 

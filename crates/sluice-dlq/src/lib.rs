@@ -311,6 +311,13 @@ impl Position {
     }
 }
 
+/// `segment 3, offset 415`, as `sluice dlq show` names an entry's place.
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "segment {}, offset {}", self.segment, self.offset)
+    }
+}
+
 /// Where a [`DlqReader`] starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadFrom {
@@ -322,6 +329,17 @@ pub enum ReadFrom {
     /// Just after the entry this position was returned with. If its segment is gone, the next
     /// segment's first entry.
     Position(Position),
+}
+
+/// `the oldest entry`, `entries from 2026-11-21T09:42:02.000Z`, `after segment 3, offset 415`.
+impl std::fmt::Display for ReadFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadFrom::Beginning => f.write_str("the oldest entry"),
+            ReadFrom::Time(nanos) => write!(f, "entries from {}", sluice_core::value::format_timestamp(*nanos)),
+            ReadFrom::Position(p) => write!(f, "after {p}"),
+        }
+    }
 }
 
 /// Errors of the DLQ. Each names the file or directory it concerns.

@@ -740,3 +740,13 @@ async fn a_following_reader_lets_a_deleted_segment_go() {
     let got = tokio::time::timeout(Duration::from_secs(20), follower).await.unwrap().unwrap();
     assert_eq!(ns(&got), vec![10, 11, 12, 13, 14]);
 }
+
+/// Positions and starting points read in logs as a user would write them, not as Rust's Debug.
+#[test]
+fn positions_and_starting_points_display_plainly() {
+    let p = Position { segment: 3, offset: 415 };
+    assert_eq!(p.to_string(), "segment 3, offset 415");
+    assert_eq!(ReadFrom::Position(p).to_string(), "after segment 3, offset 415");
+    assert_eq!(ReadFrom::Beginning.to_string(), "the oldest entry");
+    assert_eq!(ReadFrom::Time(1_763_718_122_000_000_000).to_string(), "entries from 2025-11-21T09:42:02.000Z");
+}

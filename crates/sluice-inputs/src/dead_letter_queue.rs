@@ -209,7 +209,7 @@ impl Input for DeadLetterQueueInput {
             None => self.start,
         };
         let mut reader = DlqReader::open(&dir, from).map_err(|e| InputError(e.to_string()))?;
-        tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, path = %dir.display(), from = ?from,
+        tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, path = %dir.display(), from = %from,
             "reading the dead letter queue");
         if self.clean_consumed
             && let Some(p) = resume
@@ -278,7 +278,7 @@ impl Input for DeadLetterQueueInput {
                             if let Some(c) = &cursor {
                                 match end.to_u64() {
                                     Some(packed) => c.commit(packed),
-                                    None => tracing::error!(pipeline = %pipeline, input = %id, ?end,
+                                    None => tracing::error!(pipeline = %pipeline, input = %id, position = %end,
                                         "dead letter queue position does not fit the registry; not committed"),
                                 }
                             }
@@ -304,7 +304,7 @@ impl Input for DeadLetterQueueInput {
             clean(&reader, end, &ctx);
         }
         tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, batches = sent, acknowledged = acked,
-            position = ?end, "dead letter queue input stopped");
+            position = %end.map_or_else(|| "none".to_string(), |p| p.to_string()), "dead letter queue input stopped");
         Ok(())
     }
 }

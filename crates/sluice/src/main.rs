@@ -459,8 +459,8 @@ async fn reload(engine: &Engine, path: Option<&Path>) {
         }
     };
     match engine.reload(config).await {
-        Ok(r) => tracing::info!(started = ?r.started, restarted = ?r.restarted, stopped = ?r.stopped,
-            unchanged = ?r.unchanged, "config reloaded"),
+        Ok(r) => tracing::info!(started = %r.started.join(", "), restarted = %r.restarted.join(", "),
+            stopped = %r.stopped.join(", "), unchanged = %r.unchanged.join(", "), "config reloaded"),
         Err(errors) => {
             for e in &errors.0 {
                 tracing::error!("{e}");
