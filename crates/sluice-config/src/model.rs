@@ -128,10 +128,51 @@ impl Default for BatchConfig {
     }
 }
 
+/// `ordered:` whether a pipeline keeps its events in the order they were queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ordered {
+    /// Ordered when there is one worker (a persisted queue then defaults to one shard).
+    #[default]
+    Auto,
+    /// Ordered: one worker and, for a persisted queue, one shard; more of either is an error.
+    True,
+    /// No promise of order; nothing is set for it.
+    False,
+}
+
+impl<'de> Deserialize<'de> for OrderedValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = OrderedValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`auto`, `true` or `false`")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<OrderedValue, E> {
+                Ok(OrderedValue(if v { Ordered::True } else { Ordered::False }))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<OrderedValue, E> {
+                match v {
+                    "auto" => Ok(OrderedValue(Ordered::Auto)),
+                    "true" => Ok(OrderedValue(Ordered::True)),
+                    "false" => Ok(OrderedValue(Ordered::False)),
+                    other => Err(E::custom(format!("expected `auto`, `true` or `false`, found `{other}`"))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `ordered:` as written: `auto`, or a YAML boolean.
+struct OrderedValue(Ordered);
+
 #[derive(Debug, Clone)]
 pub struct PipelineSpec {
     pub name: String,
     pub workers: usize,
+    /// As written (`auto` by default); [`PipelineSpec::keeps_order`] says what it came to.
+    pub ordered: Ordered,
     pub batch: BatchConfig,
     /// The `queue` section as a component (`type` defaults to `memory`).
     pub queue: ComponentSpec,
@@ -145,6 +186,13 @@ pub struct PipelineSpec {
 }
 
 impl PipelineSpec {
+    /// Whether events leave in the order they were queued: one worker, and a memory queue or
+    /// a persisted one with one shard.
+    pub fn keeps_order(&self) -> bool {
+        let shards = self.queue.settings.get("shards").and_then(|n| n.as_str()).and_then(|s| s.parse::<u64>().ok());
+        self.workers == 1 && (self.queue.type_name != "persisted" || shards == Some(1))
+    }
+
     /// True when both were written the same way (places in the file do not count).
     pub fn same_as(&self, other: &PipelineSpec) -> bool {
         same_content(&self.node, &other.node)
@@ -307,7 +355,8 @@ pub fn load_str(text: &str, file: &str) -> Result<RootConfig, ConfigErrors> {
 
 const ROOT_KEYS: &[&str] =
     &["data_dir", "api", "log", "shutdown_timeout", "registry", "memory", "cluster", "pipelines"];
-const PIPELINE_KEYS: &[&str] = &["workers", "batch", "queue", "inputs", "processors", "outputs", "dead_letter_queue"];
+const PIPELINE_KEYS: &[&str] =
+    &["workers", "ordered", "batch", "queue", "inputs", "processors", "outputs", "dead_letter_queue"];
 const COMPONENT_META_KEYS: &[&str] = &["type", "id", "if"];
 
 /// A config read as far as it goes, with every error found on the way, so that `sluice validate`
@@ -521,6 +570,29 @@ fn read_pipeline(name: &str, node: &Node, errors: &mut ConfigErrors) -> Option<P
         },
         None => default_workers(),
     };
+    let workers_given = node.get("workers").is_some_and(|n| !n.is_null());
+    let ordered = match node.get("ordered").filter(|n| !n.is_null()) {
+        Some(n) => match from_node::<OrderedValue>(n, &format!("{path}.ordered")) {
+            Ok(OrderedValue(o)) => o,
+            Err(e) => {
+                errors.push(e);
+                Ordered::Auto
+            }
+        },
+        None => Ordered::Auto,
+    };
+    let workers = match ordered {
+        Ordered::True if workers_given && workers != 1 => {
+            errors.push(ConfigError::at(
+                format!("`ordered: true` keeps events in order, which takes one worker, but `workers` is {workers}"),
+                &format!("{path}.ordered"),
+                node.get("ordered").map_or_else(|| node.mark.clone(), |n| n.mark.clone()),
+            ));
+            workers
+        }
+        Ordered::True => 1,
+        _ => workers,
+    };
     let batch = match node.get("batch").filter(|n| !n.is_null()) {
         Some(n) => match from_node::<BatchConfig>(n, &format!("{path}.batch")) {
             Ok(b) if b.size == 0 => {
@@ -539,7 +611,24 @@ fn read_pipeline(name: &str, node: &Node, errors: &mut ConfigErrors) -> Option<P
     let dead_letter_queue = read_dead_letter_queue(node, &path, errors);
 
     let queue_node = node.get("queue").cloned().unwrap_or_else(|| Node::empty_map(node.mark.clone()));
-    let queue = read_component(&queue_node, &format!("{path}.queue"), Some("memory"), errors);
+    let mut queue = read_component(&queue_node, &format!("{path}.queue"), Some("memory"), errors);
+    // A persisted queue's shards are read in parallel: order across them needs one shard.
+    if let Some(q) = queue.as_mut().filter(|q| q.type_name == "persisted")
+        && (ordered == Ordered::True || (ordered == Ordered::Auto && workers == 1))
+    {
+        match q.settings.get("shards").filter(|n| !n.is_null()) {
+            None => set_default(&mut q.settings, "shards", "1"),
+            Some(n) if ordered == Ordered::True && n.as_str() != Some("1") => errors.push(ConfigError::at(
+                format!(
+                    "`ordered: true` keeps events in order, which takes one shard of the persisted queue, but `shards` is {}",
+                    n.as_str().unwrap_or("set")
+                ),
+                &format!("{path}.queue.shards"),
+                n.mark.clone(),
+            )),
+            Some(_) => {}
+        }
+    }
 
     let inputs = read_section(node, &path, "inputs", true, errors);
     let processors = read_section(node, &path, "processors", false, errors);
@@ -573,6 +662,7 @@ fn read_pipeline(name: &str, node: &Node, errors: &mut ConfigErrors) -> Option<P
     Some(PipelineSpec {
         name: name.to_string(),
         workers,
+        ordered,
         batch,
         queue: queue?,
         inputs,
@@ -581,6 +671,16 @@ fn read_pipeline(name: &str, node: &Node, errors: &mut ConfigErrors) -> Option<P
         dead_letter_queue,
         node: node.clone(),
     })
+}
+
+/// Adds `key: value` to the mapping `node` (which lacks `key`).
+fn set_default(node: &mut Node, key: &str, value: &str) {
+    let mark = node.mark.clone();
+    if let NodeKind::Map(entries) = &mut node.kind {
+        let scalar =
+            |v: &str| Node { kind: NodeKind::Scalar { value: v.to_string(), plain: true }, mark: mark.clone() };
+        entries.push((scalar(key), scalar(value)));
+    }
 }
 
 fn read_dead_letter_queue(pipeline: &Node, path: &str, errors: &mut ConfigErrors) -> DeadLetterQueueConfig {
@@ -886,5 +986,46 @@ pipelines:
         assert!(a.pipelines[0].same_as(&b.pipelines[0]));
         let c = load_str(&GOOD.replace("workers: 3", "workers: 4"), "a.yml").unwrap();
         assert!(!a.pipelines[0].same_as(&c.pipelines[0]));
+    }
+
+    fn pipeline(extra: &str) -> Result<PipelineSpec, ConfigErrors> {
+        let text = format!("pipelines:\n  p:\n{extra}    inputs: [{{type: stdin}}]\n    outputs: [{{type: stdout}}]\n");
+        load_str(&text, "o.yml").map(|mut c| c.pipelines.remove(0))
+    }
+
+    #[test]
+    fn ordered_true_takes_one_worker_and_one_shard() {
+        let p = pipeline("    ordered: true\n    queue: {type: persisted}\n").unwrap();
+        assert_eq!((p.ordered, p.workers), (Ordered::True, 1));
+        assert_eq!(p.queue.settings.get("shards").and_then(|n| n.as_str()), Some("1"));
+        assert!(p.keeps_order());
+        let e = pipeline("    ordered: true\n    workers: 4\n").unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "pipelines.p.ordered: `ordered: true` keeps events in order, which takes one worker, but `workers` is 4"
+            ),
+            "{e}"
+        );
+        let e = pipeline("    ordered: true\n    queue: {type: persisted, shards: 4}\n").unwrap_err().to_string();
+        assert!(e.contains("pipelines.p.queue.shards") && e.contains("one shard"), "{e}");
+        let e = pipeline("    ordered: sometimes\n").unwrap_err().to_string();
+        assert!(e.contains("pipelines.p.ordered") && e.contains("`auto`, `true` or `false`"), "{e}");
+    }
+
+    #[test]
+    fn ordered_auto_keeps_order_with_one_worker_only() {
+        let p = pipeline("    workers: 1\n    queue: {type: persisted}\n").unwrap();
+        assert_eq!(p.ordered, Ordered::Auto);
+        assert!(p.keeps_order(), "one worker: the persisted queue gets one shard");
+        let p = pipeline("    workers: 2\n    queue: {type: persisted}\n").unwrap();
+        assert!(!p.keeps_order());
+        assert!(p.queue.settings.get("shards").is_none(), "shards left to the queue's default");
+        let p = pipeline("    workers: 1\n    queue: {type: persisted, shards: 3}\n").unwrap();
+        assert!(!p.keeps_order(), "shards written out win under auto");
+        let p = pipeline("    workers: 1\n").unwrap();
+        assert!(p.keeps_order());
+        let p = pipeline("    ordered: false\n    workers: 1\n    queue: {type: persisted}\n").unwrap();
+        assert_eq!(p.ordered, Ordered::False);
+        assert!(p.queue.settings.get("shards").is_none(), "false sets nothing");
     }
 }

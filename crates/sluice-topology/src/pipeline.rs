@@ -256,7 +256,12 @@ impl RunningPipeline {
             stages.processors.iter().any(|p| p.processor.stateful().is_some()).then(|| Emitters::start(&stages));
 
         tracing::info!(pipeline = %spec.name, workers = spec.workers, batch_size = spec.batch.size,
-            queue = %spec.queue.type_name, "pipeline started");
+            queue = %spec.queue.type_name, ordered = spec.keeps_order(), "pipeline started");
+        if spec.ordered == sluice_config::model::Ordered::Auto && !spec.keeps_order() {
+            tracing::info!(pipeline = %spec.name, workers = spec.workers,
+                "events of different batches may leave this pipeline in another order than they came in \
+                 (several workers, or a persisted queue with several shards); `ordered: true` keeps them in order");
+        }
         Ok(RunningPipeline {
             spec,
             metrics,

@@ -28,11 +28,11 @@ use tokio_util::sync::CancellationToken;
 #[global_allocator]
 static GLOBAL: allocator::Mimalloc = allocator::Mimalloc;
 
-// One worker: lines typed or piped in come out in the order they went in.
+// Ordered (one worker): lines typed or piped in come out in the order they went in.
 const DEFAULT_CONFIG: &str = "\
 pipelines:
   main:
-    workers: 1
+    ordered: true
     inputs:
       - type: stdin
     outputs:
