@@ -432,6 +432,11 @@ async fn serve(path: Option<&Path>, config: RootConfig) -> anyhow::Result<ExitCo
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
+/// Pipeline names for a log line: `web, api`, or `none`.
+fn names(list: &[String]) -> String {
+    if list.is_empty() { "none".to_string() } else { list.join(", ") }
+}
+
 async fn reload(engine: &Engine, path: Option<&Path>) {
     let Some(path) = path else {
         tracing::warn!("SIGHUP: running the embedded default config; there is no file to reload");
@@ -459,8 +464,8 @@ async fn reload(engine: &Engine, path: Option<&Path>) {
         }
     };
     match engine.reload(config).await {
-        Ok(r) => tracing::info!(started = %r.started.join(", "), restarted = %r.restarted.join(", "),
-            stopped = %r.stopped.join(", "), unchanged = %r.unchanged.join(", "), "config reloaded"),
+        Ok(r) => tracing::info!(started = %names(&r.started), restarted = %names(&r.restarted),
+            stopped = %names(&r.stopped), unchanged = %names(&r.unchanged), "config reloaded"),
         Err(errors) => {
             for e in &errors.0 {
                 tracing::error!("{e}");
