@@ -18,7 +18,9 @@
 //!   events acknowledged later commit nothing (the tracker's epochs). A lost assignment (the
 //!   member was expelled) commits nothing: another member owns the partitions already.
 //! - **Backpressure.** When the channel is full (the pipeline's queue or the memory budget is
-//!   full), the chunk just polled is kept, every assigned partition is paused, and polling goes
+//!   full), the chunk just polled is kept and room is waited for without polling; only when
+//!   the stall lasts [`PAUSE_AFTER`] is every assigned partition paused (pausing throws away
+//!   what librdkafka fetched ahead), and polling goes
 //!   on (every 10 ms) so that the member keeps its place in the group (`max.poll.interval.ms`)
 //!   and rebalances are served. librdkafka re-fetches, on resume, from the record after the
 //!   last one it returned: nothing polled is dropped, nothing is skipped.
@@ -52,6 +54,10 @@ pub(super) const CHUNK_BYTES: usize = 1 << 20;
 const POLL_WAIT: Duration = Duration::from_millis(100);
 /// How long one poll waits while paused (the channel is checked for room between polls).
 const PAUSED_POLL_WAIT: Duration = Duration::from_millis(10);
+/// How long a full hand-off is waited for before the partitions are paused. Pausing throws
+/// away what librdkafka has fetched ahead, so a pipeline that is full for a moment (a batch
+/// being written) must not cost a refetch: only a stall this long pauses.
+const PAUSE_AFTER: Duration = Duration::from_millis(500);
 /// librdkafka's warnings and errors (a broker away repeats them) are logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 /// The longest a synchronous commit (revocation, shutdown) waits for the coordinator's answer.
@@ -304,6 +310,22 @@ pub(super) fn run(
                     break;
                 }
                 Err(TrySendError::Closed(_)) => break 'run,
+            }
+        }
+        // The hand-off is full: wait for room without polling (what is fetched ahead stays in
+        // librdkafka), and pause only if the stall lasts.
+        if !pending.is_empty() && paused.is_none() {
+            let until = Instant::now() + PAUSE_AFTER;
+            while let Some(chunk) = pending.pop_front() {
+                match tx.try_send(chunk) {
+                    Ok(()) => continue,
+                    Err(TrySendError::Full(chunk)) => pending.push_front(chunk),
+                    Err(TrySendError::Closed(_)) => break 'run,
+                }
+                if Instant::now() >= until || stop.is_cancelled() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
         let version = shared.tracker.version();

@@ -49,7 +49,7 @@ use offsets::OffsetTracker;
 
 /// Chunks waiting between the consumer thread and the input's task: enough to keep the task
 /// busy, few enough that a full pipeline pauses the consumer soon.
-const HANDOFF_CHUNKS: usize = 2;
+const HANDOFF_CHUNKS: usize = 4;
 
 struct KafkaInput {
     client: ClientConfig,
