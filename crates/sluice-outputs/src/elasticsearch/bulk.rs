@@ -56,8 +56,8 @@ pub struct Item {
     /// The byte range of its lines in [`Encoded::bytes`].
     pub start: usize,
     pub end: usize,
-    /// The index it was addressed to, for messages.
-    pub index: String,
+    /// The index it was addressed to, for messages: a place in [`Encoded::indices`].
+    pub index: usize,
 }
 
 impl Item {
@@ -72,6 +72,16 @@ pub struct Encoded {
     pub items: Vec<Item>,
     /// (event index, reason)
     pub refused: Vec<(usize, String)>,
+    /// The index names the items were addressed to, each once in a row (a batch mostly goes to
+    /// one or two indices, so this is not a string per event).
+    pub indices: Vec<String>,
+}
+
+impl Encoded {
+    /// The index `item` was addressed to.
+    pub fn index_of(&self, item: &Item) -> &str {
+        &self.indices[item.index]
+    }
 }
 
 /// Encodes every event's action and source lines.
@@ -79,6 +89,7 @@ pub fn encode(targets: &Targets, events: &[&Event]) -> Encoded {
     let mut bytes = Vec::with_capacity(events.len() * 320);
     let mut items = Vec::with_capacity(events.len());
     let mut refused = Vec::new();
+    let mut indices: Vec<String> = Vec::new();
     let mut index = String::with_capacity(64);
     let mut scratch = String::with_capacity(64);
     for (i, event) in events.iter().enumerate() {
@@ -118,9 +129,12 @@ pub fn encode(targets: &Targets, events: &[&Event]) -> Encoded {
                 bytes.push(b'\n');
             }
         }
-        items.push(Item { event: i, start, end: bytes.len(), index: index.clone() });
+        if indices.last() != Some(&index) {
+            indices.push(index.clone());
+        }
+        items.push(Item { event: i, start, end: bytes.len(), index: indices.len() - 1 });
     }
-    Encoded { bytes, items, refused }
+    Encoded { bytes, items, refused, indices }
 }
 
 /// Why `event` cannot be addressed: a field its index, id or routing template names is missing,
@@ -239,7 +253,7 @@ mod tests {
         assert_eq!(l[1]["n"], 1);
         assert_eq!(l[1]["service"], "web");
         assert!(l[1]["@timestamp"].is_string());
-        assert_eq!(e.items[0].index, "logs-web-2025.11.26");
+        assert_eq!(e.index_of(&e.items[0]), "logs-web-2025.11.26");
 
         let e = encode(&targets(Action::Update, Some("%{/event_id}")), &refs);
         let l = lines(&e, 0);
@@ -274,6 +288,16 @@ mod tests {
         assert!(e.refused[1].1.contains("/event_id") && e.refused[1].1.contains("`document_id:"), "{}", e.refused[1].1);
         // The pipeline template's field is optional: absent, no pipeline is named.
         assert!(lines(&e, 0)[0]["index"].get("pipeline").is_none());
+    }
+
+    #[test]
+    fn each_item_names_its_own_index_and_runs_share_one_name() {
+        let events = [event(r#"{"service":"web"}"#), event(r#"{"service":"web"}"#), event(r#"{"service":"db"}"#)];
+        let refs: Vec<&Event> = events.iter().collect();
+        let e = encode(&targets(Action::Index, None), &refs);
+        let names: Vec<&str> = e.items.iter().map(|it| e.index_of(it)).collect();
+        assert_eq!(names, ["logs-web-2025.11.26", "logs-web-2025.11.26", "logs-db-2025.11.26"]);
+        assert_eq!(e.indices.len(), 2, "one name per run of items, not one per event");
     }
 
     #[test]

@@ -330,7 +330,7 @@ impl ElasticsearchOutput {
                                 let reason = format!(
                                     "{} refused the document: status {status}, index {}, {error_type}: {reason}",
                                     self.engine(),
-                                    it.index
+                                    encoded.index_of(it)
                                 );
                                 self.log_refused(&reason);
                                 rejected.push(Rejected::refused(it.event, reason, attempts));
@@ -360,7 +360,8 @@ impl ElasticsearchOutput {
                 Answer::Split { reason } => {
                     let it = &encoded.items[pending[0]];
                     self.figures.refused(if reason.contains("HTTP 413") { 413 } else { 400 }, "");
-                    let reason = format!("{} refused the document: index {}, {reason}", self.engine(), it.index);
+                    let reason =
+                        format!("{} refused the document: index {}, {reason}", self.engine(), encoded.index_of(it));
                     self.log_refused(&reason);
                     rejected.push(Rejected::refused(it.event, reason, attempts));
                 }
