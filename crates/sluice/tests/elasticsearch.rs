@@ -7,10 +7,10 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Sluice, free_port, try_http, wait_until};
+use common::{Sluice, free_port, run_to_end, try_http, wait_until};
 use serde_json::Value;
 use sluice_testkit::opensearch::OpenSearch;
 
@@ -40,19 +40,6 @@ fn events_file(
     path
 }
 
-/// Runs `sluice run` over `config` with `input` on stdin until it exits; returns its log.
-fn run_once(dir: &std::path::Path, config: &str, input: &std::path::Path) -> (bool, String) {
-    let path = dir.join(format!("run-{}.yml", Instant::now().elapsed().as_nanos()));
-    std::fs::write(&path, config).unwrap();
-    let out = Command::new(BIN)
-        .args(["run", "-c", path.to_str().unwrap()])
-        .env("SLUICE_LOG", "info")
-        .stdin(Stdio::from(std::fs::File::open(input).unwrap()))
-        .output()
-        .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
 fn search_ids(os: &OpenSearch, index: &str, ids: &[String]) -> Vec<Value> {
     let body = serde_json::json!({"size": ids.len(), "query": {"ids": {"values": ids}}}).to_string();
     let (status, text) = os.request("POST", &format!("/{index}/_search"), &body);
@@ -79,7 +66,7 @@ pipelines:
         data = dir.path().join("data").display(),
         url = os.url()
     );
-    let (ok, log) = run_once(dir.path(), &config, &input);
+    let (ok, log) = run_to_end(&config, &input);
     assert!(ok, "{log}");
     os.refresh("logs-web-*");
     assert_eq!(os.count("logs-web-*"), n as u64, "{log}");
@@ -95,7 +82,7 @@ pipelines:
     }
 
     // The same events again: same ids, so the count does not move.
-    let (ok, log) = run_once(dir.path(), &config, &input);
+    let (ok, log) = run_to_end(&config, &input);
     assert!(ok, "{log}");
     os.refresh("logs-web-*");
     assert_eq!(os.count("logs-web-*"), n as u64, "a replay with document_id adds no duplicate");
@@ -132,7 +119,7 @@ pipelines:
         data = data.display(),
         url = os.url()
     );
-    let (ok, log) = run_once(dir.path(), &config, &input);
+    let (ok, log) = run_to_end(&config, &input);
     assert!(ok, "{log}");
     os.refresh("strict");
     assert_eq!(os.count("strict"), (n - refused.len()) as u64, "{log}");
@@ -204,7 +191,7 @@ pipelines:
         data = dir.path().join("data").display(),
         url = os.url()
     );
-    let (ok, log) = run_once(dir.path(), &config, &input);
+    let (ok, log) = run_to_end(&config, &input);
     assert!(ok, "{log}");
     os.refresh("busy");
     assert_eq!(os.count("busy"), n as u64, "{log}");

@@ -7,10 +7,10 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Sluice, free_port, try_http};
+use common::{Sluice, free_port, run_to_end, try_http};
 use serde_json::Value;
 use sluice_testkit::kafka::Kafka;
 
@@ -20,19 +20,11 @@ fn json(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(bytes)))
 }
 
-/// Runs `sluice run` over `config` with `input` on stdin until it exits; returns its log.
+/// Runs `sluice run` over `config` with `input` (JSON lines) on stdin until it exits.
 fn run_once(dir: &std::path::Path, config: &str, input: &str) -> (bool, String) {
-    let path = dir.join("run.yml");
-    std::fs::write(&path, config).unwrap();
     let input_path = dir.join("input.ndjson");
     std::fs::write(&input_path, input).unwrap();
-    let out = Command::new(BIN)
-        .args(["run", "-c", path.to_str().unwrap()])
-        .env("SLUICE_LOG", "info")
-        .stdin(Stdio::from(std::fs::File::open(&input_path).unwrap()))
-        .output()
-        .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    run_to_end(config, &input_path)
 }
 
 #[test]

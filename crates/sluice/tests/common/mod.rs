@@ -151,6 +151,15 @@ impl Drop for Sluice {
     }
 }
 
+/// Runs `sluice run` on `config` (`{dir}` is a fresh temp dir) with `stdin` fed from a file
+/// until it exits by itself; whether it succeeded, and its log.
+#[allow(dead_code)]
+pub fn run_to_end(config: &str, stdin: &Path) -> (bool, String) {
+    let mut s = Sluice::start_with(config, Stdio::from(std::fs::File::open(stdin).unwrap()));
+    let (status, log) = s.wait(Duration::from_secs(300));
+    (status.success(), log)
+}
+
 /// A summary line's numbers: `pipeline web: in=1 out=1 dropped=0 failed=0 unfinished=0 seconds=0.1`.
 pub fn summary(log: &str, pipeline: &str) -> std::collections::HashMap<String, u64> {
     let prefix = format!("pipeline {pipeline}: ");
