@@ -72,7 +72,7 @@ impl Codec {
 /// A line as a JSON object, or `None` when it is not one. Invalid UTF-8 is replaced by U+FFFD
 /// first, as for a text line, so a log line with one bad byte in a string still parses; the
 /// replacement is tried only after a failed parse, so valid lines are read once.
-fn json_object(line: &[u8]) -> Option<Map> {
+pub(crate) fn json_object(line: &[u8]) -> Option<Map> {
     match serde_json::from_slice::<Map>(line) {
         Ok(map) => Some(map),
         Err(_) if simdutf8::basic::from_utf8(line).is_err() => {

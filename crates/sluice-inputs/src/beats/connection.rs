@@ -40,7 +40,7 @@ use crate::codec::Decoded;
 use crate::limits::{self, Activity};
 
 /// Bytes asked of the socket at a time (more only to finish a larger frame).
-const READ_SIZE: usize = 64 << 10;
+const READ_SIZE: usize = 256 << 10;
 /// How long a connection that stopped reading still waits to send the ACKs it owes.
 pub const GRACE: Duration = Duration::from_secs(5);
 /// How long one write of ACKs may take before the client is given up on.
@@ -82,10 +82,7 @@ pub(super) async fn run(shared: &Shared, tcp: TcpStream, peer: SocketAddr, activ
             return;
         }
     };
-    let meta = PeerMetadata {
-        ip_address: Some(Value::from(peer.ip().to_string().as_str())),
-        tls_subject: stream.peer_certificate_subject().map(|s| Value::from(s.as_str())),
-    };
+    let meta = PeerMetadata::new(Some(&peer.ip().to_string()), stream.peer_certificate_subject().as_deref());
     tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "beats connection opened");
     let (rd, wr) = tokio::io::split(stream);
     let conn = Conn {

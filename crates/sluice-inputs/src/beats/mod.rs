@@ -34,13 +34,13 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ByteSize, ConfigError, HumanDuration};
-use sluice_core::event::TIMESTAMP;
+use sluice_core::event::{METADATA, TIMESTAMP};
 use sluice_core::metrics::{ComponentState, Counter, StateFigure};
 use sluice_core::{Event, Map, Value};
 use sluice_tls::{ServerTls, TlsConfig};
 use tokio::net::TcpListener;
 
-use crate::codec::{Codec, Decoded};
+use crate::codec::{Codec, Decoded, json_object};
 use crate::limits::accept_connections;
 use crate::{Input, InputContext, InputError};
 
@@ -226,57 +226,99 @@ async fn serve(
     Ok(())
 }
 
-/// What a connection adds to each event's `@metadata`.
+/// What a connection adds to each event's `@metadata`: `ip_address`, and `tls_peer.subject`
+/// when the client sent a certificate.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PeerMetadata {
-    pub ip_address: Option<Value>,
-    pub tls_subject: Option<Value>,
+    /// Made once per connection and shared: an event that arrives without `@metadata` (as the
+    /// documents of most clients but Beats do) gets a handle to it, not a map of its own; a
+    /// processor that changes it copies it first.
+    fields: Map,
+}
+
+impl PeerMetadata {
+    pub fn new(ip_address: Option<&str>, tls_subject: Option<&str>) -> PeerMetadata {
+        let mut fields = Map::with_capacity(2);
+        if let Some(ip) = ip_address {
+            fields.push_unchecked("ip_address", Value::from(ip));
+        }
+        if let Some(subject) = tls_subject {
+            let mut tls = Map::with_capacity(1);
+            tls.push_unchecked("subject", Value::from(subject));
+            fields.push_unchecked("tls_peer", Value::Object(tls));
+        }
+        PeerMetadata { fields: fields.shared() }
+    }
+
+    /// Adds what the event's own `@metadata` does not have already.
+    fn add_to(&self, meta: &mut Map) {
+        for (key, value) in self.fields.iter() {
+            if !meta.contains_key(key.as_str()) {
+                meta.push_unchecked(key.clone(), value.clone());
+            }
+        }
+    }
 }
 
 /// One data frame's JSON document as an event stamped `now` unless it has its own
 /// `@timestamp`; whether the document was a JSON object.
+///
+/// `@timestamp` and `@metadata` are found in one pass over the document's fields and changed in
+/// place: this runs once per event on the connection's task, which is what bounds a client's rate.
 pub(crate) fn decode_event(payload: &[u8], now: i64, peer: &PeerMetadata) -> (Event, Decoded) {
-    let (mut event, decoded) = Codec::JsonLines.decode(payload, false, now);
-    if decoded == Decoded::Ok {
-        parse_timestamp(&mut event, now);
-    }
-    if peer.ip_address.is_some() || peer.tls_subject.is_some() {
-        let meta = event.metadata_mut();
-        if let Some(ip) = &peer.ip_address
-            && !meta.contains_key("ip_address")
-        {
-            meta.insert("ip_address", ip.clone());
+    let Some(mut fields) = json_object(payload) else {
+        let (mut event, decoded) = Codec::JsonLines.decode(payload, false, now);
+        if !peer.fields.is_empty() {
+            peer.add_to(event.metadata_mut());
         }
-        if let Some(subject) = &peer.tls_subject
-            && !meta.contains_key("tls_peer")
-        {
-            let mut tls = Map::with_capacity(1);
-            tls.insert("subject", subject.clone());
-            meta.insert("tls_peer", Value::Object(tls));
+        return (event, decoded);
+    };
+    let (mut has_timestamp, mut has_metadata, mut bad_timestamp) = (false, false, false);
+    for (key, value) in fields.iter_mut() {
+        let key = key.as_str();
+        if !key.starts_with('@') {
+            continue;
+        }
+        if key == TIMESTAMP {
+            has_timestamp = true;
+            match parse_timestamp(value) {
+                Some(ns) => *value = Value::Timestamp(ns),
+                None => bad_timestamp = true,
+            }
+        } else if key == METADATA {
+            has_metadata = true;
+            match value {
+                Value::Object(meta) => peer.add_to(meta),
+                // Not an object: replaced, as `Event::metadata_mut` does.
+                other => *other = Value::Object(peer.fields.clone()),
+            }
         }
     }
-    (event, decoded)
+    if !has_timestamp {
+        fields.push_unchecked(TIMESTAMP, Value::Timestamp(now));
+    }
+    if !has_metadata && !peer.fields.is_empty() {
+        fields.push_unchecked(METADATA, Value::Object(peer.fields.clone()));
+    }
+    let mut event = Event::new(fields);
+    if bad_timestamp {
+        // Kept under another name, and the event stamped and tagged.
+        if let Some(original) = event.fields.remove(TIMESTAMP) {
+            event.fields.insert("_@timestamp", original);
+        }
+        event.set_timestamp_nanos(now);
+        event.add_tag(TAG_TIMESTAMP_FAILURE);
+    }
+    (event, Decoded::Ok)
 }
 
 /// A Beat sends `@timestamp` as RFC 3339 text: made a timestamp, as the other inputs stamp
-/// theirs. Anything else is kept in `_@timestamp`, the event is stamped `now` and tagged.
-fn parse_timestamp(event: &mut Event, now: i64) {
-    let parsed = match event.fields.get(TIMESTAMP) {
-        Some(Value::String(s)) => {
-            chrono::DateTime::parse_from_rfc3339(s).ok().and_then(|d| d.timestamp_nanos_opt()).ok_or(())
-        }
-        Some(Value::Timestamp(_)) => return,
-        _ => Err(()),
-    };
-    match parsed {
-        Ok(ns) => event.set_timestamp_nanos(ns),
-        Err(()) => {
-            if let Some(original) = event.fields.remove(TIMESTAMP) {
-                event.fields.insert("_@timestamp", original);
-            }
-            event.set_timestamp_nanos(now);
-            event.add_tag(TAG_TIMESTAMP_FAILURE);
-        }
+/// theirs. `None` for anything else.
+fn parse_timestamp(value: &Value) -> Option<i64> {
+    match value {
+        Value::String(s) => chrono::DateTime::parse_from_rfc3339(s).ok().and_then(|d| d.timestamp_nanos_opt()),
+        Value::Timestamp(ns) => Some(*ns),
+        _ => None,
     }
 }
 

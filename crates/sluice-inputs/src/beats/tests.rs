@@ -250,7 +250,7 @@ fn an_abandoned_part_stops_every_ack_and_an_empty_window_is_acked_in_turn() {
 
 #[test]
 fn events_keep_their_fields_and_bad_documents_are_tagged() {
-    let peer = PeerMetadata { ip_address: Some(Value::from("10.0.0.7")), tls_subject: None };
+    let peer = PeerMetadata::new(Some("10.0.0.7"), None);
     let beat = br#"{"@timestamp":"2026-11-26T07:16:16.123Z","@metadata":{"beat":"filebeat","type":"_doc","version":"8.15.0"},"host":{"name":"web-1"},"agent":{"type":"filebeat"},"log":{"file":{"path":"/var/log/app.log"},"offset":42},"message":"hello"}"#;
     let (e, d) = decode_event(beat, 7, &peer);
     assert_eq!(d, Decoded::Ok);
@@ -275,11 +275,26 @@ fn events_keep_their_fields_and_bad_documents_are_tagged() {
     assert!(e.has_tag(TAG_TIMESTAMP_FAILURE));
     assert_eq!(e.fields.get("_@timestamp"), Some(&Value::from("yesterday")));
 
+    // Without @metadata of its own, an event gets the connection's; changing one event's
+    // does not change another's.
+    let (mut a, _) = decode_event(b"{\"message\":\"a\"}", 7, &peer);
+    let (b, _) = decode_event(b"{\"message\":\"b\",\"@metadata\":\"not an object\"}", 7, &peer);
+    a.metadata_mut().insert("ip_address", Value::from("changed"));
+    assert_eq!(get(&a, "/@metadata/ip_address"), Some(Value::from("changed")));
+    assert_eq!(get(&b, "/@metadata/ip_address"), Some(Value::from("10.0.0.7")));
+    // A client's own @metadata.ip_address is kept.
+    let (e, _) = decode_event(br#"{"@metadata":{"ip_address":"192.0.2.1"}}"#, 7, &peer);
+    assert_eq!(get(&e, "/@metadata/ip_address"), Some(Value::from("192.0.2.1")));
+    let with_subject = PeerMetadata::new(Some("10.0.0.7"), Some("CN=client"));
+    let (e, _) = decode_event(b"{}", 7, &with_subject);
+    assert_eq!(get(&e, "/@metadata/tls_peer/subject"), Some(Value::from("CN=client")));
+
     let (e, d) = decode_event(b"{\"broken\":", 7, &peer);
     assert_eq!(d, Decoded::Failed);
     assert_eq!(e.message(), Some("{\"broken\":"));
     assert!(e.has_tag(TAG_JSON_FAILURE));
     assert_eq!(e.timestamp_nanos(), Some(7));
+    assert_eq!(get(&e, "/@metadata/ip_address"), Some(Value::from("10.0.0.7")));
 }
 
 #[test]
