@@ -1,5 +1,5 @@
 //! The `sluice` command: `run`, `validate`, `queue stats|verify`, `registry show`,
-//! `dlq stats|list|show|replay|purge`, `version`.
+//! `dlq stats|list|show|replay|purge`, `cluster ring|route`, `top`, `version`.
 //!
 //! `run` starts every pipeline of the config (or, without `-c`, an embedded default that reads
 //! stdin and writes JSON lines to stdout), serves the monitoring API, and then:
@@ -13,6 +13,7 @@
 mod allocator;
 mod cluster_cli;
 mod dlq_cli;
+mod top;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -83,6 +84,9 @@ enum Command {
         #[command(subcommand)]
         command: cluster_cli::ClusterCommand,
     },
+    /// A live view of a running sluice over its monitoring API: per pipeline, component and
+    /// cluster peer, events per second, queue fill, time blocked, failures, dead letters.
+    Top(top::TopArgs),
     /// Prints the version.
     Version,
 }
@@ -138,6 +142,7 @@ fn main() -> ExitCode {
         }
         Command::Dlq { command } => dlq_cli::run(command),
         Command::Cluster { command } => cluster_cli::run(command),
+        Command::Top(args) => top::run(args),
         Command::Run { config, log_level } => match run(config.as_deref(), log_level) {
             Ok(code) => code,
             Err(e) => {

@@ -1,0 +1,478 @@
+//! The `/stats` document read into a snapshot, and the rows `sluice top` shows: rates come from
+//! two successive snapshots, so they cover exactly one refresh.
+//!
+//! Every figure is optional: the document's shape moves with the server's version (fields are
+//! added, renamed, or change type), and a figure that cannot be read is shown as `-` rather
+//! than failing the whole view.
+
+use std::time::{Instant, SystemTime};
+
+use serde_json::Value as Json;
+
+/// One `/stats` document as read at one moment.
+pub struct Snapshot {
+    pub at: Instant,
+    pub wall: SystemTime,
+    pub uptime_seconds: Option<f64>,
+    pub memory: Option<Memory>,
+    /// This node's name in cluster mode.
+    pub node: Option<String>,
+    pub pipelines: Vec<PipelineSnap>,
+    pub peers: Vec<PeerSnap>,
+}
+
+#[derive(Clone, Copy)]
+pub struct Memory {
+    pub used_bytes: Option<u64>,
+    pub budget_bytes: Option<u64>,
+}
+
+pub struct PipelineSnap {
+    pub name: String,
+    pub events_in: Option<u64>,
+    pub events_out: Option<u64>,
+    pub events_taken: Option<u64>,
+    pub failed: Option<u64>,
+    pub dropped: Option<u64>,
+    pub dead_lettered: Option<u64>,
+    pub queue: Option<QueueSnap>,
+    pub dlq: Option<DlqSnap>,
+    pub workers: Option<u64>,
+    pub utilization: Option<f64>,
+    pub components: Vec<ComponentSnap>,
+}
+
+#[derive(Clone)]
+pub struct QueueSnap {
+    pub kind: Option<String>,
+    pub events: Option<u64>,
+    pub bytes: Option<u64>,
+    pub max_events: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub blocked_nanos: Option<u64>,
+}
+
+#[derive(Clone, Copy)]
+pub struct DlqSnap {
+    pub entries: Option<u64>,
+    pub bytes: Option<u64>,
+    pub max_bytes: Option<u64>,
+}
+
+pub struct ComponentSnap {
+    pub id: String,
+    pub kind: Option<String>,
+    pub type_name: Option<String>,
+    pub events_in: Option<u64>,
+    pub events_out: Option<u64>,
+    pub failed: Option<u64>,
+    pub dropped: Option<u64>,
+    pub retries: Option<u64>,
+    pub refused: Option<u64>,
+}
+
+pub struct PeerSnap {
+    pub name: String,
+    pub state: Option<String>,
+    pub events_forwarded: Option<u64>,
+    pub failures: Option<u64>,
+    pub batches_retried: Option<u64>,
+    pub bytes_in_flight: Option<u64>,
+    pub latency_mean_seconds: Option<f64>,
+}
+
+fn at<'a>(v: &'a Json, path: &[&str]) -> Option<&'a Json> {
+    path.iter().try_fold(v, |cur, key| cur.get(key))
+}
+
+/// A count; a float that is a whole non-negative number is taken too (some encoders write
+/// `5.0` for `5`).
+fn count(v: &Json, path: &[&str]) -> Option<u64> {
+    let v = at(v, path)?;
+    v.as_u64().or_else(|| v.as_f64().filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0).map(|f| f as u64))
+}
+
+fn number(v: &Json, path: &[&str]) -> Option<f64> {
+    at(v, path)?.as_f64().filter(|f| f.is_finite())
+}
+
+fn text(v: &Json, path: &[&str]) -> Option<String> {
+    at(v, path)?.as_str().map(str::to_string)
+}
+
+impl Snapshot {
+    /// Reads a `/stats` document; only a document that is not a JSON object is refused.
+    pub fn parse(doc: &Json, at_: Instant, wall: SystemTime) -> Result<Snapshot, String> {
+        if !doc.is_object() {
+            return Err("the /stats answer is not a JSON object".to_string());
+        }
+        let pipelines = doc
+            .get("pipelines")
+            .and_then(Json::as_object)
+            .map(|m| m.iter().map(|(name, p)| PipelineSnap::parse(name, p)).collect())
+            .unwrap_or_default();
+        let memory = doc
+            .get("memory")
+            .filter(|m| m.is_object())
+            .map(|m| Memory { used_bytes: count(m, &["used_bytes"]), budget_bytes: count(m, &["budget_bytes"]) });
+        let peers = at(doc, &["cluster", "peers"])
+            .and_then(Json::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(name, p)| PeerSnap {
+                        name: name.clone(),
+                        state: text(p, &["state"]),
+                        events_forwarded: count(p, &["events_forwarded"]),
+                        failures: count(p, &["failures"]),
+                        batches_retried: count(p, &["batches_retried"]),
+                        bytes_in_flight: count(p, &["bytes_in_flight"]),
+                        latency_mean_seconds: number(p, &["latency_mean_seconds"]),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Snapshot {
+            at: at_,
+            wall,
+            uptime_seconds: number(doc, &["uptime_seconds"]),
+            memory,
+            node: text(doc, &["cluster", "node"]),
+            pipelines,
+            peers,
+        })
+    }
+}
+
+impl PipelineSnap {
+    fn parse(name: &str, p: &Json) -> PipelineSnap {
+        let queue = p.get("queue").filter(|q| q.is_object()).map(|q| QueueSnap {
+            kind: text(q, &["kind"]),
+            events: count(q, &["events"]),
+            bytes: count(q, &["bytes"]),
+            max_events: count(q, &["max_events"]),
+            max_bytes: count(q, &["max_bytes"]),
+            blocked_nanos: count(q, &["blocked_nanos"]),
+        });
+        let dlq = p.get("dead_letter_queue").filter(|d| d.is_object()).map(|d| DlqSnap {
+            entries: count(d, &["entries"]),
+            bytes: count(d, &["bytes"]),
+            max_bytes: count(d, &["max_bytes"]),
+        });
+        let components = p
+            .get("components")
+            .and_then(Json::as_array)
+            .map(|list| {
+                list.iter()
+                    .map(|c| ComponentSnap {
+                        id: text(c, &["id"]).unwrap_or_else(|| "?".to_string()),
+                        kind: text(c, &["kind"]),
+                        type_name: text(c, &["type"]),
+                        events_in: count(c, &["events", "in"]),
+                        events_out: count(c, &["events", "out"]),
+                        failed: count(c, &["events", "failed"]),
+                        dropped: count(c, &["events", "dropped"]),
+                        retries: count(c, &["retries"]),
+                        refused: count(c, &["refused"]),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        PipelineSnap {
+            name: name.to_string(),
+            events_in: count(p, &["events", "in"]),
+            events_out: count(p, &["events", "out"]),
+            events_taken: count(p, &["events", "taken"]),
+            failed: count(p, &["events", "failed"]),
+            dropped: count(p, &["events", "dropped"]),
+            dead_lettered: count(p, &["events", "dead_lettered"]),
+            queue,
+            dlq,
+            workers: count(p, &["workers"]),
+            utilization: number(p, &["worker_utilization"]),
+            components,
+        }
+    }
+}
+
+/// A pipeline as shown: its figures now and its rates over the last refresh.
+pub struct PipelineRow {
+    pub name: String,
+    pub in_rate: Option<f64>,
+    pub out_rate: Option<f64>,
+    pub taken_rate: Option<f64>,
+    pub failed: Option<u64>,
+    pub dropped: Option<u64>,
+    pub dead_lettered: Option<u64>,
+    pub queue: Option<QueueSnap>,
+    /// The fuller of the queue's two limits (events, bytes), 0 to 1.
+    pub queue_fill: Option<f64>,
+    /// Time inputs spent blocked on a full queue per second of the refresh, summed over the
+    /// inputs (so it can pass 1 when several wait at once).
+    pub blocked: Option<f64>,
+    pub dlq: Option<DlqSnap>,
+    pub workers: Option<u64>,
+    pub utilization: Option<f64>,
+    pub components: Vec<ComponentRow>,
+}
+
+pub struct ComponentRow {
+    pub id: String,
+    pub kind: Option<String>,
+    pub type_name: Option<String>,
+    pub in_rate: Option<f64>,
+    pub out_rate: Option<f64>,
+    pub failed: Option<u64>,
+    pub dropped: Option<u64>,
+    pub retries: Option<u64>,
+    pub refused: Option<u64>,
+}
+
+pub struct PeerRow {
+    pub name: String,
+    pub state: Option<String>,
+    pub forwarded_rate: Option<f64>,
+    pub failures: Option<u64>,
+    pub batches_retried: Option<u64>,
+    pub bytes_in_flight: Option<u64>,
+    pub latency_mean_seconds: Option<f64>,
+}
+
+#[derive(Default)]
+pub struct Rows {
+    pub pipelines: Vec<PipelineRow>,
+    pub peers: Vec<PeerRow>,
+}
+
+/// Per second between two readings of a counter. None without an earlier reading, and when
+/// the counter went down: a reload restarts a pipeline's counters from zero.
+fn per_second(now: Option<u64>, before: Option<u64>, secs: f64) -> Option<f64> {
+    let (now, before) = (now?, before?);
+    (secs > 0.0 && now >= before).then(|| (now - before) as f64 / secs)
+}
+
+fn fill(q: &QueueSnap) -> Option<f64> {
+    let share = |n: Option<u64>, max: Option<u64>| match (n, max) {
+        (Some(n), Some(max)) if max > 0 => Some(n as f64 / max as f64),
+        _ => None,
+    };
+    match (share(q.events, q.max_events), share(q.bytes, q.max_bytes)) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The rows for `cur`, with rates against `prev` (none for the first snapshot).
+pub fn rows(prev: Option<&Snapshot>, cur: &Snapshot) -> Rows {
+    let secs = prev.map_or(0.0, |p| cur.at.saturating_duration_since(p.at).as_secs_f64());
+    let pipelines = cur
+        .pipelines
+        .iter()
+        .map(|p| {
+            let before = prev.and_then(|s| s.pipelines.iter().find(|b| b.name == p.name));
+            let rate = |pick: fn(&PipelineSnap) -> Option<u64>| per_second(pick(p), before.and_then(pick), secs);
+            let blocked = per_second(
+                p.queue.as_ref().and_then(|q| q.blocked_nanos),
+                before.and_then(|b| b.queue.as_ref()).and_then(|q| q.blocked_nanos),
+                secs,
+            )
+            .map(|nanos| nanos / 1e9);
+            let components = p
+                .components
+                .iter()
+                .map(|c| {
+                    let before = before.and_then(|b| b.components.iter().find(|x| x.id == c.id));
+                    let rate =
+                        |pick: fn(&ComponentSnap) -> Option<u64>| per_second(pick(c), before.and_then(pick), secs);
+                    ComponentRow {
+                        id: c.id.clone(),
+                        kind: c.kind.clone(),
+                        type_name: c.type_name.clone(),
+                        in_rate: rate(|c| c.events_in),
+                        out_rate: rate(|c| c.events_out),
+                        failed: c.failed,
+                        dropped: c.dropped,
+                        retries: c.retries,
+                        refused: c.refused,
+                    }
+                })
+                .collect();
+            PipelineRow {
+                name: p.name.clone(),
+                in_rate: rate(|p| p.events_in),
+                out_rate: rate(|p| p.events_out),
+                taken_rate: rate(|p| p.events_taken),
+                failed: p.failed,
+                dropped: p.dropped,
+                dead_lettered: p.dead_lettered,
+                queue_fill: p.queue.as_ref().and_then(fill),
+                queue: p.queue.clone(),
+                blocked,
+                dlq: p.dlq,
+                workers: p.workers,
+                utilization: p.utilization,
+                components,
+            }
+        })
+        .collect();
+    let peers = cur
+        .peers
+        .iter()
+        .map(|p| {
+            let before = prev.and_then(|s| s.peers.iter().find(|b| b.name == p.name));
+            PeerRow {
+                name: p.name.clone(),
+                state: p.state.clone(),
+                forwarded_rate: per_second(p.events_forwarded, before.and_then(|b| b.events_forwarded), secs),
+                failures: p.failures,
+                batches_retried: p.batches_retried,
+                bytes_in_flight: p.bytes_in_flight,
+                latency_mean_seconds: p.latency_mean_seconds,
+            }
+        })
+        .collect();
+    Rows { pipelines, peers }
+}
+
+/// What the view shows: the newest snapshot, its rows, and whether the API answers.
+pub struct Tracker {
+    prev: Option<Snapshot>,
+    pub cur: Snapshot,
+    pub rows: Rows,
+    /// Since when the API has not answered, and the last error, while it does not.
+    pub unreachable: Option<(SystemTime, String)>,
+}
+
+impl Tracker {
+    pub fn new(first: Snapshot) -> Tracker {
+        let rows = rows(None, &first);
+        Tracker { prev: None, cur: first, rows, unreachable: None }
+    }
+
+    pub fn update(&mut self, snapshot: Snapshot) {
+        self.rows = rows(Some(&self.cur), &snapshot);
+        self.prev = Some(std::mem::replace(&mut self.cur, snapshot));
+        self.unreachable = None;
+    }
+
+    pub fn failed(&mut self, wall: SystemTime, error: String) {
+        let since = self.unreachable.as_ref().map_or(wall, |(since, _)| *since);
+        self.unreachable = Some((since, error));
+    }
+
+    /// Whether the rates cover a refresh yet (the first snapshot has none).
+    pub fn has_rates(&self) -> bool {
+        self.prev.is_some()
+    }
+}
+
+pub fn fmt_rate(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_string(), |r| format!("{r:.1}"))
+}
+
+pub fn fmt_count(n: Option<u64>) -> String {
+    n.map_or_else(|| "-".to_string(), |n| n.to_string())
+}
+
+pub fn fmt_bytes(n: Option<u64>) -> String {
+    let Some(n) = n else { return "-".to_string() };
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+}
+
+pub fn fmt_percent(share: Option<f64>) -> String {
+    share.map_or_else(|| "-".to_string(), |s| format!("{:.1}%", s * 100.0))
+}
+
+/// Local wall-clock time of day, for "unreachable since".
+pub fn fmt_clock(t: SystemTime) -> String {
+    chrono::DateTime::<chrono::Local>::from(t).format("%H:%M:%S").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn snap(doc: Json, at: Instant) -> Snapshot {
+        Snapshot::parse(&doc, at, SystemTime::now()).unwrap()
+    }
+
+    #[test]
+    fn rates_come_from_two_snapshots() {
+        let t0 = Instant::now();
+        let a = snap(
+            json!({"pipelines": {"web": {"events": {"in": 100, "out": 50},
+                "queue": {"events": 10, "max_events": 100, "bytes": 500, "max_bytes": 1000, "blocked_nanos": 0},
+                "components": [{"id": "gen", "kind": "input", "type": "generator", "events": {"in": 0, "out": 100}}]}}}),
+            t0,
+        );
+        let b = snap(
+            json!({"pipelines": {"web": {"events": {"in": 300, "out": 250},
+                "queue": {"events": 10, "max_events": 100, "bytes": 500, "max_bytes": 1000, "blocked_nanos": 500_000_000u64},
+                "components": [{"id": "gen", "kind": "input", "type": "generator", "events": {"in": 0, "out": 300}}]}}}),
+            t0 + Duration::from_secs(2),
+        );
+        let first = rows(None, &a);
+        assert_eq!(first.pipelines[0].in_rate, None, "no rate without an earlier snapshot");
+        let r = rows(Some(&a), &b);
+        let p = &r.pipelines[0];
+        assert_eq!(p.in_rate, Some(100.0));
+        assert_eq!(p.out_rate, Some(100.0));
+        assert_eq!(p.blocked, Some(0.25));
+        assert_eq!(p.queue_fill, Some(0.5), "the fuller limit (bytes) counts");
+        assert_eq!(p.components[0].out_rate, Some(100.0));
+        assert_eq!(p.taken_rate, None, "a missing field is no rate");
+    }
+
+    #[test]
+    fn odd_documents_do_not_fail() {
+        let t0 = Instant::now();
+        let a = snap(
+            json!({"pipelines": {"p": {"events": {"in": "many"}, "queue": null, "components": [{"events": 3}]}}}),
+            t0,
+        );
+        let b = snap(json!({"pipelines": {"p": {"events": {"in": 5.0, "out": -1}, "components": "none"}}}), t0);
+        let r = rows(Some(&a), &b);
+        assert_eq!(r.pipelines[0].in_rate, None);
+        assert_eq!(r.pipelines[0].queue_fill, None);
+        assert!(r.pipelines[0].components.is_empty());
+        assert!(snap(json!({}), t0).pipelines.is_empty());
+        assert!(Snapshot::parse(&json!([1, 2]), t0, SystemTime::now()).is_err());
+    }
+
+    #[test]
+    fn counters_that_restart_show_no_rate() {
+        let t0 = Instant::now();
+        let a = snap(json!({"pipelines": {"p": {"events": {"in": 1000, "out": 1000}}}}), t0);
+        let b = snap(json!({"pipelines": {"p": {"events": {"in": 10, "out": 10}}}}), t0 + Duration::from_secs(1));
+        assert_eq!(rows(Some(&a), &b).pipelines[0].in_rate, None);
+    }
+
+    #[test]
+    fn peers_are_read_from_the_cluster_section() {
+        let t0 = Instant::now();
+        let doc = |n: u64| json!({"pipelines": {}, "cluster": {"node": "a", "peers": {"b": {"state": "up", "events_forwarded": n, "failures": 0}}}});
+        let r = rows(Some(&snap(doc(0), t0)), &snap(doc(40), t0 + Duration::from_secs(4)));
+        assert_eq!(r.peers[0].name, "b");
+        assert_eq!(r.peers[0].forwarded_rate, Some(10.0));
+        assert_eq!(r.peers[0].state.as_deref(), Some("up"));
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(fmt_bytes(Some(512)), "512 B");
+        assert_eq!(fmt_bytes(Some(1536)), "1.5 KiB");
+        assert_eq!(fmt_bytes(None), "-");
+        assert_eq!(fmt_rate(Some(2.26)), "2.3");
+        assert_eq!(fmt_percent(Some(0.5)), "50.0%");
+    }
+}
