@@ -1,9 +1,10 @@
 //! The monitoring API.
 //!
 //! - `GET /health`: `{"status":"ok"}` while the process runs.
-//! - `GET /metrics`: Prometheus text: per pipeline and per component events in / out /
-//!   dropped / failed, batch and component durations, queue depth in events and bytes, time
-//!   inputs spent blocked, worker utilisation.
+//! - `GET /metrics`: OpenMetrics text, encoded by prometheus-client from the figures at scrape
+//!   time: per pipeline events in (put in by its inputs) / taken (by its workers) / out /
+//!   dropped / failed, per component events in / out / dropped / failed, batch and component
+//!   durations, queue depth in events and bytes, time inputs spent blocked, worker utilisation.
 //! - `GET /stats`: the same as JSON, with event rates over the last 1 and 5 minutes taken from
 //!   samples every 5 seconds.
 //!
@@ -11,29 +12,46 @@
 //! a queue's own short-lived snapshot.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt::Write;
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use parking_lot::Mutex;
 use serde_json::{Value as Json, json};
-use sluice_core::exposition::{counter, counter_f64, esc, gauge, histogram, unlabelled};
-use sluice_core::metrics::{DeadLetterStats, LATENCY_BUCKETS, MetricsRegistry, PipelineMetrics};
+use sluice_core::QueueStats;
+use sluice_core::exposition::{self, DescriptorEncoder, Labels, counter, gauge, histogram, histogram_snapshots};
+use sluice_core::metrics::{
+    ComponentMetrics, ComponentState, Counter, DeadLetterStats, MetricsRegistry, PipelineMetrics, RegistryMetrics,
+    StateFigure, StateHistogram,
+};
 use tokio_util::sync::CancellationToken;
 
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 const KEEP_SAMPLES: usize = 62; // a little over 5 minutes
 
+/// A pipeline's event counts at one sample, by the names `/stats` gives them.
 #[derive(Clone, Copy, Default)]
 struct Counts {
+    /// Put in by the pipeline's inputs.
     events_in: u64,
+    /// Taken from the queues by the workers.
+    events_taken: u64,
     events_out: u64,
+}
+
+/// Events per second of each of [`Counts`].
+#[derive(Clone, Copy, Default)]
+struct Rates {
+    events_in: f64,
+    events_taken: f64,
+    events_out: f64,
 }
 
 struct Sample {
@@ -57,7 +75,14 @@ impl ApiState {
             .registry
             .pipelines()
             .iter()
-            .map(|p| (p.name.clone(), Counts { events_in: p.events_in.get(), events_out: p.events_out.get() }))
+            .map(|p| {
+                let counts = Counts {
+                    events_in: p.events_in(),
+                    events_taken: p.events_taken.get(),
+                    events_out: p.events_out.get(),
+                };
+                (p.name.clone(), counts)
+            })
             .collect();
         Sample { at: Instant::now(), pipelines }
     }
@@ -73,7 +98,7 @@ impl ApiState {
     }
 
     /// Events per second over about `window`, or over what has been sampled if less.
-    fn rates(&self, now: &Sample, window: Duration) -> HashMap<String, (f64, f64)> {
+    fn rates(&self, now: &Sample, window: Duration) -> HashMap<String, Rates> {
         let samples = self.samples.lock();
         let base =
             samples.iter().find(|s| now.at.duration_since(s.at) <= window + SAMPLE_EVERY / 2).or(samples.front());
@@ -85,7 +110,12 @@ impl ApiState {
             };
             let secs = now.at.duration_since(t0).as_secs_f64();
             let rate = |a: u64, b: u64| if secs > 0.0 { a.saturating_sub(b) as f64 / secs } else { 0.0 };
-            out.insert(name.clone(), (rate(c.events_in, b.events_in), rate(c.events_out, b.events_out)));
+            let rates = Rates {
+                events_in: rate(c.events_in, b.events_in),
+                events_taken: rate(c.events_taken, b.events_taken),
+                events_out: rate(c.events_out, b.events_out),
+            };
+            out.insert(name.clone(), rates);
         }
         out
     }
@@ -129,20 +159,26 @@ fn utilisation(p: &PipelineMetrics) -> f64 {
     if wall > 0.0 { (p.worker_busy_nanos.get() as f64 / wall).min(1.0) } else { 0.0 }
 }
 
-/// Renders every metric in the Prometheus text format.
-pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String {
+/// The whole `/metrics` exposition (OpenMetrics text, `# EOF` included), read from the
+/// registry's figures now.
+pub fn render_prometheus(registry: Arc<MetricsRegistry>, uptime: Duration) -> Result<String, std::fmt::Error> {
+    exposition::text(move |encoder| encode_families(&registry, uptime, encoder))
+}
+
+fn pipeline_labels(p: &PipelineMetrics) -> Labels {
+    vec![("pipeline", p.name.clone())]
+}
+
+fn encode_families(registry: &MetricsRegistry, uptime: Duration, out: &mut DescriptorEncoder<'_>) -> fmt::Result {
     let pipelines = registry.pipelines();
-    let mut out = String::with_capacity(8192);
-    gauge(
-        &mut out,
-        "sluice_uptime_seconds",
-        "Seconds since the process started.",
-        &[(String::new(), uptime.as_secs_f64())],
-    );
-    let pl = |p: &PipelineMetrics| format!("pipeline=\"{}\"", esc(&p.name));
+    gauge(out, "sluice_uptime_seconds", "Seconds since the process started.", [(Labels::new(), uptime.as_secs_f64())])?;
+    let pl = pipeline_labels;
     type Pick = fn(&PipelineMetrics) -> u64;
-    let pipeline_counters: [(&str, &str, Pick); 5] = [
-        ("sluice_pipeline_events_in_total", "Events workers took from the queue.", |p| p.events_in.get()),
+    let pipeline_counters: [(&str, &str, Pick); 6] = [
+        ("sluice_pipeline_events_in_total", "Events the pipeline's inputs put in.", |p| p.events_in()),
+        ("sluice_pipeline_events_taken_total", "Events the pipeline's workers took from its queues.", |p| {
+            p.events_taken.get()
+        }),
         (
             "sluice_pipeline_events_out_total",
             "Events that passed the processors and were handed to every output.",
@@ -161,83 +197,70 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         ),
     ];
     for (name, help, pick) in pipeline_counters {
-        counter(&mut out, name, help, &pipelines.iter().map(|p| (pl(p), pick(p))).collect::<Vec<_>>());
+        counter(out, name, help, pipelines.iter().map(|p| (pl(p), pick(p))))?;
     }
     histogram(
-        &mut out,
+        out,
         "sluice_pipeline_batch_duration_seconds",
         "Time a worker spent on one batch, processors and outputs.",
-        &pipelines.iter().map(|p| (pl(p), &p.batch_duration)).collect::<Vec<_>>(),
-    );
+        pipelines.iter().map(|p| (pl(p), &p.batch_duration)),
+    )?;
     gauge(
-        &mut out,
+        out,
         "sluice_pipeline_workers",
         "Workers per pipeline.",
-        &pipelines.iter().map(|p| (pl(p), p.workers as f64)).collect::<Vec<_>>(),
-    );
+        pipelines.iter().map(|p| (pl(p), p.workers as u64)),
+    )?;
     gauge(
-        &mut out,
+        out,
         "sluice_pipeline_worker_utilization",
         "Share of the workers' time spent on batches since the pipeline started (0 to 1).",
-        &pipelines.iter().map(|p| (pl(p), utilisation(p))).collect::<Vec<_>>(),
-    );
+        pipelines.iter().map(|p| (pl(p), utilisation(p))),
+    )?;
 
-    let queues: Vec<_> = pipelines.iter().filter_map(|p| Some((pl(p), p.queue.get()?.stats()))).collect();
-    gauge(
-        &mut out,
-        "sluice_queue_events",
-        "Events waiting in the queue.",
-        &queues.iter().map(|(l, s)| (l.clone(), s.events as f64)).collect::<Vec<_>>(),
-    );
-    gauge(
-        &mut out,
-        "sluice_queue_bytes",
-        "Bytes waiting in the queue.",
-        &queues.iter().map(|(l, s)| (l.clone(), s.bytes as f64)).collect::<Vec<_>>(),
-    );
-    gauge(
-        &mut out,
-        "sluice_queue_max_events",
-        "Queue capacity in events.",
-        &queues.iter().map(|(l, s)| (l.clone(), s.max_events as f64)).collect::<Vec<_>>(),
-    );
-    gauge(
-        &mut out,
-        "sluice_queue_max_bytes",
-        "Queue capacity in bytes.",
-        &queues.iter().map(|(l, s)| (l.clone(), s.max_bytes as f64)).collect::<Vec<_>>(),
-    );
-    counter_f64(
-        &mut out,
+    let queues: Vec<(Labels, QueueStats)> =
+        pipelines.iter().filter_map(|p| Some((pl(p), p.queue.get()?.stats()))).collect();
+    type PickQ = fn(&QueueStats) -> u64;
+    let queue_gauges: [(&str, &str, PickQ); 4] = [
+        ("sluice_queue_events", "Events waiting in the queue.", |s| s.events),
+        ("sluice_queue_bytes", "Bytes waiting in the queue.", |s| s.bytes),
+        ("sluice_queue_max_events", "Queue capacity in events.", |s| s.max_events),
+        ("sluice_queue_max_bytes", "Queue capacity in bytes.", |s| s.max_bytes),
+    ];
+    for (name, help, pick) in queue_gauges {
+        gauge(out, name, help, queues.iter().map(|(l, s)| (l.clone(), pick(s))))?;
+    }
+    counter(
+        out,
         "sluice_queue_blocked_seconds_total",
         "Time inputs spent waiting because the queue was full (backpressure), waits in progress included.",
-        &queues.iter().map(|(l, s)| (l.clone(), s.blocked_nanos as f64 / 1e9)).collect::<Vec<_>>(),
-    );
+        queues.iter().map(|(l, s)| (l.clone(), s.blocked_nanos as f64 / 1e9)),
+    )?;
 
-    let persisted: Vec<_> = queues.iter().filter(|(_, s)| s.kind == "persisted").collect();
+    let persisted: Vec<&(Labels, QueueStats)> = queues.iter().filter(|(_, s)| s.kind == "persisted").collect();
     if !persisted.is_empty() {
-        let mut shard_rows = (Vec::new(), Vec::new());
-        for (l, s) in &persisted {
-            for sh in &s.shards {
-                let labels = format!("{l},shard=\"{}\"", sh.shard);
-                shard_rows.0.push((labels.clone(), sh.bytes as f64));
-                shard_rows.1.push((labels, sh.events as f64));
-            }
-        }
+        let shards = || {
+            persisted.iter().flat_map(|(l, s)| {
+                s.shards.iter().map(move |sh| {
+                    let mut labels = l.clone();
+                    labels.push(("shard", sh.shard.to_string()));
+                    (labels, sh)
+                })
+            })
+        };
         gauge(
-            &mut out,
+            out,
             "sluice_queue_shard_bytes",
             "Unacknowledged bytes per shard of a persisted queue.",
-            &shard_rows.0,
-        );
+            shards().map(|(l, sh)| (l, sh.bytes)),
+        )?;
         gauge(
-            &mut out,
+            out,
             "sluice_queue_shard_events",
             "Unacknowledged events per shard of a persisted queue.",
-            &shard_rows.1,
-        );
-        type QueueCounter = (&'static str, &'static str, fn(&sluice_core::QueueStats) -> u64);
-        let queue_counters: [QueueCounter; 7] = [
+            shards().map(|(l, sh)| (l, sh.events)),
+        )?;
+        let queue_counters: [(&str, &str, PickQ); 7] = [
             ("sluice_queue_fsyncs_total", "fdatasync calls of a persisted queue.", |s| s.fsyncs),
             (
                 "sluice_queue_fsync_failures_total",
@@ -267,39 +290,31 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
                 s.bytes_read_back
             }),
         ];
-        for (name, help, value) in queue_counters {
-            counter(&mut out, name, help, &persisted.iter().map(|(l, s)| (l.clone(), value(s))).collect::<Vec<_>>());
+        for (name, help, pick) in queue_counters {
+            counter(out, name, help, persisted.iter().map(|(l, s)| (l.clone(), pick(s))))?;
         }
         gauge(
-            &mut out,
+            out,
             "sluice_queue_checkpoint_lag_events",
             "Events the workers finished that no durable checkpoint of a persisted queue records yet: what a \
              restart now would deliver again.",
-            &persisted.iter().map(|(l, s)| (l.clone(), s.checkpoint_lag_events as f64)).collect::<Vec<_>>(),
-        );
-        counter_f64(
-            &mut out,
+            persisted.iter().map(|(l, s)| (l.clone(), s.checkpoint_lag_events)),
+        )?;
+        counter(
+            out,
             "sluice_queue_stalled_seconds_total",
             "Time a persisted queue's writers waited on the disk (full or failing).",
-            &persisted.iter().map(|(l, s)| (l.clone(), s.stalled_nanos as f64 / 1e9)).collect::<Vec<_>>(),
-        );
-        let name = "sluice_queue_commit_duration_seconds";
-        let _ = writeln!(
+            persisted.iter().map(|(l, s)| (l.clone(), s.stalled_nanos as f64 / 1e9)),
+        )?;
+        histogram_snapshots(
             out,
-            "# HELP {name} Time from a group's write to its fdatasync returning.\n# TYPE {name} histogram"
-        );
-        for (l, s) in &persisted {
-            if let Some(h) = &s.commit_latency {
-                for (i, c) in h.buckets.iter().enumerate() {
-                    let le = LATENCY_BUCKETS.get(i).map(|b| b.to_string()).unwrap_or_else(|| "+Inf".to_string());
-                    let _ = writeln!(out, "{name}_bucket{{{l},le=\"{le}\"}} {c}");
-                }
-                let _ = writeln!(out, "{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}", h.sum, h.count);
-            }
-        }
+            "sluice_queue_commit_duration_seconds",
+            "Time from a group's write to its fdatasync returning.",
+            persisted.iter().filter_map(|(l, s)| Some((l.clone(), s.commit_latency.clone()?))),
+        )?;
     }
 
-    let dlqs: Vec<_> =
+    let dlqs: Vec<(Labels, DeadLetterStats, &Arc<PipelineMetrics>)> =
         pipelines.iter().filter_map(|p| Some((pl(p), p.dead_letter_queue.get()?.dead_letter_stats(), p))).collect();
     if !dlqs.is_empty() {
         type PickD = fn(&DeadLetterStats, &PipelineMetrics) -> u64;
@@ -338,7 +353,7 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
             ),
         ];
         for (name, help, pick) in dlq_counters {
-            counter(&mut out, name, help, &dlqs.iter().map(|(l, d, p)| (l.clone(), pick(d, p))).collect::<Vec<_>>());
+            counter(out, name, help, dlqs.iter().map(|(l, d, p)| (l.clone(), pick(d, p))))?;
         }
         type PickG = fn(&DeadLetterStats) -> u64;
         let dlq_gauges: [(&str, &str, PickG); 4] = [
@@ -348,24 +363,23 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
             ("sluice_dlq_max_bytes", "The dead letter queue's max_bytes.", |d| d.max_bytes),
         ];
         for (name, help, pick) in dlq_gauges {
-            gauge(&mut out, name, help, &dlqs.iter().map(|(l, d, _)| (l.clone(), pick(d) as f64)).collect::<Vec<_>>());
+            gauge(out, name, help, dlqs.iter().map(|(l, d, _)| (l.clone(), pick(d))))?;
         }
     }
 
-    let mut comps = Vec::new();
+    let mut comps: Vec<(Labels, Arc<ComponentMetrics>)> = Vec::new();
     for p in &pipelines {
         for c in p.components.read().iter() {
-            let labels = format!(
-                "pipeline=\"{}\",component=\"{}\",kind=\"{}\",type=\"{}\"",
-                esc(&p.name),
-                esc(&c.id),
-                c.kind.as_str(),
-                esc(&c.type_name)
-            );
+            let labels = vec![
+                ("pipeline", p.name.clone()),
+                ("component", c.id.clone()),
+                ("kind", c.kind.as_str().to_string()),
+                ("type", c.type_name.clone()),
+            ];
             comps.push((labels, c.clone()));
         }
     }
-    type PickC = fn(&sluice_core::metrics::ComponentMetrics) -> u64;
+    type PickC = fn(&ComponentMetrics) -> u64;
     let component_counters: [(&str, &str, PickC); 6] = [
         ("sluice_component_events_in_total", "Events a component received.", |c| c.events_in.get()),
         ("sluice_component_events_out_total", "Events a component passed on or delivered.", |c| c.events_out.get()),
@@ -385,108 +399,92 @@ pub fn render_prometheus(registry: &MetricsRegistry, uptime: Duration) -> String
         ),
     ];
     for (name, help, pick) in component_counters {
-        counter(&mut out, name, help, &comps.iter().map(|(l, c)| (l.clone(), pick(c))).collect::<Vec<_>>());
+        counter(out, name, help, comps.iter().map(|(l, c)| (l.clone(), pick(c))))?;
     }
-    // Components' own state figures (a stateful processor's groups), one series per name.
-    let mut figures: Vec<(sluice_core::metrics::StateFigure, String)> = Vec::new();
-    for (labels, c) in &comps {
-        if let Some(state) = c.state.get() {
-            figures.extend(state.figures().into_iter().map(|f| (f, labels.clone())));
-            for l in state.labelled_figures() {
-                let mut labels = labels.clone();
-                for (k, v) in &l.labels {
-                    labels.push_str(&format!(",{k}=\"{}\"", esc(v)));
-                }
-                figures.push((l.figure, labels));
-            }
+    // Components' own state figures (a stateful processor's groups), one family per name.
+    let states: Vec<(&Labels, Arc<dyn ComponentState>)> =
+        comps.iter().filter_map(|(l, c)| c.state.get().map(|s| (l, s.clone()))).collect();
+    let mut figures: Vec<(StateFigure, Labels)> = Vec::new();
+    for (labels, state) in &states {
+        figures.extend(state.figures().into_iter().map(|f| (f, (*labels).clone())));
+        for l in state.labelled_figures() {
+            let mut labels = (*labels).clone();
+            labels.extend(l.labels);
+            figures.push((l.figure, labels));
         }
     }
     let mut names: Vec<&'static str> = figures.iter().map(|(f, _)| f.name).collect();
-    names.dedup();
     names.sort();
     names.dedup();
     for name in names {
-        let rows: Vec<&(sluice_core::metrics::StateFigure, String)> =
-            figures.iter().filter(|(f, _)| f.name == name).collect();
+        let rows = || figures.iter().filter(move |(f, _)| f.name == name);
+        let Some((first, _)) = rows().next() else { continue };
         let full = format!("sluice_component_{name}");
-        let (help, is_counter) = (rows[0].0.help, rows[0].0.counter);
-        if is_counter {
-            counter(&mut out, &full, help, &rows.iter().map(|(f, l)| (l.clone(), f.value)).collect::<Vec<_>>());
+        if first.counter {
+            counter(out, &full, first.help, rows().map(|(f, l)| (l.clone(), f.value)))?;
         } else {
-            gauge(&mut out, &full, help, &rows.iter().map(|(f, l)| (l.clone(), f.value as f64)).collect::<Vec<_>>());
+            gauge(out, &full, first.help, rows().map(|(f, l)| (l.clone(), f.value)))?;
         }
     }
     // Components' own histograms (an output's request latency), one family per name.
-    let mut own: Vec<(&'static str, &'static str, String, &sluice_core::metrics::Histogram)> = Vec::new();
-    let states: Vec<_> = comps.iter().filter_map(|(l, c)| c.state.get().map(|s| (l, s.clone()))).collect();
+    let mut own: Vec<(StateHistogram<'_>, &Labels)> = Vec::new();
     for (labels, state) in &states {
-        for h in state.histograms() {
-            own.push((h.name, h.help, (*labels).clone(), h.histogram));
-        }
+        own.extend(state.histograms().into_iter().map(|h| (h, *labels)));
     }
-    let mut names: Vec<&'static str> = own.iter().map(|(n, ..)| *n).collect();
+    let mut names: Vec<&'static str> = own.iter().map(|(h, _)| h.name).collect();
     names.sort();
     names.dedup();
     for name in names {
-        let rows: Vec<(String, &sluice_core::metrics::Histogram)> =
-            own.iter().filter(|(n, ..)| *n == name).map(|(_, _, l, h)| (l.clone(), *h)).collect();
-        let help = own.iter().find(|(n, ..)| *n == name).map(|(_, h, ..)| *h).unwrap_or_default();
-        histogram(&mut out, &format!("sluice_component_{name}"), help, &rows);
+        let rows = || own.iter().filter(move |(h, _)| h.name == name);
+        let help = rows().next().map(|(h, _)| h.help).unwrap_or_default();
+        histogram(out, &format!("sluice_component_{name}"), help, rows().map(|(h, l)| ((*l).clone(), h.histogram)))?;
     }
     histogram(
-        &mut out,
+        out,
         "sluice_component_duration_seconds",
         "Time a processor or output spent on one batch.",
-        &comps
-            .iter()
-            .filter(|(_, c)| c.duration.snapshot().2 > 0)
-            .map(|(l, c)| (l.clone(), &c.duration))
-            .collect::<Vec<_>>(),
-    );
+        comps.iter().filter(|(_, c)| c.duration.snapshot().2 > 0).map(|(l, c)| (l.clone(), &c.duration)),
+    )?;
     if let Some(r) = registry.registry() {
-        registry_metrics(&mut out, &r);
+        registry_metrics(out, &r)?;
     }
     if let Some(m) = registry.memory() {
-        memory_metrics(&mut out, &m);
+        memory_metrics(out, &m)?;
     }
     for section in registry.sections() {
-        section.render_prometheus(&mut out);
+        section.encode(out)?;
     }
-    out
+    Ok(())
 }
 
-fn memory_metrics(out: &mut String, m: &sluice_core::MemoryBudget) {
-    let gauges: [(&str, &str, f64); 3] = [
-        ("sluice_memory_budget_bytes", "The node's memory budget for events in flight.", m.limit() as f64),
+fn memory_metrics(out: &mut DescriptorEncoder<'_>, m: &sluice_core::MemoryBudget) -> fmt::Result {
+    let gauges: [(&str, &str, u64); 3] = [
+        ("sluice_memory_budget_bytes", "The node's memory budget for events in flight.", m.limit() as u64),
         (
             "sluice_memory_used_bytes",
             "Memory the events in flight hold now, as charged to the budget.",
-            m.used() as f64,
+            m.used() as u64,
         ),
-        ("sluice_memory_waiting", "Inputs waiting now for room in the memory budget.", m.waiting() as f64),
+        ("sluice_memory_waiting", "Inputs waiting now for room in the memory budget.", m.waiting()),
     ];
     for (name, help, v) in gauges {
-        unlabelled(out, name, "gauge", help, v);
+        gauge(out, name, help, [(Labels::new(), v)])?;
     }
-    let counters: [(&str, &str, f64); 2] = [
-        (
-            "sluice_memory_wait_seconds_total",
-            "Time inputs waited for room in the memory budget, waits in progress included.",
-            m.wait_nanos() as f64 / 1e9,
-        ),
-        (
-            "sluice_memory_refused_total",
-            "Charges refused: larger than the budget allows, or not granted in time.",
-            m.refused() as f64,
-        ),
-    ];
-    for (name, help, v) in counters {
-        unlabelled(out, name, "counter", help, v);
-    }
+    counter(
+        out,
+        "sluice_memory_wait_seconds_total",
+        "Time inputs waited for room in the memory budget, waits in progress included.",
+        [(Labels::new(), m.wait_nanos() as f64 / 1e9)],
+    )?;
+    counter(
+        out,
+        "sluice_memory_refused_total",
+        "Charges refused: larger than the budget allows, or not granted in time.",
+        [(Labels::new(), m.refused())],
+    )
 }
 
-fn registry_metrics(out: &mut String, r: &sluice_core::metrics::RegistryMetrics) {
-    use sluice_core::metrics::Counter;
+fn registry_metrics(out: &mut DescriptorEncoder<'_>, r: &RegistryMetrics) -> fmt::Result {
     let counters: [(&str, &str, &Counter); 6] = [
         (
             "sluice_registry_flushes_total",
@@ -504,35 +502,36 @@ fn registry_metrics(out: &mut String, r: &sluice_core::metrics::RegistryMetrics)
         ("sluice_registry_write_errors_total", "Failed registry writes (retried).", &r.write_errors),
     ];
     for (name, help, c) in counters {
-        unlabelled(out, name, "counter", help, c.get() as f64);
+        counter(out, name, help, [(Labels::new(), c.get())])?;
     }
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-    let gauges: [(&str, &str, f64); 4] = [
-        ("sluice_registry_keys", "Keys the registry holds.", load(&r.keys) as f64),
-        ("sluice_registry_flushed_keys", "Keys the last flush wrote.", load(&r.flushed_keys) as f64),
-        ("sluice_registry_log_bytes", "Size of the registry's op log.", load(&r.log_bytes) as f64),
-        (
-            "sluice_registry_lag_seconds",
-            "Time since everything handed to the registry writer was last durable.",
-            registry_lag(r),
-        ),
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let gauges: [(&str, &str, u64); 3] = [
+        ("sluice_registry_keys", "Keys the registry holds.", load(&r.keys)),
+        ("sluice_registry_flushed_keys", "Keys the last flush wrote.", load(&r.flushed_keys)),
+        ("sluice_registry_log_bytes", "Size of the registry's op log.", load(&r.log_bytes)),
     ];
     for (name, help, v) in gauges {
-        unlabelled(out, name, "gauge", help, v);
+        gauge(out, name, help, [(Labels::new(), v)])?;
     }
+    gauge(
+        out,
+        "sluice_registry_lag_seconds",
+        "Time since everything handed to the registry writer was last durable.",
+        [(Labels::new(), registry_lag(r))],
+    )
 }
 
-fn registry_lag(r: &sluice_core::metrics::RegistryMetrics) -> f64 {
-    let durable = r.durable_unix_ms.load(std::sync::atomic::Ordering::Relaxed);
+fn registry_lag(r: &RegistryMetrics) -> f64 {
+    let durable = r.durable_unix_ms.load(Ordering::Relaxed);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     now.saturating_sub(durable) as f64 / 1000.0
 }
 
-async fn metrics(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        render_prometheus(&state.registry, state.started.elapsed()),
-    )
+async fn metrics(State(state): State<Arc<ApiState>>) -> axum::response::Response {
+    match render_prometheus(state.registry.clone(), state.started.elapsed()) {
+        Ok(text) => ([(header::CONTENT_TYPE, exposition::CONTENT_TYPE)], text).into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "the metrics could not be encoded\n").into_response(),
+    }
 }
 
 /// The `/stats` document.
@@ -571,13 +570,16 @@ pub fn render_stats(state: &ApiState) -> Json {
                 })
             })
             .collect();
-        let (in1, out1) = r1.get(&p.name).copied().unwrap_or_default();
-        let (in5, out5) = r5.get(&p.name).copied().unwrap_or_default();
+        let (m1, m5) = (r1.get(&p.name).copied().unwrap_or_default(), r5.get(&p.name).copied().unwrap_or_default());
+        let counts = now.pipelines.get(&p.name).copied().unwrap_or_default();
         pipelines.insert(
             p.name.clone(),
             json!({
-                "events": {"in": p.events_in.get(), "out": p.events_out.get(), "dropped": p.dropped.get(), "failed": p.failed.get(), "dead_lettered": p.dead_lettered.get()},
-                "rates": {"in_1m": in1, "out_1m": out1, "in_5m": in5, "out_5m": out5},
+                "events": {"in": counts.events_in, "taken": counts.events_taken, "out": counts.events_out, "dropped": p.dropped.get(), "failed": p.failed.get(), "dead_lettered": p.dead_lettered.get()},
+                "rates": {
+                    "in_1m": m1.events_in, "taken_1m": m1.events_taken, "out_1m": m1.events_out,
+                    "in_5m": m5.events_in, "taken_5m": m5.events_taken, "out_5m": m5.events_out,
+                },
                 "queue": p.queue.get().map(|q| q.stats()),
                 "forwarded_queue": p.forwarded_queue.get().map(|q| q.stats()),
                 "dead_letter_queue": p.dead_letter_queue.get().map(|d| {
@@ -595,7 +597,7 @@ pub fn render_stats(state: &ApiState) -> Json {
         );
     }
     let registry = state.registry.registry().map(|r| {
-        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         json!({
             "keys": load(&r.keys),
             "lag_seconds": registry_lag(&r),
@@ -631,22 +633,27 @@ async fn stats(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::metrics::ComponentKind;
+    use openmetrics_parser::{MetricsExposition, OpenMetricsType, OpenMetricsValue};
+    use sluice_core::metrics::{ComponentKind, DeadLetterStatsSource, DlqStats, LabelledFigure, MetricsSection};
+
+    fn scrape(reg: &Arc<MetricsRegistry>) -> String {
+        render_prometheus(reg.clone(), Duration::from_secs(1)).unwrap()
+    }
 
     #[tokio::test]
     async fn memory_budget_figures() {
         let reg = Arc::new(MetricsRegistry::default());
-        assert!(!render_prometheus(&reg, Duration::from_secs(1)).contains("sluice_memory_"));
+        assert!(!scrape(&reg).contains("sluice_memory_"));
         let budget = sluice_core::MemoryBudget::new(1 << 20);
         reg.set_memory(budget.clone());
         let held = budget.charge(1 << 20, None).await.unwrap();
         let b = budget.clone();
         let waiter = tokio::spawn(async move { b.charge(4096, None).await.map(|_| ()) });
         tokio::time::sleep(Duration::from_millis(30)).await;
-        let text = render_prometheus(&reg, Duration::from_secs(1));
-        assert!(text.contains("sluice_memory_budget_bytes 1048576\n"), "{text}");
-        assert!(text.contains("sluice_memory_used_bytes 1048576\n"), "{text}");
-        assert!(text.contains("sluice_memory_waiting 1\n"), "{text}");
+        let text = scrape(&reg);
+        assert!(text.contains("\nsluice_memory_budget_bytes 1048576\n"), "{text}");
+        assert!(text.contains("\nsluice_memory_used_bytes 1048576\n"), "{text}");
+        assert!(text.contains("\nsluice_memory_waiting 1\n"), "{text}");
         let waited: f64 = text
             .lines()
             .find_map(|l| l.strip_prefix("sluice_memory_wait_seconds_total "))
@@ -663,14 +670,14 @@ mod tests {
     #[test]
     fn registry_figures_appear_once_published() {
         let reg = Arc::new(MetricsRegistry::default());
-        assert!(!render_prometheus(&reg, Duration::from_secs(1)).contains("sluice_registry_"));
+        assert!(!scrape(&reg).contains("sluice_registry_"));
         assert!(render_stats(&ApiState::new(reg.clone()))["registry"].is_null());
-        let r = Arc::new(sluice_core::metrics::RegistryMetrics::default());
+        let r = Arc::new(RegistryMetrics::default());
         r.fsyncs.add(3);
-        r.keys.store(10, std::sync::atomic::Ordering::Relaxed);
+        r.keys.store(10, Ordering::Relaxed);
         reg.set_registry(r);
-        let text = render_prometheus(&reg, Duration::from_secs(1));
-        assert!(text.contains("\nsluice_registry_fsyncs_total 3\n"), "{text}");
+        let text = scrape(&reg);
+        assert!(text.contains("\n# TYPE sluice_registry_fsyncs counter\nsluice_registry_fsyncs_total 3\n"), "{text}");
         assert!(text.contains("\nsluice_registry_keys 10\n"), "{text}");
         let stats = render_stats(&ApiState::new(reg));
         assert_eq!(stats["registry"]["keys"], 10);
@@ -689,72 +696,303 @@ mod tests {
             None
         }
         fn close(&self) {}
-        fn stats(&self) -> sluice_core::QueueStats {
-            sluice_core::QueueStats {
+        fn stats(&self) -> QueueStats {
+            let commit = sluice_core::metrics::Histogram::default();
+            commit.observe(Duration::from_millis(2));
+            commit.observe(Duration::from_secs(5));
+            QueueStats {
                 kind: "persisted",
-                shards: vec![sluice_core::ShardStats::default()],
-                commit_latency: Some(Default::default()),
+                events: 40,
+                max_events: 1000,
+                blocked_nanos: 1_500_000_000,
+                fsyncs: 9,
+                shards: vec![
+                    sluice_core::ShardStats { shard: 0, events: 30, ..Default::default() },
+                    sluice_core::ShardStats { shard: 1, events: 10, ..Default::default() },
+                ],
+                commit_latency: Some(commit.snapshot_struct()),
                 ..Default::default()
             }
         }
     }
 
-    /// Every family's type fits its name (a `_total` is a counter), and a series without
-    /// labels has no braces.
-    #[test]
-    fn types_follow_the_names() {
-        let reg = MetricsRegistry::default();
-        let p = Arc::new(PipelineMetrics::new("web", 2));
-        p.component("out", ComponentKind::Output, "blackhole");
-        let _ = p.queue.set(Arc::new(FiguresOnly));
-        reg.register(p);
-        reg.set_memory(sluice_core::MemoryBudget::new(1 << 20));
-        reg.set_registry(Arc::new(sluice_core::metrics::RegistryMetrics::default()));
-        let text = render_prometheus(&reg, Duration::from_secs(1));
-        for line in text.lines() {
-            assert!(!line.contains("{}"), "empty braces: {line}");
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let (name, kind) = rest.split_once(' ').unwrap();
-                if name.ends_with("_total") {
-                    assert_eq!(kind, "counter", "{line}");
-                }
+    struct Dlq;
+
+    impl DeadLetterStatsSource for Dlq {
+        fn dead_letter_stats(&self) -> DeadLetterStats {
+            DeadLetterStats {
+                path: "/var/dlq".into(),
+                max_bytes: 1 << 30,
+                store: DlqStats { entries: 4, written: 6, ..Default::default() },
             }
         }
-        assert!(text.contains("\nsluice_uptime_seconds 1\n"), "{text}");
-        assert!(text.contains("# TYPE sluice_queue_blocked_seconds_total counter"), "{text}");
-        assert!(text.contains("# TYPE sluice_queue_stalled_seconds_total counter"), "{text}");
+    }
+
+    /// An output's own figures, with labels of its own that need escaping.
+    struct Refusals(sluice_core::metrics::Histogram);
+
+    impl ComponentState for Refusals {
+        fn figures(&self) -> Vec<StateFigure> {
+            vec![StateFigure { name: "requests_in_flight", help: "Requests in flight.", counter: false, value: 2 }]
+        }
+        fn labelled_figures(&self) -> Vec<LabelledFigure> {
+            ["mapper \"parsing\" failed\nat C:\\data", "version_conflict"]
+                .into_iter()
+                .enumerate()
+                .map(|(i, reason)| LabelledFigure {
+                    figure: StateFigure {
+                        name: "documents_refused_total",
+                        help: "Documents refused for good.",
+                        counter: true,
+                        value: i as u64 + 1,
+                    },
+                    labels: vec![("status", "400".into()), ("error_type", reason.into())],
+                })
+                .collect()
+        }
+        fn histograms(&self) -> Vec<StateHistogram<'_>> {
+            vec![StateHistogram { name: "request_duration_seconds", help: "Request time.", histogram: &self.0 }]
+        }
+    }
+
+    #[derive(Debug)]
+    struct Section;
+
+    impl MetricsSection for Section {
+        fn key(&self) -> String {
+            "extra".into()
+        }
+        fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+            counter(encoder, "sluice_extra_events_total", "Extra events.", [(vec![("peer", "b:1".into())], 3u64)])
+        }
+        fn stats(&self) -> Json {
+            json!({})
+        }
+    }
+
+    /// A registry with every kind of figure: two pipelines (one named with characters the
+    /// format escapes), components with state, a persisted queue, a dead letter queue, the
+    /// memory budget, the registry and a section.
+    fn full_registry() -> Arc<MetricsRegistry> {
+        let reg = Arc::new(MetricsRegistry::default());
+        let p = Arc::new(PipelineMetrics::new("web", 2));
+        let input = p.component("http_in", ComponentKind::Input, "http");
+        input.events_out.add(7);
+        input.refused.add(1);
+        p.events_taken.add(5);
+        p.events_out.add(4);
+        p.batch_duration.observe(Duration::from_millis(1));
+        let proc = p.component("json", ComponentKind::Processor, "json");
+        proc.events_in.add(5);
+        proc.duration.observe(Duration::from_micros(30));
+        let out = p.component("es", ComponentKind::Output, "elasticsearch");
+        out.events_out.add(4);
+        out.duration.observe(Duration::from_millis(20));
+        let own = Refusals(Default::default());
+        own.0.observe(Duration::from_millis(7));
+        let _ = out.state.set(Arc::new(own));
+        let _ = p.queue.set(Arc::new(FiguresOnly));
+        let _ = p.dead_letter_queue.set(Arc::new(Dlq));
+        p.dead_lettered.add(6);
+        reg.register(p);
+        let odd = Arc::new(PipelineMetrics::new("a \"quoted\" \\ name\nnext line", 1));
+        odd.component("gen", ComponentKind::Input, "generator").events_out.add(3);
+        reg.register(odd);
+        reg.set_memory(sluice_core::MemoryBudget::new(1 << 20));
+        let r = Arc::new(RegistryMetrics::default());
+        r.fsyncs.add(2);
+        reg.set_registry(r);
+        reg.add_section(Arc::new(Section));
+        reg
+    }
+
+    fn parse(text: &str) -> MetricsExposition<OpenMetricsType, OpenMetricsValue> {
+        openmetrics_parser::openmetrics::parse_openmetrics(text).unwrap_or_else(|e| panic!("{e:?}\n{text}"))
+    }
+
+    /// The value of one series, named by its labels; the parser keeps a series' label values in
+    /// the order of their names.
+    fn value(
+        parsed: &MetricsExposition<OpenMetricsType, OpenMetricsValue>,
+        family: &str,
+        labels: &[(&str, &str)],
+    ) -> f64 {
+        let f = parsed.families.get(family).unwrap_or_else(|| panic!("no family {family}"));
+        let mut labels = labels.to_vec();
+        labels.sort();
+        let labels: Vec<String> = labels.iter().map(|(_, v)| v.to_string()).collect();
+        let s = f.get_sample_by_label_values(&labels).unwrap_or_else(|| panic!("{family}: no sample {labels:?}"));
+        match &s.value {
+            OpenMetricsValue::Counter(c) => c.value.as_f64(),
+            OpenMetricsValue::Gauge(g) => g.as_f64(),
+            OpenMetricsValue::Histogram(h) => h.count.unwrap_or_default() as f64,
+            other => panic!("{family}: {other:?}"),
+        }
+    }
+
+    fn component<'a>(pipeline: &'a str, id: &'a str, kind: &'a str, type_name: &'a str) -> Vec<(&'a str, &'a str)> {
+        vec![("pipeline", pipeline), ("component", id), ("kind", kind), ("type", type_name)]
+    }
+
+    /// A full scrape parses with an OpenMetrics parser: every line belongs to a family of the
+    /// right type, labels that need escaping come back as they were, and values match.
+    #[test]
+    fn a_full_scrape_parses_as_openmetrics() {
+        let text = scrape(&full_registry());
+        assert!(text.ends_with("\n# EOF\n"), "{text}");
+        assert!(!text.contains("{}"), "a series without labels has no braces: {text}");
+        let parsed = parse(&text);
+        let type_lines = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        assert_eq!(parsed.families.len(), type_lines, "every family parsed: {text}");
+        let samples = |f: &str| parsed.families[f].iter_samples().count();
+
+        for (family, f) in &parsed.families {
+            let kind = f.family_type;
+            // A counter family is named without `_total`, its samples with it.
+            if kind == OpenMetricsType::Counter {
+                assert!(!family.ends_with("_total"), "{family}");
+                assert!(text.contains(&format!("\n{family}_total")), "{family}");
+            } else {
+                assert!(!family.ends_with("_total"), "{family} is a {kind:?} named like a counter");
+            }
+            if family.ends_with("_seconds") && !family.ends_with("_duration_seconds") {
+                assert_ne!(kind, OpenMetricsType::Histogram, "{family}");
+            }
+        }
+        let kind = |f: &str| parsed.families.get(f).map(|f| f.family_type).unwrap_or_else(|| panic!("no {f}"));
+        for f in [
+            "sluice_pipeline_events_in",
+            "sluice_pipeline_events_taken",
+            "sluice_queue_blocked_seconds",
+            "sluice_queue_stalled_seconds",
+            "sluice_queue_fsyncs",
+            "sluice_dlq_entries_written",
+            "sluice_component_events_out",
+            "sluice_component_documents_refused",
+            "sluice_memory_wait_seconds",
+            "sluice_registry_fsyncs",
+            "sluice_extra_events",
+        ] {
+            assert_eq!(kind(f), OpenMetricsType::Counter, "{f}");
+        }
+        for f in [
+            "sluice_uptime_seconds",
+            "sluice_pipeline_workers",
+            "sluice_queue_events",
+            "sluice_queue_shard_events",
+            "sluice_dlq_entries",
+            "sluice_component_requests_in_flight",
+            "sluice_memory_budget_bytes",
+            "sluice_registry_lag_seconds",
+        ] {
+            assert_eq!(kind(f), OpenMetricsType::Gauge, "{f}");
+        }
+        for f in [
+            "sluice_pipeline_batch_duration_seconds",
+            "sluice_queue_commit_duration_seconds",
+            "sluice_component_duration_seconds",
+            "sluice_component_request_duration_seconds",
+        ] {
+            assert_eq!(kind(f), OpenMetricsType::Histogram, "{f}");
+        }
+
+        let odd = "a \"quoted\" \\ name\nnext line";
+        assert_eq!(value(&parsed, "sluice_uptime_seconds", &[]), 1.0);
+        assert_eq!(value(&parsed, "sluice_pipeline_events_in", &[("pipeline", "web")]), 7.0);
+        assert_eq!(value(&parsed, "sluice_pipeline_events_in", &[("pipeline", odd)]), 3.0);
+        assert_eq!(value(&parsed, "sluice_pipeline_events_taken", &[("pipeline", "web")]), 5.0);
+        assert_eq!(value(&parsed, "sluice_pipeline_events_out", &[("pipeline", "web")]), 4.0);
+        assert_eq!(value(&parsed, "sluice_component_events_out", &component(odd, "gen", "input", "generator")), 3.0);
+        assert_eq!(value(&parsed, "sluice_component_refused", &component("web", "http_in", "input", "http")), 1.0);
+        let es = component("web", "es", "output", "elasticsearch");
+        let refused = |reason: &str| {
+            let labels: Vec<(&str, &str)> =
+                es.iter().copied().chain([("status", "400"), ("error_type", reason)]).collect();
+            value(&parsed, "sluice_component_documents_refused", &labels)
+        };
+        assert_eq!(refused("mapper \"parsing\" failed\nat C:\\data"), 1.0, "escaped label values round-trip");
+        assert_eq!(refused("version_conflict"), 2.0);
+        assert_eq!(value(&parsed, "sluice_component_requests_in_flight", &es), 2.0);
+        assert_eq!(value(&parsed, "sluice_component_request_duration_seconds", &es), 1.0);
+        assert_eq!(value(&parsed, "sluice_component_duration_seconds", &es), 1.0);
+        assert_eq!(samples("sluice_component_duration_seconds"), 2, "components that never ran are left out");
+        assert_eq!(value(&parsed, "sluice_queue_events", &[("pipeline", "web")]), 40.0);
+        assert_eq!(value(&parsed, "sluice_queue_blocked_seconds", &[("pipeline", "web")]), 1.5);
+        assert_eq!(value(&parsed, "sluice_queue_fsyncs", &[("pipeline", "web")]), 9.0);
+        assert_eq!(value(&parsed, "sluice_queue_shard_events", &[("pipeline", "web"), ("shard", "1")]), 10.0);
+        assert_eq!(value(&parsed, "sluice_queue_commit_duration_seconds", &[("pipeline", "web")]), 2.0);
+        let OpenMetricsValue::Histogram(commit) =
+            &parsed.families["sluice_queue_commit_duration_seconds"].iter_samples().next().unwrap().value
+        else {
+            panic!("not a histogram")
+        };
+        let at = |bound: f64| commit.buckets.iter().find(|b| b.upper_bound == bound).map(|b| b.count.as_f64());
+        assert_eq!((at(0.001), at(0.0025), at(2.5), at(f64::INFINITY)), (Some(0.0), Some(1.0), Some(1.0), Some(2.0)));
+        assert_eq!(value(&parsed, "sluice_dlq_entries", &[("pipeline", "web")]), 4.0);
+        assert_eq!(value(&parsed, "sluice_dlq_entries_written", &[("pipeline", "web")]), 6.0);
+        assert_eq!(value(&parsed, "sluice_pipeline_events_dead_lettered", &[("pipeline", "web")]), 6.0);
+        assert_eq!(value(&parsed, "sluice_memory_budget_bytes", &[]), (1 << 20) as f64);
+        assert_eq!(value(&parsed, "sluice_registry_fsyncs", &[]), 2.0);
+        assert_eq!(value(&parsed, "sluice_extra_events", &[("peer", "b:1")]), 3.0);
+        assert!(text.contains("\n# HELP sluice_pipeline_events_in Events the pipeline's inputs put in.\n"), "{text}");
+        assert!(
+            text.contains(
+                "\n# HELP sluice_pipeline_events_taken Events the pipeline's workers took from its queues.\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
     fn prometheus_text_has_labels_and_values() {
-        let reg = MetricsRegistry::default();
+        let reg = Arc::new(MetricsRegistry::default());
         let p = Arc::new(PipelineMetrics::new("web", 2));
-        p.events_in.add(7);
+        p.component("gen", ComponentKind::Input, "generator").events_out.add(7);
+        p.events_taken.add(6);
         let c = p.component("out", ComponentKind::Output, "blackhole");
         c.events_out.add(5);
         c.duration.observe(Duration::from_millis(1));
         reg.register(p);
-        let text = render_prometheus(&reg, Duration::from_secs(1));
-        assert!(text.contains("sluice_pipeline_events_in_total{pipeline=\"web\"} 7"), "{text}");
+        let text = scrape(&reg);
+        assert!(text.contains("\nsluice_pipeline_events_in_total{pipeline=\"web\"} 7\n"), "{text}");
+        assert!(text.contains("\nsluice_pipeline_events_taken_total{pipeline=\"web\"} 6\n"), "{text}");
         assert!(text.contains(
-            "sluice_component_events_out_total{pipeline=\"web\",component=\"out\",kind=\"output\",type=\"blackhole\"} 5"
+            "\nsluice_component_events_out_total{pipeline=\"web\",component=\"out\",kind=\"output\",type=\"blackhole\"} 5\n"
         ));
-        assert!(text.contains("sluice_component_duration_seconds_count{pipeline=\"web\",component=\"out\",kind=\"output\",type=\"blackhole\"} 1"));
+        assert!(text.contains("\nsluice_component_duration_seconds_count{pipeline=\"web\",component=\"out\",kind=\"output\",type=\"blackhole\"} 1\n"));
+        assert!(text.contains("\n# TYPE sluice_uptime_seconds gauge\nsluice_uptime_seconds 1.0\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn metrics_are_served_as_openmetrics() {
+        let response = metrics(State(ApiState::new(full_registry()))).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
     }
 
     #[test]
     fn stats_rates_use_samples() {
         let reg = Arc::new(MetricsRegistry::default());
         let p = Arc::new(PipelineMetrics::new("web", 1));
+        let input = p.component("gen", ComponentKind::Input, "generator");
         reg.register(p.clone());
         let state = ApiState::new(reg);
         state.sample();
-        p.events_in.add(1000);
-        p.events_out.add(1000);
+        input.events_out.add(1000);
+        p.events_taken.add(600);
+        p.events_out.add(500);
         std::thread::sleep(Duration::from_millis(50));
         let s = render_stats(&state);
-        let rate = s["pipelines"]["web"]["rates"]["in_1m"].as_f64().unwrap();
+        let web = &s["pipelines"]["web"];
+        let rate = web["rates"]["in_1m"].as_f64().unwrap();
         assert!(rate > 1000.0, "1000 events in ~50ms is well over 1000/s, got {rate}");
-        assert_eq!(s["pipelines"]["web"]["events"]["in"], 1000);
+        let (taken, out) = (web["rates"]["taken_1m"].as_f64().unwrap(), web["rates"]["out_1m"].as_f64().unwrap());
+        assert!(rate > taken && taken > out && out > 0.0, "{web}");
+        assert_eq!(web["events"]["in"], 1000, "in: what the inputs put in");
+        assert_eq!(web["events"]["taken"], 600, "taken: what the workers took");
+        assert_eq!(web["events"]["out"], 500);
     }
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-use sluice_core::exposition::{counter, esc, gauge, histogram, unlabelled};
+use sluice_core::exposition::{DescriptorEncoder, Labels, counter, gauge, histogram};
 use sluice_core::metrics::{Counter, Histogram, MetricsSection};
 
 /// A peer link's state, as shown in metrics (`sluice_cluster_peer_up` and `/stats`).
@@ -111,7 +111,7 @@ impl MetricsSection for ClusterSection {
         "cluster".to_string()
     }
 
-    fn render_prometheus(&self, out: &mut String) {
+    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
         let v = &self.0;
         let n = v.node_metrics();
         let node: [(&str, &str, &Counter); 7] = [
@@ -144,34 +144,29 @@ impl MetricsSection for ClusterSection {
             ),
         ];
         for (name, help, c) in node {
-            unlabelled(out, name, "counter", help, c.get() as f64);
+            counter(encoder, name, help, [(Labels::new(), c.get())])?;
         }
-        let waited = n.worker_wait_nanos.get() as f64 / 1e9;
-        let longest = n.worker_wait_max_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        unlabelled(
-            out,
+        counter(
+            encoder,
             "sluice_cluster_worker_wait_seconds_total",
-            "counter",
             "Time workers waited for room in a peer's window.",
-            waited,
-        );
-        unlabelled(
-            out,
+            [(Labels::new(), n.worker_wait_nanos.get() as f64 / 1e9)],
+        )?;
+        gauge(
+            encoder,
             "sluice_cluster_worker_wait_max_seconds",
-            "gauge",
             "The longest single wait of a worker on a peer.",
-            longest,
-        );
-        unlabelled(
-            out,
+            [(Labels::new(), n.worker_wait_max_nanos.load(Ordering::Relaxed) as f64 / 1e9)],
+        )?;
+        gauge(
+            encoder,
             "sluice_cluster_ring_members",
-            "gauge",
             "Nodes on this node's ring, itself included.",
-            v.members().len() as f64,
-        );
+            [(Labels::new(), v.members().len() as u64)],
+        )?;
 
-        let peers: Vec<(String, Arc<PeerMetrics>)> =
-            v.peers().into_iter().map(|(name, m)| (format!("peer=\"{}\"", esc(&name)), m)).collect();
+        let peers: Vec<(Labels, Arc<PeerMetrics>)> =
+            v.peers().into_iter().map(|(name, m)| (vec![("peer", name)], m)).collect();
         let per_peer: [(&str, &str, PickPeer); 5] = [
             ("sluice_cluster_peer_events_forwarded_total", "Events sent to the peer and acknowledged.", |p| {
                 p.events_forwarded.get()
@@ -192,29 +187,30 @@ impl MetricsSection for ClusterSection {
             ),
         ];
         for (name, help, pick) in per_peer {
-            counter(out, name, help, &peers.iter().map(|(l, m)| (l.clone(), pick(m))).collect::<Vec<_>>());
+            counter(encoder, name, help, peers.iter().map(|(l, m)| (l.clone(), pick(m))))?;
         }
-        let in_flight: Vec<(String, f64)> =
-            peers.iter().map(|(l, m)| (l.clone(), m.bytes_in_flight.load(Ordering::Relaxed) as f64)).collect();
         gauge(
-            out,
+            encoder,
             "sluice_cluster_peer_bytes_in_flight",
             "Encoded bytes for the peer not yet acknowledged.",
-            &in_flight,
-        );
-        let up: Vec<(String, f64)> = peers
-            .iter()
-            .map(|(l, m)| (format!("{l},state=\"{}\"", m.state().name()), (m.state() == PeerState::Up) as u8 as f64))
-            .collect();
-        gauge(out, "sluice_cluster_peer_up", "1 when the link to the peer is up; see /stats for its state.", &up);
-        let latency: Vec<(String, &sluice_core::metrics::Histogram)> =
-            peers.iter().map(|(l, m)| (l.clone(), &m.latency)).collect();
+            peers.iter().map(|(l, m)| (l.clone(), m.bytes_in_flight.load(Ordering::Relaxed))),
+        )?;
+        gauge(
+            encoder,
+            "sluice_cluster_peer_up",
+            "1 when the link to the peer is up; see /stats for its state.",
+            peers.iter().map(|(l, m)| {
+                let mut labels = l.clone();
+                labels.push(("state", m.state().name().to_string()));
+                (labels, (m.state() == PeerState::Up) as u64)
+            }),
+        )?;
         histogram(
-            out,
+            encoder,
             "sluice_cluster_peer_latency_seconds",
             "From sending a batch to the peer's acknowledgement.",
-            &latency,
-        );
+            peers.iter().map(|(l, m)| (l.clone(), &m.latency)),
+        )
     }
 
     fn stats(&self) -> serde_json::Value {
@@ -291,16 +287,15 @@ mod tests {
         view.node.events_forwarded.add(5);
         view.peer.set_state(PeerState::Up);
         view.peer.latency.observe(std::time::Duration::from_millis(2));
-        let mut out = String::new();
-        ClusterSection(view).render_prometheus(&mut out);
+        let section = ClusterSection(view);
+        let out = sluice_core::exposition::text(move |encoder| section.encode(encoder)).unwrap();
         assert!(out.contains("\nsluice_cluster_events_forwarded_total 5\n"), "{out}");
         assert!(out.contains("sluice_cluster_peer_up{peer=\"b:1\",state=\"up\"} 1\n"), "{out}");
         assert!(out.contains("sluice_cluster_peer_latency_seconds_count{peer=\"b:1\"} 1\n"), "{out}");
+        assert!(out.contains("# TYPE sluice_cluster_worker_wait_seconds counter\n"), "{out}");
+        assert!(out.contains("# TYPE sluice_cluster_worker_wait_max_seconds gauge\n"), "{out}");
         for line in out.lines() {
             assert!(!line.contains("{}"), "{line}");
-            if let Some((name, kind)) = line.strip_prefix("# TYPE ").and_then(|r| r.split_once(' ')) {
-                assert_eq!(kind == "counter", name.ends_with("_total"), "{line}");
-            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Counters, gauges and histograms for pipelines and their components.
 //!
 //! Everything here is updated once per batch (an atomic add), never once per event. The
-//! monitoring API reads these to render `/metrics` (Prometheus text) and `/stats` (JSON).
+//! monitoring API reads these to render `/metrics` (OpenMetrics text) and `/stats` (JSON).
 
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -177,7 +177,9 @@ pub struct PipelineMetrics {
     pub name: String,
     pub started: Instant,
     pub workers: usize,
-    pub events_in: Counter,
+    /// Events workers took from the queue (and from the forwarded-events queue). What the
+    /// inputs put in is [`PipelineMetrics::events_in`].
+    pub events_taken: Counter,
     pub events_out: Counter,
     pub dropped: Counter,
     pub failed: Counter,
@@ -273,7 +275,7 @@ impl PipelineMetrics {
             name: name.to_string(),
             started: Instant::now(),
             workers,
-            events_in: Counter::default(),
+            events_taken: Counter::default(),
             events_out: Counter::default(),
             dropped: Counter::default(),
             failed: Counter::default(),
@@ -293,6 +295,13 @@ impl PipelineMetrics {
             forwarded: Counter::default(),
             received: Counter::default(),
         }
+    }
+
+    /// Events the pipeline's inputs put in: what its input components handed on. An input
+    /// counts its `out` once per batch, after its queue took the batch, so the sum is exact and
+    /// the hand-off needs no second counter; this costs a walk over the components per read.
+    pub fn events_in(&self) -> u64 {
+        self.components.read().iter().filter(|c| c.kind == ComponentKind::Input).map(|c| c.events_out.get()).sum()
     }
 
     pub fn component(&self, id: &str, kind: ComponentKind, type_name: &str) -> Arc<ComponentMetrics> {
@@ -330,12 +339,13 @@ pub struct MetricsRegistry {
     sections: RwLock<Vec<Arc<dyn MetricsSection>>>,
 }
 
-/// A part of the node that renders its own figures (the cluster, a stateful processor): its
-/// Prometheus lines are appended to `/metrics`, its JSON goes under its key in `/stats`.
+/// A part of the node that renders its own figures (the cluster): its families are added to
+/// `/metrics`, its JSON goes under its key in `/stats`.
 pub trait MetricsSection: Send + Sync + std::fmt::Debug {
     /// Unique among sections; the key in `/stats` (sections with one key are merged under it).
     fn key(&self) -> String;
-    fn render_prometheus(&self, out: &mut String);
+    /// Writes the section's families (with the helpers of [`crate::exposition`]).
+    fn encode(&self, encoder: &mut crate::exposition::DescriptorEncoder<'_>) -> std::fmt::Result;
     fn stats(&self) -> serde_json::Value;
 }
 

@@ -362,8 +362,8 @@ impl RunningPipeline {
 
     pub fn summary(&self) -> PipelineSummary {
         let m = &self.metrics;
-        let events_in: u64 =
-            m.components.read().iter().filter(|c| c.kind == ComponentKind::Input).map(|c| c.events_out.get()).sum();
+        // The same figure as `in` at /stats and /metrics.
+        let events_in = m.events_in();
         // Emitted events are counted out but never came in; consumed and forwarded ones are
         // handled elsewhere; received ones came in through no input.
         let handled = (m.events_out.get()

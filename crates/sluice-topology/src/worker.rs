@@ -57,7 +57,7 @@ pub struct Worker {
 impl Worker {
     pub async fn run(self) {
         while let Some(batch) = self.queue.pop(self.batch_size, self.batch_delay).await {
-            self.stages.metrics.events_in.add(batch.len() as u64);
+            self.stages.metrics.events_taken.add(batch.len() as u64);
             self.stages.handle(batch, self.from, self.route, self.index).await;
         }
     }

@@ -226,9 +226,14 @@ pipelines:
     let aged = "{pipeline=\"aged\"}";
     wait_until("every entry written or dropped", Duration::from_secs(30), || {
         let t = text();
-        metric(&t, &format!("sluice_pipeline_events_in_total{newer}")) == 30.0
-            && metric(&t, &format!("sluice_pipeline_events_in_total{older}")) == 30.0
-            && metric(&t, &format!("sluice_dlq_expired_total{aged}")) == 5.0
+        // Put in by the inputs, then each either stored or refused by the storage policy.
+        let handled = |p: &str| {
+            metric(&t, &format!("sluice_pipeline_events_in_total{p}")) == 30.0
+                && metric(&t, &format!("sluice_pipeline_events_dead_lettered_total{p}"))
+                    + metric(&t, &format!("sluice_dlq_lost_total{p}"))
+                    == 30.0
+        };
+        handled(newer) && handled(older) && metric(&t, &format!("sluice_dlq_expired_total{aged}")) == 5.0
     });
     let t = text();
     let stored_newer = metric(&t, &format!("sluice_dlq_entries{newer}")) as u64;

@@ -196,14 +196,19 @@ pipelines:
     );
     let api = s.api();
     wait_until("all events", Duration::from_secs(30), || {
-        get_json(&api, "/stats")["pipelines"]["m"]["events"]["in"].as_u64() == Some(12345)
+        let e = &get_json(&api, "/stats")["pipelines"]["m"]["events"];
+        e["in"].as_u64() == Some(12345)
+            && e["out"].as_u64().zip(e["dropped"].as_u64()).map(|(o, d)| o + d) == Some(12345)
     });
     let stats = get_json(&api, "/stats");
     let m = &stats["pipelines"]["m"];
+    assert_eq!(m["events"]["in"], 12345, "put in by the inputs");
+    assert_eq!(m["events"]["taken"], 12345, "taken by the workers");
     assert_eq!(m["events"]["out"], 12000);
     assert_eq!(m["events"]["dropped"], 345);
     assert_eq!(m["workers"], 2);
     assert!(m["rates"]["in_1m"].as_f64().unwrap() > 0.0);
+    assert!(m["rates"]["taken_1m"].as_f64().unwrap() > 0.0);
     assert_eq!(m["queue"]["events"], 0);
     let comp = |id: &str| m["components"].as_array().unwrap().iter().find(|c| c["id"] == id).unwrap().clone();
     assert_eq!(comp("gen")["events"]["out"], 12345);
@@ -212,7 +217,10 @@ pipelines:
 
     let (status, text) = http(&api, "GET", "/metrics", &[], b"");
     assert_eq!(status, 200);
+    assert!(text.ends_with("\n# EOF\n"), "a whole OpenMetrics exposition: {text}");
+    assert!(text.contains("\n# TYPE sluice_pipeline_events_in counter\n"), "{text}");
     assert_eq!(metric(&text, "sluice_pipeline_events_in_total{pipeline=\"m\"}"), 12345.0);
+    assert_eq!(metric(&text, "sluice_pipeline_events_taken_total{pipeline=\"m\"}"), 12345.0);
     assert_eq!(metric(&text, "sluice_pipeline_events_dropped_total{pipeline=\"m\"}"), 345.0);
     assert_eq!(
         metric(
@@ -222,7 +230,7 @@ pipelines:
         12000.0
     );
     assert_eq!(metric(&text, "sluice_queue_events{pipeline=\"m\"}"), 0.0);
-    assert!(text.contains("sluice_pipeline_batch_duration_seconds_bucket{pipeline=\"m\",le=\"+Inf\"}"));
+    assert!(text.contains("sluice_pipeline_batch_duration_seconds_bucket{le=\"+Inf\",pipeline=\"m\"}"));
     assert_eq!(get_json(&api, "/health")["status"], "ok");
 
     drop(s.child.stdin.take());
