@@ -24,15 +24,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use sluice_core::value::now_nanos;
-use sluice_core::{AckSet, Batch, MemoryCharge, Value};
+use sluice_core::{AckSet, Batch, MemoryCharge};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::protocol::{self, Frame};
+use super::protocol::{self, DocAt, FrameAt};
 use super::window::{WindowId, Windows};
 use super::{OpenConnection, PeerMetadata, Shared, decode_event};
 use crate::admission;
@@ -125,23 +125,36 @@ struct Group {
     increasing: bool,
 }
 
-/// What one read's complete frames hold.
+/// What one read's complete frames hold. Kept from one round to the next, for its allocations.
 #[derive(Default)]
 struct Round {
-    payloads: Vec<Bytes>,
+    /// Where each event's document is, in order.
+    docs: Vec<DocAt>,
+    /// The documents of the compressed frame being expanded, before they join `docs`.
+    inner: Vec<DocAt>,
+    /// Inflated compressed frames, which `docs` may point into.
+    blocks: Vec<Vec<u8>>,
     groups: Vec<Group>,
-    /// The inflated bytes the payloads may point into.
+    /// What the inflated blocks are charged.
     inflated: MemoryCharge,
 }
 
 impl Round {
-    fn event(&mut self, current: &mut Option<Current>, seq: u32, payload: Bytes) -> Result<(), String> {
+    fn clear(&mut self) {
+        self.docs.clear();
+        self.blocks.clear();
+        self.groups.clear();
+        self.inflated = MemoryCharge::default();
+    }
+
+    fn event(&mut self, current: &mut Option<Current>, doc: DocAt) -> Result<(), String> {
         let Some(c) = current.as_mut() else {
             return Err("a data frame came before any window frame".to_string());
         };
         if c.received == c.expected {
             return Err(format!("more data frames came than the {} events its window announced", c.expected));
         }
+        let seq = doc.seq;
         c.received += 1;
         c.increasing &= seq > c.last;
         c.last = seq;
@@ -154,7 +167,7 @@ impl Round {
             }
             _ => self.groups.push(Group { window: c.id, events: 1, through: c.highest, increasing: c.increasing }),
         }
-        self.payloads.push(payload);
+        self.docs.push(doc);
         Ok(())
     }
 }
@@ -185,6 +198,7 @@ impl Conn<'_> {
         let mut held = ctx.memory.empty();
         let mut current: Option<Current> = None;
         let mut failed_logged = false;
+        let mut round = Round::default();
         loop {
             // Room for one more read, charged first. Toward a large frame (its length checked
             // against max_frame_bytes when its header came) the buffer doubles, so that a slow
@@ -228,7 +242,7 @@ impl Conn<'_> {
                     return End::Failed;
                 }
             }
-            match self.round(&mut buf, &mut current, meta).await {
+            match self.round(&mut buf, &mut current, meta, &mut round).await {
                 Ok(failed) if failed > 0 && !failed_logged => {
                     failed_logged = true;
                     tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %self.peer,
@@ -255,22 +269,27 @@ impl Conn<'_> {
     }
 
     /// Decodes the complete frames in `buf` and sends their events as one batch; the number of
-    /// documents that were not JSON objects.
-    async fn round(&self, buf: &mut BytesMut, current: &mut Option<Current>, meta: &PeerMetadata) -> Result<u64, End> {
+    /// documents that were not JSON objects. The frames are found first (their headers only),
+    /// then the events' memory is charged, then each document is decoded where it lies.
+    async fn round(
+        &self,
+        buf: &mut BytesMut,
+        current: &mut Option<Current>,
+        meta: &PeerMetadata,
+        round: &mut Round,
+    ) -> Result<u64, End> {
         let ctx = &self.shared.ctx;
         let limits = &self.shared.limits;
-        let mut frames = Vec::new();
+        round.clear();
+        let mut at = 0;
         loop {
-            match protocol::next_frame(buf, limits) {
-                Ok(Some(frame)) => frames.push(frame),
+            let (frame, len) = match protocol::parse_frame(&buf[at..], limits) {
+                Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => return Err(self.protocol_error(&e, e.is_limit())),
-            }
-        }
-        let mut round = Round::default();
-        for frame in frames {
+            };
             match frame {
-                Frame::Window(n) => {
+                FrameAt::Window(n) => {
                     if let Some(c) = current.as_ref()
                         && c.received < c.expected
                     {
@@ -284,48 +303,55 @@ impl Conn<'_> {
                     let id = self.windows.open(n);
                     *current = Some(Current { id, expected: n, received: 0, highest: 0, last: 0, increasing: true });
                 }
-                Frame::Json { seq, payload } => {
-                    round.event(current, seq, payload).map_err(|why| self.protocol_error(why, false))?;
+                FrameAt::Json { seq, payload } => {
+                    let doc = DocAt { seq, block: None, range: at + payload.start..at + payload.end };
+                    round.event(current, doc).map_err(|why| self.protocol_error(why, false))?;
                 }
-                Frame::Compressed(block) => {
+                FrameAt::Compressed(payload) => {
+                    let block = &buf[at + payload.start..at + payload.end];
                     // Charged before inflating: an estimate, trued up to what it inflated to.
                     let mut charge = self.reserve((block.len() * 4).min(limits.max_frame)).await?;
-                    let mut inner = Vec::new();
-                    let inflated = protocol::expand_compressed(&block, limits, &mut inner)
+                    round.inner.clear();
+                    let inflated = protocol::expand_compressed(block, limits, &mut round.blocks, &mut round.inner)
                         .map_err(|e| self.protocol_error(&e, e.is_limit()))?;
-                    drop(block);
                     charge.true_up(inflated);
                     round.inflated.merge(charge);
-                    for (seq, payload) in inner {
-                        round.event(current, seq, payload).map_err(|why| self.protocol_error(why, false))?;
+                    for i in 0..round.inner.len() {
+                        let doc = round.inner[i].clone();
+                        round.event(current, doc).map_err(|why| self.protocol_error(why, false))?;
                     }
                 }
             }
+            at += len;
         }
-        if round.payloads.is_empty() {
+        if round.docs.is_empty() {
+            buf.advance(at);
             return Ok(0);
         }
-        let bytes: usize = round.payloads.iter().map(Bytes::len).sum();
-        let estimate = 2 * bytes + round.payloads.len() * admission::line_event_bytes();
+        let bytes: usize = round.docs.iter().map(|d| d.range.len()).sum();
+        let estimate = 2 * bytes + round.docs.len() * admission::line_event_bytes();
         let mut charge = self.reserve(estimate).await?;
         let now = now_nanos();
         let mut failed = 0u64;
         let events: Vec<_> = round
-            .payloads
-            .drain(..)
-            .map(|payload| {
-                let (event, decoded) = decode_event(&payload, now, meta);
+            .docs
+            .iter()
+            .map(|doc| {
+                let (event, decoded) = decode_event(doc.bytes(buf, &round.blocks), now, meta);
                 failed += u64::from(decoded == Decoded::Failed);
                 event
             })
             .collect();
-        drop(round.inflated);
+        // The events own their text: the frames' bytes and the inflated blocks can go.
+        buf.advance(at);
+        round.blocks.clear();
+        round.inflated = MemoryCharge::default();
         charge.true_up(admission::measure_each(&events, 0));
         if failed > 0 {
             ctx.metrics.failed.add(failed);
         }
         let mut acks = AckSet::none();
-        for g in round.groups {
+        for g in round.groups.drain(..) {
             let acker = self.windows.part(g.window, g.events, g.through, g.increasing);
             acks.append(AckSet::single(acker, g.events as usize));
         }

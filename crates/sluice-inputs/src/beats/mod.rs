@@ -328,26 +328,32 @@ fn parse_timestamp(value: &Value) -> Option<i64> {
 #[doc(hidden)]
 pub fn decode_for_fuzzing(bytes: &[u8]) -> (usize, bool) {
     let limits = protocol::Limits { max_frame: 1 << 20, max_window: 4096 };
-    let mut buf = bytes::BytesMut::from(bytes);
-    let mut events = 0;
     let peer = PeerMetadata::default();
+    let (mut at, mut events) = (0, 0);
+    let (mut blocks, mut docs) = (Vec::new(), Vec::new());
     loop {
-        let payloads = match protocol::next_frame(&mut buf, &limits) {
+        docs.clear();
+        blocks.clear();
+        let len = match protocol::parse_frame(&bytes[at..], &limits) {
             Ok(None) => return (events, false),
             Err(_) => return (events, true),
-            Ok(Some(protocol::Frame::Window(_))) => continue,
-            Ok(Some(protocol::Frame::Json { seq, payload })) => vec![(seq, payload)],
-            Ok(Some(protocol::Frame::Compressed(block))) => {
-                let mut inner = Vec::new();
-                if protocol::expand_compressed(&block, &limits, &mut inner).is_err() {
+            Ok(Some((protocol::FrameAt::Window(_), len))) => len,
+            Ok(Some((protocol::FrameAt::Json { seq, payload }, len))) => {
+                docs.push(protocol::DocAt { seq, block: None, range: at + payload.start..at + payload.end });
+                len
+            }
+            Ok(Some((protocol::FrameAt::Compressed(payload), len))) => {
+                let block = &bytes[at + payload.start..at + payload.end];
+                if protocol::expand_compressed(block, &limits, &mut blocks, &mut docs).is_err() {
                     return (events, true);
                 }
-                inner
+                len
             }
         };
-        for (_, payload) in payloads {
-            let _ = decode_event(&payload, 0, &peer);
+        for doc in &docs {
+            let _ = decode_event(doc.bytes(bytes, &blocks), 0, &peer);
             events += 1;
         }
+        at += len;
     }
 }

@@ -16,8 +16,10 @@
 //! key/value pairs) is refused with an error saying so, as soon as its first byte is seen.
 
 use std::io::Read;
+use std::ops::Range;
 
-use bytes::{Buf, Bytes, BytesMut};
+#[cfg(test)]
+use bytes::{Bytes, BytesMut};
 
 /// The version byte of every v2 frame.
 pub const VERSION: u8 = b'2';
@@ -34,7 +36,8 @@ pub struct Limits {
     pub max_window: u32,
 }
 
-/// One frame read off the wire.
+/// One frame read off the wire, cut into buffers of its own (for tests).
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     Window(u32),
@@ -86,10 +89,38 @@ fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes([b[0], b[1], b[2], b[3]])
 }
 
-/// Takes the next complete frame off the front of `buf`. `Ok(None)` when `buf` does not hold a
-/// whole frame yet (nothing is taken then); an error as soon as the bytes seen are wrong,
-/// without waiting for the rest of the frame.
-pub fn next_frame(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, ProtocolError> {
+/// One complete frame at the front of a buffer, its parts as places in that buffer: the
+/// connection decodes documents where they lie instead of cutting each into a buffer of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameAt {
+    Window(u32),
+    Json { seq: u32, payload: Range<usize> },
+    Compressed(Range<usize>),
+}
+
+/// Where a data frame's document is: in the bytes read off the socket (`block: None`) or in
+/// the inflated compressed block `blocks[i]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocAt {
+    pub seq: u32,
+    pub block: Option<usize>,
+    pub range: Range<usize>,
+}
+
+impl DocAt {
+    /// The document's bytes, given the read buffer and the inflated blocks it may point into.
+    pub fn bytes<'a>(&self, read: &'a [u8], blocks: &'a [Vec<u8>]) -> &'a [u8] {
+        match self.block {
+            None => &read[self.range.clone()],
+            Some(b) => &blocks[b][self.range.clone()],
+        }
+    }
+}
+
+/// The frame at the front of `buf` and its length in all. `Ok(None)` when `buf` does not hold a
+/// whole frame yet; an error as soon as the bytes seen are wrong, without waiting for the rest
+/// of the frame.
+pub fn parse_frame(buf: &[u8], limits: &Limits) -> Result<Option<(FrameAt, usize)>, ProtocolError> {
     let Some(&version) = buf.first() else { return Ok(None) };
     if version != VERSION {
         if version == b'1' {
@@ -108,8 +139,7 @@ pub fn next_frame(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, 
             if size > limits.max_window {
                 return Err(ProtocolError::WindowTooLarge { size, max: limits.max_window });
             }
-            buf.advance(6);
-            Ok(Some(Frame::Window(size)))
+            Ok(Some((FrameAt::Window(size), 6)))
         }
         b'J' => {
             if buf.len() < 10 {
@@ -120,11 +150,11 @@ pub fn next_frame(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, 
             if len as usize > limits.max_frame {
                 return Err(ProtocolError::FrameTooLarge { kind: "JSON data", len, max: limits.max_frame });
             }
-            if buf.len() < 10 + len as usize {
+            let end = 10 + len as usize;
+            if buf.len() < end {
                 return Ok(None);
             }
-            buf.advance(10);
-            Ok(Some(Frame::Json { seq, payload: buf.split_to(len as usize).freeze() }))
+            Ok(Some((FrameAt::Json { seq, payload: 10..end }, end)))
         }
         b'C' => {
             if buf.len() < 6 {
@@ -134,14 +164,26 @@ pub fn next_frame(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, 
             if len as usize > limits.max_frame {
                 return Err(ProtocolError::FrameTooLarge { kind: "compressed", len, max: limits.max_frame });
             }
-            if buf.len() < 6 + len as usize {
+            let end = 6 + len as usize;
+            if buf.len() < end {
                 return Ok(None);
             }
-            buf.advance(6);
-            Ok(Some(Frame::Compressed(buf.split_to(len as usize).freeze())))
+            Ok(Some((FrameAt::Compressed(6..end), end)))
         }
         other => Err(ProtocolError::FrameType(other)),
     }
+}
+
+/// Takes the next complete frame off the front of `buf`, as [`parse_frame`] finds it.
+#[cfg(test)]
+pub fn next_frame(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, ProtocolError> {
+    let Some((frame, len)) = parse_frame(buf, limits)? else { return Ok(None) };
+    let mut whole = buf.split_to(len).freeze();
+    Ok(Some(match frame {
+        FrameAt::Window(n) => Frame::Window(n),
+        FrameAt::Json { seq, payload } => Frame::Json { seq, payload: whole.split_off(payload.start) },
+        FrameAt::Compressed(payload) => Frame::Compressed(whole.split_off(payload.start)),
+    }))
 }
 
 /// How many bytes the frame at the front of `buf` needs in all, once its header is there
@@ -154,36 +196,53 @@ pub fn frame_len(buf: &[u8]) -> Option<usize> {
     }
 }
 
-/// The data frames (`seq`, JSON payload) a compressed frame's payload holds, nested compressed
-/// frames expanded in place, appended to `out`. Inflates at most `limits.max_frame` bytes in
-/// all; returns how many it inflated.
-pub fn expand_compressed(payload: &[u8], limits: &Limits, out: &mut Vec<(u32, Bytes)>) -> Result<usize, ProtocolError> {
+/// Inflates a compressed frame's payload into `blocks` (nested compressed frames expanded in
+/// place, each block its own entry) and appends where its documents are to `out`, in order.
+/// Inflates at most `limits.max_frame` bytes in all; returns how many it inflated.
+pub fn expand_compressed(
+    payload: &[u8],
+    limits: &Limits,
+    blocks: &mut Vec<Vec<u8>>,
+    out: &mut Vec<DocAt>,
+) -> Result<usize, ProtocolError> {
     let mut left = limits.max_frame;
-    expand(payload, limits, 1, &mut left, out)?;
+    let inflated = inflate(payload, left, limits.max_frame)?;
+    left -= inflated.len();
+    blocks.push(inflated);
+    expand(blocks.len() - 1, limits, 1, &mut left, blocks, out)?;
     Ok(limits.max_frame - left)
 }
 
+/// Walks the frames of the inflated block `blocks[block]`.
 fn expand(
-    payload: &[u8],
+    block: usize,
     limits: &Limits,
     depth: usize,
     left: &mut usize,
-    out: &mut Vec<(u32, Bytes)>,
+    blocks: &mut Vec<Vec<u8>>,
+    out: &mut Vec<DocAt>,
 ) -> Result<(), ProtocolError> {
-    if depth > MAX_NESTING {
-        return Err(ProtocolError::TooDeep);
-    }
-    let inflated = inflate(payload, *left, limits.max_frame)?;
-    *left -= inflated.len();
-    // No copy: the inflated bytes become the buffer the inner frames are cut from.
-    let mut inner = BytesMut::from(Bytes::from(inflated));
-    while !inner.is_empty() {
-        match next_frame(&mut inner, limits)? {
-            None => return Err(ProtocolError::TruncatedInner),
-            Some(Frame::Window(_)) => return Err(ProtocolError::WindowInCompressed),
-            Some(Frame::Json { seq, payload }) => out.push((seq, payload)),
-            Some(Frame::Compressed(nested)) => expand(&nested, limits, depth + 1, left, out)?,
+    let mut at = 0;
+    while at < blocks[block].len() {
+        let Some((frame, len)) = parse_frame(&blocks[block][at..], limits)? else {
+            return Err(ProtocolError::TruncatedInner);
+        };
+        match frame {
+            FrameAt::Window(_) => return Err(ProtocolError::WindowInCompressed),
+            FrameAt::Json { seq, payload } => {
+                out.push(DocAt { seq, block: Some(block), range: at + payload.start..at + payload.end })
+            }
+            FrameAt::Compressed(payload) => {
+                if depth + 1 > MAX_NESTING {
+                    return Err(ProtocolError::TooDeep);
+                }
+                let inner = inflate(&blocks[block][at + payload.start..at + payload.end], *left, limits.max_frame)?;
+                *left -= inner.len();
+                blocks.push(inner);
+                expand(blocks.len() - 1, limits, depth + 1, left, blocks, out)?;
+            }
         }
+        at += len;
     }
     Ok(())
 }

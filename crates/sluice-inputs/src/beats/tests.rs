@@ -30,6 +30,16 @@ fn frames(bytes: &[u8]) -> Result<Vec<Frame>, ProtocolError> {
     Ok(out)
 }
 
+/// A data frame's sequence number and document.
+type Doc = (u32, Vec<u8>);
+
+/// The documents a compressed frame's payload holds, and how much it inflated to.
+fn expand(payload: &[u8]) -> Result<(Vec<Doc>, usize), ProtocolError> {
+    let (mut blocks, mut docs) = (Vec::new(), Vec::new());
+    let inflated = expand_compressed(payload, &LIMITS, &mut blocks, &mut docs)?;
+    Ok((docs.iter().map(|d| (d.seq, d.bytes(&[], &blocks).to_vec())).collect(), inflated))
+}
+
 fn doc(n: u32) -> Vec<u8> {
     format!("{{\"n\":{n},\"message\":\"event {n}\"}}").into_bytes()
 }
@@ -46,8 +56,7 @@ fn window_json_and_compressed_frames_decode() {
     assert_eq!(got[0], Frame::Window(3));
     assert!(matches!(&got[1], Frame::Json { seq: 1, payload } if payload[..] == doc(1)[..]));
     let Frame::Compressed(block) = &got[2] else { panic!("{:?}", got[2]) };
-    let mut events = Vec::new();
-    let inflated = expand_compressed(block, &LIMITS, &mut events).unwrap();
+    let (events, inflated) = expand(block).unwrap();
     assert_eq!(inflated, inner.len());
     assert_eq!(events.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [2, 3]);
     assert_eq!(events[1].1[..], doc(3)[..]);
@@ -64,8 +73,7 @@ fn nested_compression_expands_in_place_up_to_a_depth() {
     outer.extend(encode::json(4, &doc(4)));
     let block = encode::compressed(&outer);
     let Frame::Compressed(payload) = frames(&block).unwrap().remove(0) else { panic!() };
-    let mut events = Vec::new();
-    expand_compressed(&payload, &LIMITS, &mut events).unwrap();
+    let (events, _) = expand(&payload).unwrap();
     assert_eq!(events.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 2, 3, 4]);
 
     // Five levels is one too many.
@@ -74,7 +82,7 @@ fn nested_compression_expands_in_place_up_to_a_depth() {
         nested = encode::compressed(&nested);
     }
     let Frame::Compressed(payload) = frames(&nested).unwrap().remove(0) else { panic!() };
-    assert_eq!(expand_compressed(&payload, &LIMITS, &mut Vec::new()), Err(ProtocolError::TooDeep));
+    assert_eq!(expand(&payload).map(|_| ()), Err(ProtocolError::TooDeep));
 }
 
 #[test]
@@ -99,12 +107,12 @@ fn truncated_frames_wait_for_more_and_take_nothing() {
     let inner = encode::json(1, &doc(1));
     let block = encode::compressed(&inner[..inner.len() - 3]);
     let Frame::Compressed(payload) = frames(&block).unwrap().remove(0) else { panic!() };
-    assert_eq!(expand_compressed(&payload, &LIMITS, &mut Vec::new()), Err(ProtocolError::TruncatedInner));
+    assert_eq!(expand(&payload).map(|_| ()), Err(ProtocolError::TruncatedInner));
     // A block that is not zlib.
     let mut junk = vec![b'2', b'C', 0, 0, 0, 4];
     junk.extend_from_slice(b"junk");
     let Frame::Compressed(payload) = frames(&junk).unwrap().remove(0) else { panic!() };
-    assert!(matches!(expand_compressed(&payload, &LIMITS, &mut Vec::new()), Err(ProtocolError::Inflate(_))));
+    assert!(matches!(expand(&payload).map(|_| ()), Err(ProtocolError::Inflate(_))));
 }
 
 #[test]
@@ -125,10 +133,7 @@ fn oversized_windows_and_frames_are_refused_from_their_header() {
     let bomb = encode::compressed(&vec![b'2'; 2 << 20]);
     assert!(bomb.len() < 10_000);
     let Frame::Compressed(payload) = frames(&bomb).unwrap().remove(0) else { panic!() };
-    assert_eq!(
-        expand_compressed(&payload, &LIMITS, &mut Vec::new()),
-        Err(ProtocolError::InflatedTooLarge(LIMITS.max_frame))
-    );
+    assert_eq!(expand(&payload).map(|_| ()), Err(ProtocolError::InflatedTooLarge(LIMITS.max_frame)));
 }
 
 #[test]
@@ -144,7 +149,7 @@ fn bad_versions_and_frame_types_are_named() {
     // A window inside a compressed block.
     let block = encode::compressed(&encode::window(1));
     let Frame::Compressed(payload) = frames(&block).unwrap().remove(0) else { panic!() };
-    assert_eq!(expand_compressed(&payload, &LIMITS, &mut Vec::new()), Err(ProtocolError::WindowInCompressed));
+    assert_eq!(expand(&payload).map(|_| ()), Err(ProtocolError::WindowInCompressed));
 }
 
 #[test]
