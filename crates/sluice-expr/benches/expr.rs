@@ -1,6 +1,5 @@
 // The allocator the `sluice` binary uses.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+sluice_alloc::install!();
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};

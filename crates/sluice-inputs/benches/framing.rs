@@ -1,8 +1,7 @@
 //! Line splitting and line decoding, the per-byte work of every line-based input.
 
 // The allocator the `sluice` binary uses.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+sluice_alloc::install!();
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_inputs::codec::Codec;

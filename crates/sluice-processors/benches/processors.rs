@@ -3,8 +3,7 @@
 //! its worker calls it.
 
 // The allocator the `sluice` binary uses.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+sluice_alloc::install!();
 
 use std::hint::black_box;
 

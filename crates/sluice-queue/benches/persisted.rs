@@ -16,8 +16,7 @@ use sluice_core::{AckSet, Acker, Batch, Event, Queue};
 use sluice_queue::persisted::{PersistedQueue, PersistedQueueConfig, SyncPolicy};
 
 // The allocator the `sluice` binary uses.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+sluice_alloc::install!();
 
 const APACHE: &str =
     r#"203.0.113.42 - frank [21/Nov/2026:07:00:01 +0000] "GET /apache_pb.gif HTTP/1.1" 200 2326 "-" "Mozilla/4.08""#;

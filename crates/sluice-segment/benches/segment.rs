@@ -8,8 +8,7 @@
 //! - `codec/*`: one 12-field event, encoded and decoded.
 
 // The allocator the `sluice` binary uses.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+sluice_alloc::install!();
 
 use std::hint::black_box;
 

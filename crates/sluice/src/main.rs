@@ -10,7 +10,6 @@
 //! - when every input that has an end (a generator with a count, stdin) has ended, it drains
 //!   and exits as on SIGTERM.
 
-mod allocator;
 mod cluster_cli;
 mod dlq_cli;
 mod top;
@@ -26,8 +25,7 @@ use sluice_topology::Engine;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-#[global_allocator]
-static GLOBAL: allocator::Mimalloc = allocator::Mimalloc;
+sluice_alloc::install!();
 
 // Ordered (one worker): lines typed or piped in come out in the order they went in.
 const DEFAULT_CONFIG: &str = "\
