@@ -7,11 +7,11 @@
 //! - [`BodyParser`] decodes the events a chunk at a time, so that the events of a chunk are
 //!   charged before the next chunk is decoded, and stops at `max_events_per_request`.
 //!
-//! Why not tower-http's `RequestBodyLimitLayer` and `RequestDecompressionLayer`: the limit
-//! layer bounds the bytes on the wire, not what a gzip body inflates to (a small body can
-//! inflate to gigabytes), and neither charges the node's memory budget or waits for it, which is
-//! what keeps many concurrent clients from exhausting memory together. The steps here are the
-//! budget's hooks; the inflating itself is `flate2`'s.
+//! Why not tower-http's `RequestBodyLimitLayer` and `RequestDecompressionLayer`: layered
+//! the right way round they would bound the inflated size too, but neither charges the node's
+//! memory budget or waits for it, and that budget is what keeps many concurrent clients from
+//! exhausting memory together. The steps here are the budget's hooks; the inflating itself is
+//! `flate2`'s.
 //!
 //! A request may hold at most [`Admission::cap`] of the budget (half of it): one that needs
 //! more could only ever be admitted alone, so it is refused as too large rather than left to
