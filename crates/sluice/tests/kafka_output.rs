@@ -181,3 +181,32 @@ pipelines:
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
 }
+
+/// With `delivery_timeout` and a bounded `retry`, records no broker acknowledges are given up:
+/// counted failed in the summary, said in the log, and `sluice run` over a finite input exits
+/// non-zero (events failed outside a dead letter queue). No broker listens on the address.
+#[test]
+fn records_no_broker_acknowledges_are_given_up_after_delivery_timeout_and_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "data_dir: '{}'
+api: {{enabled: false}}
+pipelines:
+  main:
+    inputs: [{{type: stdin, codec: json_lines}}]
+    outputs:
+      - {{type: kafka, id: bus, bootstrap_servers: '127.0.0.1:{}', topic: logs, delivery_timeout: 1s,
+          retry: {{max_retries: 1, initial_backoff: 100ms, max_backoff: 200ms}}}}
+",
+        dir.path().join("data").display(),
+        free_port()
+    );
+    let input: String = (0..5).map(|i| format!("{{\"event_id\":{i}}}\n")).collect();
+    let (ok, log) = run_once(dir.path(), &config, &input);
+    assert!(!ok, "events were given up, so the run must fail:\n{log}");
+    assert!(log.contains("kafka output gave up after retry.max_retries"), "{log}");
+    let summary = common::summary(&log, "main");
+    // `out` counts events handed to the outputs, rejected ones included.
+    assert_eq!((summary["in"], summary["failed"]), (5, 5), "{log}");
+    assert!(log.contains("kept in no dead letter queue events=5"), "{log}");
+}
