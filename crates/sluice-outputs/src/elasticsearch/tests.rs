@@ -4,7 +4,7 @@
 
 use std::io::Read;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -38,6 +38,10 @@ struct Engine {
     requests: Mutex<Vec<Vec<Doc>>>,
     gzipped: AtomicUsize,
     templates: Mutex<Vec<(Method, String)>>,
+    /// PUTs of a template still to be refused (400, as for an invalid mapping).
+    template_refusals: AtomicUsize,
+    /// Whether a PUT of the template succeeded (what HEAD answers).
+    template_in: AtomicBool,
     respond: Box<Respond>,
 }
 
@@ -50,12 +54,22 @@ async fn handle(
 ) -> Response {
     if uri.path().starts_with("/_index_template/") {
         let mut t = engine.templates.lock();
-        let exists = t.iter().any(|(m, _)| m == Method::PUT);
         t.push((method.clone(), String::from_utf8_lossy(&body).into_owned()));
         return match method {
-            Method::HEAD if exists => StatusCode::OK.into_response(),
+            Method::HEAD if engine.template_in.load(Ordering::Relaxed) => StatusCode::OK.into_response(),
             Method::HEAD => StatusCode::NOT_FOUND.into_response(),
-            _ => (StatusCode::OK, r#"{"acknowledged":true}"#).into_response(),
+            _ if engine
+                .template_refusals
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok() =>
+            {
+                (StatusCode::BAD_REQUEST, r#"{"error":{"type":"mapper_parsing_exception","reason":"bad mapping"}}"#)
+                    .into_response()
+            }
+            _ => {
+                engine.template_in.store(true, Ordering::Relaxed);
+                (StatusCode::OK, r#"{"acknowledged":true}"#).into_response()
+            }
         };
     }
     assert_eq!(uri.path(), "/_bulk");
@@ -91,6 +105,8 @@ async fn scripted(respond: impl Fn(usize, &[Doc]) -> (u16, String) + Send + Sync
         requests: Mutex::new(Vec::new()),
         gzipped: AtomicUsize::new(0),
         templates: Mutex::new(Vec::new()),
+        template_refusals: AtomicUsize::new(0),
+        template_in: AtomicBool::new(false),
         respond: Box::new(respond),
     });
     let app = Router::new().fallback(handle).with_state(engine.clone());
@@ -325,6 +341,44 @@ async fn the_index_template_is_installed_once_and_not_overwritten() {
     output(&yaml).send(&refs).await.unwrap();
     let calls: Vec<Method> = engine.templates.lock().iter().map(|(m, _)| m.clone()).collect();
     assert_eq!(calls, [Method::HEAD, Method::PUT, Method::HEAD]);
+}
+
+#[tokio::test]
+async fn no_event_is_sent_before_the_index_template_is_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("template.json");
+    std::fs::write(&file, r#"{"index_patterns": ["logs-*"]}"#).unwrap();
+    let (url, engine) = scripted(|_, docs| answer(docs, |_| 201)).await;
+    engine.template_refusals.store(2, Ordering::Relaxed);
+    let out = output(&format!(
+        "{{type: opensearch, hosts: ['{url}'], template: {{name: logs, file: '{}'}},
+          retry: {{initial_backoff: 10ms, max_backoff: 20ms}}}}",
+        file.display()
+    ));
+    let evs = events(3);
+    let refs: Vec<&Event> = evs.iter().collect();
+    assert!(out.send(&refs).await.unwrap().rejected.is_empty());
+    let calls: Vec<Method> = engine.templates.lock().iter().map(|(m, _)| m.clone()).collect();
+    assert_eq!(calls.iter().filter(|m| **m == Method::PUT).count(), 3, "refused twice, then put: {calls:?}");
+    assert_eq!(engine.requests.lock().len(), 1, "one bulk request, after the template was in");
+
+    // Refused for ever: the send waits (holding the pipeline back) until shutdown aborts it,
+    // and nothing is sent meanwhile.
+    let (url, engine) = scripted(|_, docs| answer(docs, |_| 201)).await;
+    engine.template_refusals.store(usize::MAX, Ordering::Relaxed);
+    let out = output(&format!(
+        "{{type: opensearch, hosts: ['{url}'], template: {{name: logs, file: '{}'}},
+          retry: {{initial_backoff: 10ms, max_backoff: 20ms}}}}",
+        file.display()
+    ));
+    let abort = out.ctx.abort.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        abort.cancel();
+    });
+    assert!(out.send(&refs).await.is_err(), "aborted, not delivered");
+    assert!(engine.templates.lock().len() > 2, "tried again meanwhile");
+    assert!(engine.requests.lock().is_empty());
 }
 
 #[test]
