@@ -40,9 +40,10 @@ the median of the per-round ratios. CPU: `sluice`'s own over its measured span (
 
 `--tuned-batch-size N` and `--tuned-output-option KEY=VALUE` add rows of the output with the
 pipeline's `batch.size: N` and those keys of the `kafka` output (settings the user has), in
-every round: the output hands librdkafka one worker batch at a time and waits for all its
-acknowledgements, so the records in flight are `workers` x `batch.size`, and each batch waits
-for `linger`.
+every round: each worker hands librdkafka up to the output's `batches_in_flight` batches
+before it waits for their acknowledgements, so the records in flight are `workers` x
+`batches_in_flight` x `batch.size` (`--tuned-output-option batches_in_flight=1` shows what one
+batch per worker does).
 
 Usage: bench/kafka.py [--build] [--quick] [--repeat 5] [--records 2000000] [--input-records 500000]
        [--compression none zstd] [--only output input] [--source generator|tcp] [--workers 2]

@@ -214,7 +214,7 @@ fn encode_families(registry: &MetricsRegistry, uptime: Duration, out: &mut Descr
     gauge(
         out,
         "sluice_pipeline_worker_utilization",
-        "Share of the workers' time spent on batches since the pipeline started (0 to 1).",
+        "Share of the workers' time with at least one batch in hand since the pipeline started (0 to 1).",
         pipelines.iter().map(|p| (pl(p), utilisation(p))),
     )?;
 

@@ -185,7 +185,8 @@ pub struct PipelineMetrics {
     pub failed: Counter,
     /// Wall time of a worker's whole pass over one batch (processors and outputs).
     pub batch_duration: Histogram,
-    /// Summed time workers spent on batches; divided by wall time and workers, utilisation.
+    /// Summed time workers spent with at least one batch in hand (batches one worker has in
+    /// flight together count once); divided by wall time and workers, utilisation.
     pub worker_busy_nanos: Counter,
     pub components: RwLock<Vec<Arc<ComponentMetrics>>>,
     pub queue: OnceLock<Arc<dyn Queue>>,

@@ -94,6 +94,22 @@ pub struct Aborted;
 pub trait Output: Send + Sync {
     async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted>;
 
+    /// How many batches one worker may have in this output's `send` at once (at least 1).
+    ///
+    /// More than 1 pays off where a `send` spends its time waiting on the network (a broker's
+    /// acknowledgements), not working: a worker then takes its next batches while earlier ones
+    /// are still being delivered. The worker honours it only where the pipeline allows it (not
+    /// under `ordered: true`, nor `auto` with one worker and one shard, nor with a stateful
+    /// processor or cluster forwarding); the largest value among a pipeline's outputs applies.
+    /// Every worker already calls `send` concurrently with the others, so this brings no new
+    /// kind of concurrency to an output, only more of it. A batch in flight keeps its memory
+    /// charge until it is acknowledged, so with a memory queue the node's memory budget still
+    /// bounds what is held; a persisted queue's batches gave their charge back once written,
+    /// and are bounded by this number times the workers and `batch.size`.
+    fn batches_in_flight(&self) -> usize {
+        1
+    }
+
     /// Flushes buffers and closes connections at shutdown, after the last `send`.
     async fn close(&self) {}
 }

@@ -6,6 +6,12 @@
 //! every output has delivered or rejected its share. If shutdown aborts an output mid-send,
 //! the batch is not acknowledged (its inputs will see it as abandoned).
 //!
+//! A worker may have several batches in flight ([`Worker::batches_in_flight`], from the
+//! outputs' [`sluice_outputs::Output::batches_in_flight`]): it takes the next batch while
+//! earlier ones wait in the outputs, all polled in its own task, each acknowledged on its own
+//! once delivered. When its queue is closed and empty it still finishes every batch in flight
+//! before it returns. Batches in flight keep their memory charge until they are done.
+//!
 //! With a dead letter queue: an event a processor fails on with `on_failure: dlq` leaves the
 //! batch, and an event an output rejects *permanently* is kept for it; once every output is
 //! done, the batch's entries are written in one call, and the batch is acknowledged only after
@@ -18,6 +24,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use sluice_cluster::Router;
 use sluice_core::metrics::PipelineMetrics;
 use sluice_core::{AckSet, Batch, Event, Queue};
@@ -52,13 +60,73 @@ pub struct Worker {
     pub route: bool,
     pub batch_size: usize,
     pub batch_delay: Duration,
+    /// Batches taken from the queue and not yet done, at most; 1 to handle one at a time.
+    pub batches_in_flight: usize,
+}
+
+/// How many batches one worker of a pipeline may have in flight: one where order or a
+/// stateful stage depends on batches being handled one after another, else what the most
+/// patient output allows.
+pub fn batches_in_flight(keeps_order: bool, stages: &Stages) -> usize {
+    if keeps_order || stages.splits_batches(0) {
+        return 1;
+    }
+    stages.outputs.iter().map(|o| o.output.batches_in_flight()).max().unwrap_or(1).max(1)
 }
 
 impl Worker {
     pub async fn run(self) {
-        while let Some(batch) = self.queue.pop(self.batch_size, self.batch_delay).await {
-            self.stages.metrics.events_taken.add(batch.len() as u64);
-            self.stages.handle(batch, self.from, self.route, self.index).await;
+        let limit = self.batches_in_flight.max(1);
+        let mut in_flight = FuturesUnordered::new();
+        // A pop is not cancel-safe (it may hold events gathered while waiting for the batch to
+        // fill), so once started it is kept until it yields, across batches finishing.
+        let mut pop = None;
+        // Busy time counts while at least one batch is in flight, not per batch, so that
+        // overlapping batches do not add up to more than the worker's wall time.
+        let mut busy_since: Option<Instant> = None;
+        loop {
+            if pop.is_none() && in_flight.len() < limit {
+                pop = Some(self.queue.pop(self.batch_size, self.batch_delay));
+            }
+            let popped = match pop.as_mut() {
+                Some(p) => tokio::select! {
+                    popped = p => {
+                        pop = None;
+                        Some(popped)
+                    }
+                    Some(()) = in_flight.next(), if !in_flight.is_empty() => None,
+                },
+                None => {
+                    in_flight.next().await;
+                    None
+                }
+            };
+            match popped {
+                Some(Some(batch)) => {
+                    self.stages.metrics.events_taken.add(batch.len() as u64);
+                    busy_since.get_or_insert_with(Instant::now);
+                    let (stages, from, route, index) = (&*self.stages, self.from, self.route, self.index);
+                    in_flight.push(async move {
+                        stages.run_batch(batch, from, route, index).await;
+                    });
+                }
+                Some(None) => break,
+                None => self.count_busy(&mut busy_since, in_flight.is_empty()),
+            }
+        }
+        while in_flight.next().await.is_some() {
+            self.count_busy(&mut busy_since, in_flight.is_empty());
+        }
+    }
+
+    /// Adds the time since the last mark to the busy time, called as a batch finishes.
+    fn count_busy(&self, since: &mut Option<Instant>, idle: bool) {
+        if let Some(start) = since.take() {
+            let now = Instant::now();
+            self.stages.metrics.worker_busy_nanos.add(now.duration_since(start).as_nanos() as u64);
+            if !idle {
+                *since = Some(now);
+            }
         }
     }
 }
@@ -72,8 +140,18 @@ impl Stages {
 
     /// Runs a batch from processor `from` to the outputs and acknowledges it; `route` says
     /// whether the forwarding stage applies (not to events forwarded here). Returns false if
-    /// shutdown cut the delivery short (the batch was not acknowledged).
-    pub async fn handle(&self, mut batch: Batch, from: usize, route: bool, worker: usize) -> bool {
+    /// shutdown cut the delivery short (the batch was not acknowledged). Its time counts as
+    /// busy time of the workers.
+    pub async fn handle(&self, batch: Batch, from: usize, route: bool, worker: usize) -> bool {
+        let started = Instant::now();
+        let delivered = self.run_batch(batch, from, route, worker).await;
+        self.metrics.worker_busy_nanos.add(started.elapsed().as_nanos() as u64);
+        delivered
+    }
+
+    /// [`Stages::handle`] without counting busy time, which a worker with several batches in
+    /// flight counts itself.
+    async fn run_batch(&self, mut batch: Batch, from: usize, route: bool, worker: usize) -> bool {
         let started = Instant::now();
         if !batch.acks.is_empty() && self.splits_batches(from) {
             let n = batch.len();
@@ -110,8 +188,8 @@ impl Stages {
             delivered = None;
         }
         let elapsed = started.elapsed();
+        // Batches of one worker in flight together each count their own whole duration.
         self.metrics.batch_duration.observe(elapsed);
-        self.metrics.worker_busy_nanos.add(elapsed.as_nanos() as u64);
         self.metrics.dropped.add(dropped);
         match delivered {
             Some(failed) => {
@@ -254,7 +332,7 @@ impl Stages {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use async_trait::async_trait;
     use sluice_core::metrics::{ComponentKind, ComponentMetrics};
@@ -320,8 +398,158 @@ mod tests {
             route: true,
             batch_size: 100,
             batch_delay: Duration::from_millis(1),
+            batches_in_flight: 1,
         };
         (worker, queue, metrics)
+    }
+
+    /// Holds every `send` until released, counting the sends in progress.
+    struct Gate {
+        in_send: AtomicUsize,
+        most_in_send: AtomicUsize,
+        sends: AtomicUsize,
+        release: tokio::sync::Semaphore,
+        abort: CancellationToken,
+    }
+
+    #[async_trait]
+    impl Output for Gate {
+        async fn send(&self, _events: &[&Event]) -> Result<Delivery, Aborted> {
+            let now = self.in_send.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_send.fetch_max(now, Ordering::SeqCst);
+            self.sends.fetch_add(1, Ordering::SeqCst);
+            let released = tokio::select! {
+                p = self.release.acquire() => p.map(|p| p.forget()).is_ok(),
+                _ = self.abort.cancelled() => false,
+            };
+            self.in_send.fetch_sub(1, Ordering::SeqCst);
+            if released { Ok(Delivery::all_delivered()) } else { Err(Aborted) }
+        }
+
+        fn batches_in_flight(&self) -> usize {
+            3
+        }
+    }
+
+    /// One worker of a pipeline (ordered or not) over a memory queue holding six batches of
+    /// two events, each acknowledged as delivered into `acks` (one entry each time); the queue is
+    /// closed, so the worker returns once all six are done.
+    async fn gated_worker(ordered: bool) -> (Worker, Arc<Gate>, Arc<parking_lot::Mutex<Vec<usize>>>) {
+        let metrics = Arc::new(PipelineMetrics::new("p", 1));
+        let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(100, 1 << 20));
+        let abort = CancellationToken::new();
+        let gate = Arc::new(Gate {
+            in_send: AtomicUsize::new(0),
+            most_in_send: AtomicUsize::new(0),
+            sends: AtomicUsize::new(0),
+            release: tokio::sync::Semaphore::new(0),
+            abort: abort.clone(),
+        });
+        let output = BuiltOutput {
+            id: "out".to_string(),
+            output: gate.clone(),
+            condition: None,
+            metrics: Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "gate")),
+        };
+        let stages = Arc::new(Stages {
+            pipeline: "p".to_string(),
+            processors: Arc::new(Vec::new()),
+            outputs: Arc::new(vec![output]),
+            metrics: metrics.clone(),
+            dead_letters: Arc::new(DeadLetterSink::new("p", None, metrics.clone(), Default::default())),
+            router: None,
+            abort,
+        });
+        let acks = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        for b in 0..6 {
+            let acked = acks.clone();
+            let acker = Acker::new(2, move |outcome| {
+                if outcome == sluice_core::ack::AckOutcome::Handled {
+                    acked.lock().push(b);
+                }
+            });
+            queue
+                .push(Batch::new(vec![event(2 * b as i64), event(2 * b as i64 + 1)], AckSet::single(acker, 2), 2))
+                .await
+                .unwrap();
+        }
+        queue.close();
+        let worker = Worker {
+            index: 0,
+            queue,
+            batches_in_flight: batches_in_flight(ordered, &stages),
+            stages,
+            from: 0,
+            route: true,
+            // One pushed batch per pop: the queue's batches are the worker's.
+            batch_size: 2,
+            batch_delay: Duration::ZERO,
+        };
+        (worker, gate, acks)
+    }
+
+    /// Waits until `sends` sends have started and `in_send` are in progress, failing after a
+    /// few seconds.
+    async fn until_sends(gate: &Gate, sends: usize, in_send: usize) {
+        let now = || (gate.sends.load(Ordering::SeqCst), gate.in_send.load(Ordering::SeqCst));
+        for _ in 0..500 {
+            if now() == (sends, in_send) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("(sends, in progress) = {:?}, expected {:?}", now(), (sends, in_send));
+    }
+
+    #[tokio::test]
+    async fn an_unordered_pipeline_keeps_as_many_batches_in_flight_as_its_output_allows() {
+        let (worker, gate, acks) = gated_worker(false).await;
+        assert_eq!(worker.batches_in_flight, 3);
+        let run = tokio::spawn(worker.run());
+        until_sends(&gate, 3, 3).await;
+        // Given time, no fourth batch is taken while three wait.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!((gate.sends.load(Ordering::SeqCst), gate.in_send.load(Ordering::SeqCst)), (3, 3));
+        assert!(acks.lock().is_empty(), "nothing acknowledged before it is delivered");
+        gate.release.add_permits(1);
+        // One done, one more taken.
+        until_sends(&gate, 4, 3).await;
+        assert_eq!(*acks.lock(), [0]);
+        gate.release.add_permits(5);
+        tokio::time::timeout(Duration::from_secs(5), run).await.expect("the worker finished").unwrap();
+        assert_eq!(gate.most_in_send.load(Ordering::SeqCst), 3);
+        let mut acked = acks.lock().clone();
+        acked.sort();
+        assert_eq!(acked, [0, 1, 2, 3, 4, 5], "every batch acknowledged exactly once");
+    }
+
+    #[tokio::test]
+    async fn an_ordered_pipeline_keeps_one_batch_in_flight() {
+        let (worker, gate, acks) = gated_worker(true).await;
+        assert_eq!(worker.batches_in_flight, 1);
+        let run = tokio::spawn(worker.run());
+        until_sends(&gate, 1, 1).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(gate.sends.load(Ordering::SeqCst), 1);
+        gate.release.add_permits(6);
+        tokio::time::timeout(Duration::from_secs(5), run).await.expect("the worker finished").unwrap();
+        assert_eq!(gate.most_in_send.load(Ordering::SeqCst), 1);
+        assert_eq!(*acks.lock(), [0, 1, 2, 3, 4, 5], "in order, each once");
+    }
+
+    #[tokio::test]
+    async fn shutdown_with_batches_in_flight_acknowledges_only_those_delivered() {
+        let (worker, gate, acks) = gated_worker(false).await;
+        let abort = worker.stages.abort.clone();
+        let run = tokio::spawn(worker.run());
+        until_sends(&gate, 3, 3).await;
+        gate.release.add_permits(1);
+        until_sends(&gate, 4, 3).await;
+        // The drain timeout runs out with three batches in the output and two still queued.
+        abort.cancel();
+        tokio::time::timeout(Duration::from_secs(5), run).await.expect("the worker finished").unwrap();
+        assert_eq!(*acks.lock(), [0], "only the delivered batch is acknowledged");
+        assert_eq!(gate.in_send.load(Ordering::SeqCst), 0, "the worker waited for its sends to end");
     }
 
     #[tokio::test]

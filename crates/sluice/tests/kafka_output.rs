@@ -1,7 +1,8 @@
 //! The `kafka` output against a real Kafka 4.3 broker (KRaft) started from Maven Central jars
 //! (`servers/kafka/run`): every event exactly once in a 3-partition topic, keyed; records the
 //! broker refuses (too large, unknown topic with auto-creation off) in the dead letter queue
-//! with the broker's reason; the broker stopped and started mid-load with nothing lost that a
+//! with the broker's reason; several batches of a worker in flight at once, each record still
+//! once and each key in order; the broker stopped and started mid-load with nothing lost that a
 //! client was acknowledged for. A test that cannot start the broker fails and says why.
 
 mod common;
@@ -74,6 +75,52 @@ pipelines:
     assert!(partitions_of_key.values().all(|p| p.len() == 1), "one partition per key");
     let used: BTreeSet<i32> = partitions_of_key.values().flatten().copied().collect();
     assert!(used.len() > 1, "keys spread over the partitions: {used:?}");
+}
+
+#[test]
+fn with_batches_in_flight_every_record_arrives_once_and_each_key_in_order() {
+    let kafka = Kafka::start_or_panic(&[("auto.create.topics.enable", "false")]);
+    kafka.create_topic("flight", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let n = 50_000;
+    let input: String = (0..n)
+        .map(|i| format!("{{\"seq\":{i},\"host\":\"host-{}\",\"pad\":\"{}\"}}\n", i % 11, "z".repeat(100)))
+        .collect();
+    // One worker, but no order promised: the worker keeps up to 4 batches of 500 in the output.
+    // Its batches are handed to the producer in the order taken, so each key stays in order.
+    let config = format!(
+        "data_dir: '{}'
+api: {{enabled: false}}
+pipelines:
+  main:
+    workers: 1
+    ordered: false
+    batch: {{size: 500}}
+    inputs: [{{type: stdin, codec: json_lines}}]
+    outputs:
+      - {{type: kafka, bootstrap_servers: '{}', topic: flight, key: '%{{/host}}', batches_in_flight: 4}}
+",
+        dir.path().join("data").display(),
+        kafka.bootstrap()
+    );
+    let (ok, log) = run_once(dir.path(), &config, &input);
+    assert!(ok, "{log}");
+    assert!(log.contains("batches_in_flight=4"), "the worker kept several batches in flight:\n{log}");
+    let mut records = kafka.consume_all("flight", n, Duration::from_secs(60));
+    records.sort_by_key(|(partition, offset, _, _)| (*partition, *offset));
+    let mut seen = BTreeMap::<u64, u32>::new();
+    let mut last_of_key = BTreeMap::<Vec<u8>, u64>::new();
+    for (_, _, key, value) in &records {
+        let seq = json(value)["seq"].as_u64().unwrap();
+        *seen.entry(seq).or_default() += 1;
+        let key = key.clone().expect("every record has a key");
+        if let Some(before) = last_of_key.insert(key.clone(), seq) {
+            assert!(before < seq, "{} came after {seq} for key {}", before, String::from_utf8_lossy(&key));
+        }
+    }
+    assert_eq!(seen.len(), n, "every record arrived");
+    assert!(seen.values().all(|&c| c == 1), "and only once: {:?}", seen.iter().find(|(_, c)| **c > 1));
+    assert_eq!(last_of_key.len(), 11);
 }
 
 #[test]

@@ -45,6 +45,9 @@ pub struct KafkaOutputConfig {
     pub delivery_timeout: HumanDuration,
     #[serde(default)]
     pub retry: RetryConfig,
+    /// Worker batches each worker may have in the output at once, waiting for acknowledgements.
+    #[serde(default = "default_batches_in_flight")]
+    pub batches_in_flight: usize,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
@@ -91,6 +94,15 @@ fn default_linger() -> HumanDuration {
 fn default_batch_max_bytes() -> ByteSize {
     ByteSize(1 << 20)
 }
+/// With one batch per worker in flight, less than one librdkafka batch is ever queued to a
+/// partition and every record waits out `linger`; four fill them at the defaults.
+pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 4;
+/// Beyond this the records held in flight are only memory, not throughput.
+pub const MAX_BATCHES_IN_FLIGHT: usize = 64;
+
+fn default_batches_in_flight() -> usize {
+    DEFAULT_BATCHES_IN_FLIGHT
+}
 fn default_message_max_bytes() -> ByteSize {
     ByteSize(1_000_000)
 }
@@ -120,6 +132,9 @@ pub fn producer_config(spec: &ComponentSpec, c: &KafkaOutputConfig) -> Result<Cl
     }
     if c.batch_max_bytes.0 < 1 || c.batch_max_bytes.0 > i32::MAX as u64 {
         return Err(spec.key_error("batch_max_bytes", "must be between 1 byte and 2GiB"));
+    }
+    if c.batches_in_flight < 1 || c.batches_in_flight > MAX_BATCHES_IN_FLIGHT {
+        return Err(spec.key_error("batches_in_flight", format!("must be between 1 and {MAX_BATCHES_IN_FLIGHT}")));
     }
     let connection = Connection {
         bootstrap_servers: c.bootstrap_servers.clone(),

@@ -18,7 +18,12 @@
 //!
 //! librdkafka batches and compresses records per partition (`linger`, `batch_max_bytes`,
 //! `compression`); one `send` hands every event of a worker batch to it at once and waits for
-//! all their acknowledgements together.
+//! all their acknowledgements together. A worker may have `batches_in_flight` batches in
+//! `send` at once (in a pipeline that does not keep order), so that enough records are queued
+//! to fill librdkafka's batches instead of each batch waiting out `linger` and a round trip on
+//! its own. Each batch is still acknowledged only once every one of its records is. Batches of
+//! one worker are handed over in the order they were taken, but a retried record may then
+//! follow records of a later batch, as it may already follow another worker's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +59,7 @@ pub(crate) struct KafkaOutput {
     refused_log: StallLog,
     figures: Arc<Figures>,
     bootstrap: String,
+    batches_in_flight: usize,
     ctx: OutputContext,
 }
 
@@ -91,6 +97,7 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<K
         refused_log: StallLog::default(),
         figures,
         bootstrap: c.bootstrap_servers.clone(),
+        batches_in_flight: c.batches_in_flight,
         ctx,
     })
 }
@@ -281,6 +288,10 @@ impl Output for KafkaOutput {
         }
         rejected.sort_by_key(|r| r.index);
         Ok(Delivery { rejected })
+    }
+
+    fn batches_in_flight(&self) -> usize {
+        self.batches_in_flight
     }
 
     async fn close(&self) {
