@@ -13,22 +13,33 @@ pub struct Batch {
     /// The memory these events hold in the node's budget, given back when the batch (or the
     /// last piece of it) is dropped.
     pub memory: MemoryCharge,
+    /// Its producer sends nothing more until these events are acknowledged (a Beats client
+    /// whose window this batch completes): a queue hands it to a worker at once instead of
+    /// holding it for up to `batch.delay` while a fuller batch gathers, which would add that
+    /// delay to every window's round trip.
+    pub awaited: bool,
 }
 
 impl Batch {
     pub fn new(events: Vec<Event>, acks: AckSet, bytes: usize) -> Batch {
         debug_assert!(acks.is_empty() || acks.covered() == events.len());
-        Batch { events, acks, bytes, memory: MemoryCharge::none() }
+        Batch { events, acks, bytes, memory: MemoryCharge::none(), awaited: false }
     }
 
     /// A batch whose events nobody waits for.
     pub fn untracked(events: Vec<Event>, bytes: usize) -> Batch {
-        Batch { events, acks: AckSet::none(), bytes, memory: MemoryCharge::none() }
+        Batch { events, acks: AckSet::none(), bytes, memory: MemoryCharge::none(), awaited: false }
     }
 
     /// The batch with its memory charge attached.
     pub fn with_memory(mut self, memory: MemoryCharge) -> Batch {
         self.memory = memory;
+        self
+    }
+
+    /// The batch marked [`Batch::awaited`].
+    pub fn awaited(mut self) -> Batch {
+        self.awaited = true;
         self
     }
 
@@ -41,6 +52,7 @@ impl Batch {
     }
 
     /// Splits off the first `n` events (with their acks and a proportional share of bytes).
+    /// Whether the batch is awaited stays with the rest, which holds its last events.
     pub fn split_front(&mut self, n: usize) -> Batch {
         let n = n.min(self.events.len());
         let bytes = if self.events.is_empty() { 0 } else { self.bytes * n / self.events.len() };
@@ -48,7 +60,7 @@ impl Batch {
         let rest = self.events.split_off(n);
         let front = std::mem::replace(&mut self.events, rest);
         self.bytes -= bytes;
-        Batch { events: front, acks: self.acks.split_front(n), bytes, memory }
+        Batch { events: front, acks: self.acks.split_front(n), bytes, memory, awaited: false }
     }
 
     /// Appends another batch's events after ours.
@@ -61,6 +73,7 @@ impl Batch {
         self.acks.append(other.acks);
         self.bytes += other.bytes;
         self.memory.merge(std::mem::take(&mut other.memory));
+        self.awaited |= other.awaited;
     }
 
     /// Marks every event of the batch handled, releasing the inputs' acknowledgements.

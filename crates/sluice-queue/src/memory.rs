@@ -5,7 +5,9 @@
 //! empty queue, so that a batch larger than the limits still moves rather than deadlocks. A pop
 //! takes up to `max_events` from the front, splitting an input batch where needed (the pieces
 //! share its acknowledgement), and waits up to `delay` for more once it holds at least one
-//! event, so workers get full batches under load and prompt ones when traffic is light.
+//! event, so workers get full batches under load and prompt ones when traffic is light. A pop
+//! that has taken an awaited batch (its producer sends nothing more until it is acknowledged,
+//! see [`Batch::awaited`]) does not wait: the wait could only add to that producer's round trip.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -144,7 +146,8 @@ impl Queue for MemoryQueue {
                 }
                 s.closed
             };
-            if have >= max_events || (closed && have > 0) || (have > 0 && delay.is_zero()) {
+            let awaited = out.as_ref().is_some_and(|b| b.awaited);
+            if have >= max_events || (closed && have > 0) || (have > 0 && (delay.is_zero() || awaited)) {
                 return out;
             }
             if closed {
@@ -262,6 +265,24 @@ mod tests {
         let b = q.pop(3, Duration::from_millis(30)).await.unwrap();
         assert_eq!(b.len(), 1);
         assert!(started.elapsed() >= Duration::from_millis(25));
+    }
+
+    #[tokio::test]
+    async fn an_awaited_batch_is_handed_over_without_waiting_for_more() {
+        let q = MemoryQueue::new(100, 1 << 20);
+        q.push(batch(2, 2)).await.unwrap();
+        q.push(batch(3, 3).awaited()).await.unwrap();
+        let started = std::time::Instant::now();
+        let b = q.pop(10, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(b.len(), 5);
+        assert!(b.awaited);
+        assert!(started.elapsed() < Duration::from_secs(30), "the pop waited for the delay");
+        // Split by a pop, the mark stays with the part holding the batch's last events.
+        q.push(batch(4, 4).awaited()).await.unwrap();
+        let front = q.pop(3, Duration::from_secs(30)).await.unwrap();
+        assert_eq!((front.len(), front.awaited), (3, false));
+        let rest = q.pop(10, Duration::from_secs(30)).await.unwrap();
+        assert_eq!((rest.len(), rest.awaited), (1, true));
     }
 
     #[tokio::test]

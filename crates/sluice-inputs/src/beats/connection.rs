@@ -137,6 +137,8 @@ struct Round {
     groups: Vec<Group>,
     /// What the inflated blocks are charged.
     inflated: MemoryCharge,
+    /// A window's last event is in this round: its client now waits for the ACK.
+    completes_window: bool,
 }
 
 impl Round {
@@ -145,6 +147,7 @@ impl Round {
         self.blocks.clear();
         self.groups.clear();
         self.inflated = MemoryCharge::default();
+        self.completes_window = false;
     }
 
     fn event(&mut self, current: &mut Option<Current>, doc: DocAt) -> Result<(), String> {
@@ -156,6 +159,7 @@ impl Round {
         }
         let seq = doc.seq;
         c.received += 1;
+        self.completes_window |= c.received == c.expected;
         c.increasing &= seq > c.last;
         c.last = seq;
         c.highest = c.highest.max(seq);
@@ -357,7 +361,12 @@ impl Conn<'_> {
         }
         // The writer counts keep-alives from now for a window that just became whole.
         self.windows.poke();
-        let batch = Batch::new(events, acks, bytes).with_memory(charge);
+        let mut batch = Batch::new(events, acks, bytes).with_memory(charge);
+        if round.completes_window {
+            // The client sends nothing more of that window until its ACK: no worker should hold
+            // these events back for a fuller batch (a Filebeat keeps only 2 windows out).
+            batch = batch.awaited();
+        }
         tokio::select! {
             biased;
             _ = self.stop.cancelled() => Err(End::Failed),

@@ -440,6 +440,27 @@ async fn pipelined_windows_are_acked_in_order_compressed_or_not() {
     input.stop().await;
 }
 
+#[tokio::test]
+async fn the_batch_that_ends_a_window_is_marked_awaited() {
+    let mut input = start("{type: beats, address: 'x:0'}").await;
+    let mut s = TcpStream::connect(input.addr).await.unwrap();
+    // Half a window: its client sends more before it waits, so the batch may be held for more.
+    let whole = window_of(0, 4, false);
+    let half = whole.len() - encode::json(3, &doc(2)).len() - encode::json(4, &doc(3)).len();
+    s.write_all(&whole[..half]).await.unwrap();
+    let first = input.batch().await;
+    assert_eq!((first.len(), first.awaited), (2, false));
+    // The rest ends the window: the client now waits for its ACK.
+    s.write_all(&whole[half..]).await.unwrap();
+    let last = input.batch().await;
+    assert_eq!((last.len(), last.awaited), (2, true));
+    first.complete();
+    last.complete();
+    assert_eq!(ack_within(&mut s, Duration::from_secs(5)).await, Some(4));
+    drop(s);
+    input.stop().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn keepalives_repeat_the_last_ack_while_a_window_waits() {
     let mut input = start("{type: beats, address: 'x:0', keepalive_interval: 2s}").await;
