@@ -7,10 +7,15 @@
 //! turns it into a librdkafka configuration. Everything is checked when the component is
 //! built: the TLS files are read and the key matched to its certificate (so `sluice validate`
 //! catches them), and a librdkafka option that the component itself sets is refused, naming it.
+//!
+//! [`refusal`] and [`describe`] are for the components' logs: librdkafka retries a broker that
+//! refuses the credentials or fails the TLS handshake as it retries one that is down, so
+//! without a line of their own such failures look like an outage.
 
 use std::collections::BTreeMap;
 
 use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
@@ -54,6 +59,37 @@ impl SaslMechanism {
             SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
             SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
         }
+    }
+}
+
+/// What is wrong when `error` and `reason` (from librdkafka's error callback) mean that the
+/// brokers will not take this client as configured: `"authentication failed"` (SASL
+/// credentials or mechanism refused) or `"the TLS handshake failed"` (the broker's certificate
+/// not verified, or the broker's TLS alert, such as for a missing client certificate). `None`
+/// for other errors.
+pub fn refusal(error: &KafkaError, reason: &str) -> Option<&'static str> {
+    match error.rdkafka_error_code()? {
+        RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed => Some("authentication failed"),
+        RDKafkaErrorCode::SSL => Some("the TLS handshake failed"),
+        // With TLS 1.3 the broker checks the client's certificate after the client considers
+        // the handshake done: its alert arrives as a failed receive.
+        RDKafkaErrorCode::BrokerTransportFailure if reason.contains("SSL routines") && reason.contains(" alert ") => {
+            Some("the TLS handshake failed")
+        }
+        _ => None,
+    }
+}
+
+/// How a client made by [`Connection::client_config`] reaches the brokers, for log lines:
+/// `a:9093 over SASL_SSL, SASL mechanism SCRAM-SHA-512 as user sluice` (never the password).
+pub fn describe(config: &ClientConfig) -> String {
+    let servers = config.get("bootstrap.servers").unwrap_or_default();
+    let protocol = config.get("security.protocol").unwrap_or("plaintext").to_uppercase();
+    match (config.get("sasl.mechanism"), config.get("sasl.username")) {
+        (Some(mechanism), Some(user)) => {
+            format!("{servers} over {protocol}, SASL mechanism {mechanism} as user {user}")
+        }
+        _ => format!("{servers} over {protocol}"),
     }
 }
 
@@ -215,6 +251,21 @@ mod tests {
         assert_eq!(c.get("ssl.ca.location"), Some(certs.ca_cert.to_str().unwrap()));
         assert_eq!(c.get("ssl.key.location"), Some(certs.key("client").to_str().unwrap()));
         assert_eq!(c.get("ssl.endpoint.identification.algorithm"), Some("https"));
+        assert_eq!(describe(&c), "a:9093 over SASL_SSL, SASL mechanism PLAIN as user u");
+    }
+
+    #[test]
+    fn refusals_are_told_from_outages() {
+        let global = KafkaError::Global;
+        assert_eq!(refusal(&global(RDKafkaErrorCode::Authentication), ""), Some("authentication failed"));
+        assert_eq!(refusal(&global(RDKafkaErrorCode::SSL), ""), Some("the TLS handshake failed"));
+        let alert = "ssl://b:9093/bootstrap: Receive failed: error:0A000412:SSL routines::sslv3 alert bad certificate";
+        assert_eq!(refusal(&global(RDKafkaErrorCode::BrokerTransportFailure), alert), Some("the TLS handshake failed"));
+        let reset = "b:9092/bootstrap: Connection refused";
+        assert_eq!(refusal(&global(RDKafkaErrorCode::BrokerTransportFailure), reset), None);
+        assert_eq!(refusal(&global(RDKafkaErrorCode::AllBrokersDown), "1/1 brokers are down"), None);
+        let c = config("{type: kafka, bootstrap_servers: 'a:9092'}").unwrap();
+        assert_eq!(describe(&c), "a:9092 over PLAINTEXT");
     }
 
     #[test]

@@ -11,6 +11,10 @@
 //! broker's own jars (`servers/kafka/SluiceKafkaAdmin.java`): no Kafka client in Rust here, and
 //! one that is independent of librdkafka. Each call starts a JVM (1 to 2 s).
 //!
+//! [`Kafka::start_secured`] starts a broker whose client listener (the one [`Kafka::bootstrap`]
+//! names) speaks SASL_PLAINTEXT, SSL or SASL_SSL instead ([`Security`]); the broker then keeps
+//! a PLAINTEXT listener beside it for the admin client, which needs no credentials.
+//!
 //! ```no_run
 //! use sluice_testkit::kafka::Kafka;
 //! let kafka = Kafka::start_or_panic(&[("auto.create.topics.enable", "false")]);
@@ -40,11 +44,54 @@ pub struct PartitionState {
     pub end_offset: i64,
 }
 
+/// How the client listener of [`Kafka::start_secured`] is secured. With SASL, the mechanisms
+/// PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 are all enabled, and each user (name, password; letters,
+/// digits, `-`, `_`, `.`) is valid for all three.
+#[derive(Debug, Clone)]
+pub enum Security {
+    SaslPlaintext { users: Vec<(String, String)> },
+    Ssl(ListenerTls),
+    SaslSsl { users: Vec<(String, String)>, tls: ListenerTls },
+}
+
+/// The TLS listener's PEM files: its certificate (chain), its PKCS#8 key (as rcgen writes it),
+/// and optionally the CA that client certificates must be signed by (then one is required).
+#[derive(Debug, Clone)]
+pub struct ListenerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+impl Security {
+    /// The `run start` arguments.
+    fn args(&self) -> Vec<String> {
+        let (mode, users, tls) = match self {
+            Security::SaslPlaintext { users } => ("sasl_plaintext", users.as_slice(), None),
+            Security::Ssl(tls) => ("ssl", &[][..], Some(tls)),
+            Security::SaslSsl { users, tls } => ("sasl_ssl", users.as_slice(), Some(tls)),
+        };
+        let mut args = vec!["--security".to_string(), mode.to_string()];
+        for (name, password) in users {
+            args.extend(["--user".to_string(), format!("{name}:{password}")]);
+        }
+        if let Some(tls) = tls {
+            args.extend(["--cert".to_string(), tls.cert.display().to_string()]);
+            args.extend(["--key".to_string(), tls.key.display().to_string()]);
+            if let Some(ca) = &tls.client_ca {
+                args.extend(["--client-ca".to_string(), ca.display().to_string()]);
+            }
+        }
+        args
+    }
+}
+
 /// A running (or stopped or killed, until [`Kafka::restart`]) Kafka broker.
 pub struct Kafka {
     dir: Option<tempfile::TempDir>,
     port: u16,
     settings: Vec<String>,
+    security: Vec<String>,
     running: bool,
 }
 
@@ -54,6 +101,24 @@ impl Kafka {
     /// on a free port, and waits until it is ready (at most 60 s, `SLUICE_KAFKA_TIMEOUT`). The
     /// error says why it could not, with the end of the broker's log.
     pub fn start(extra_settings: &[(&str, &str)]) -> Result<Kafka, String> {
+        Kafka::start_with(Vec::new(), extra_settings)
+    }
+
+    /// [`Kafka::start`] with the client listener secured as `security` says: clients of
+    /// [`Kafka::bootstrap`] need the credentials or the CA, the admin calls of this type do not.
+    pub fn start_secured(security: &Security, extra_settings: &[(&str, &str)]) -> Result<Kafka, String> {
+        Kafka::start_with(security.args(), extra_settings)
+    }
+
+    /// [`Kafka::start_secured`], panicking with the reason when the broker cannot be started.
+    pub fn start_secured_or_panic(security: &Security, extra_settings: &[(&str, &str)]) -> Kafka {
+        match Kafka::start_secured(security, extra_settings) {
+            Ok(kafka) => kafka,
+            Err(e) => panic!("cannot start a secured Kafka for this test: {e}"),
+        }
+    }
+
+    fn start_with(security: Vec<String>, extra_settings: &[(&str, &str)]) -> Result<Kafka, String> {
         let dir = tempfile::Builder::new()
             .prefix("sluice-kafka-")
             .tempdir()
@@ -62,6 +127,7 @@ impl Kafka {
             dir: Some(dir),
             port: 0,
             settings: extra_settings.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            security,
             running: false,
         };
         // A free port may be taken between finding it and the broker binding it: try another.
@@ -86,14 +152,24 @@ impl Kafka {
         }
     }
 
-    /// `127.0.0.1:PORT`, for `bootstrap.servers`.
+    /// `127.0.0.1:PORT`, for `bootstrap.servers`: the client listener, secured when the broker
+    /// was started by [`Kafka::start_secured`].
     pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// The PLAINTEXT port on 127.0.0.1.
+    /// The client listener's port on 127.0.0.1 (PLAINTEXT unless started secured).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// `127.0.0.1:PORT` of a PLAINTEXT listener: the client listener, or for a secured broker
+    /// the one beside it that the admin calls use.
+    pub fn plaintext_bootstrap(&self) -> String {
+        match std::fs::read_to_string(self.dir().join("admin-port")) {
+            Ok(port) => format!("127.0.0.1:{}", port.trim()),
+            Err(_) => self.bootstrap(),
+        }
     }
 
     /// The broker's directory: `server.properties`, `data/`, `logs/server.log`, `console.log`,
@@ -247,6 +323,7 @@ impl Kafka {
         for s in &self.settings {
             cmd.arg("--setting").arg(s);
         }
+        cmd.args(&self.security);
         let out = cmd.output().map_err(|e| format!("cannot run servers/kafka/run (bash is needed): {e}"))?;
         if out.status.success() {
             self.running = true;

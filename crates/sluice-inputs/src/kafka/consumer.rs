@@ -77,8 +77,13 @@ pub(super) struct Shared {
     pub revoke_timeout: Duration,
     pub pipeline: String,
     pub id: String,
+    /// How the consumer reaches the brokers, for the log (`sluice_kafka::describe`).
+    connection: String,
     /// When a librdkafka warning was last logged, and how many were held back since.
     logged: Mutex<(Option<Instant>, u64)>,
+    /// The same for refused credentials or TLS handshakes: apart, so that librdkafka's own
+    /// line on the failure does not hold back the one that says what it means.
+    refused_logged: Mutex<(Option<Instant>, u64)>,
 }
 
 impl Shared {
@@ -88,6 +93,7 @@ impl Shared {
         revoke_timeout: Duration,
         pipeline: &str,
         id: &str,
+        connection: String,
     ) -> Shared {
         Shared {
             tracker,
@@ -95,13 +101,19 @@ impl Shared {
             revoke_timeout,
             pipeline: pipeline.to_string(),
             id: id.to_string(),
+            connection,
             logged: Mutex::new((None, 0)),
+            refused_logged: Mutex::new((None, 0)),
         }
     }
 
     /// Whether to log a repeated warning now; with how many were held back before it.
     fn may_log(&self) -> Option<u64> {
-        let mut l = self.logged.lock();
+        Shared::due(&self.logged)
+    }
+
+    fn due(logged: &Mutex<(Option<Instant>, u64)>) -> Option<u64> {
+        let mut l = logged.lock();
         if l.0.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
             let held = l.1;
             *l = (Some(Instant::now()), 0);
@@ -186,6 +198,14 @@ impl ClientContext for Context {
 
     fn error(&self, error: KafkaError, reason: &str) {
         let s = &self.0;
+        if let Some(refusal) = sluice_kafka::refusal(&error, reason) {
+            if let Some(held) = Shared::due(&s.refused_logged) {
+                tracing::error!(pipeline = %s.pipeline, input = %s.id, error = %error, held_back = held,
+                    "kafka input cannot read: {refusal} ({}): {reason}; nothing is read until the configuration \
+                     or the broker changes (librdkafka retries; logged at most once per 10 s)", s.connection);
+            }
+            return;
+        }
         if let Some(held) = s.may_log() {
             tracing::warn!(pipeline = %s.pipeline, input = %s.id, error = %error, held_back = held,
                 "kafka input: {reason} (librdkafka retries; logged at most once per 10 s)");

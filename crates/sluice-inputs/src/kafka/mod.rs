@@ -90,8 +90,14 @@ impl Input for KafkaInput {
         let tracker = OffsetTracker::new();
         let figures = Arc::new(Figures::default());
         let _ = ctx.metrics.state.set(figures.clone());
-        let shared =
-            Arc::new(Shared::new(tracker.clone(), figures.clone(), self.revoke_timeout, &ctx.pipeline, &ctx.id));
+        let shared = Arc::new(Shared::new(
+            tracker.clone(),
+            figures.clone(),
+            self.revoke_timeout,
+            &ctx.pipeline,
+            &ctx.id,
+            sluice_kafka::describe(&self.client),
+        ));
         let consumer: BaseConsumer<Context> = self
             .client
             .create_with_context(Context(shared))

@@ -13,6 +13,8 @@
 //!   An event whose `topic` template names a field it lacks is rejected before it is sent.
 //! - Everything else (a broker down, leaders moving, the local queue full) is retried: the
 //!   send waits, which holds the pipeline back, and a broker that is down loses nothing.
+//!   Brokers that refuse the credentials or the TLS handshake are retried the same way (the
+//!   fix is in the configuration or on the broker), with an error line saying which.
 //!   `delivery_timeout` (default: none) bounds it; past it, the events are given up (counted
 //!   failed, not dead-lettered).
 //!
@@ -30,6 +32,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -49,7 +53,7 @@ mod tests;
 use config::{Codec, KafkaOutputConfig};
 
 pub(crate) struct KafkaOutput {
-    producer: FutureProducer,
+    producer: FutureProducer<ProducerLog>,
     topic: Template,
     key: Option<Template>,
     headers: Vec<(String, Template)>,
@@ -82,8 +86,16 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<K
         headers.push((name.clone(), template("headers", value)?));
     }
     let client = config::producer_config(spec, &c)?;
-    let producer: FutureProducer =
-        client.create().map_err(|e| spec.error(format!("cannot create the Kafka producer: {e}")))?;
+    let log = ProducerLog {
+        pipeline: ctx.pipeline.clone(),
+        id: ctx.id.clone(),
+        connection: sluice_kafka::describe(&client),
+        logs: StallLog::default(),
+        refusals: StallLog::default(),
+        errors: StallLog::default(),
+    };
+    let producer: FutureProducer<ProducerLog> =
+        client.create_with_context(log).map_err(|e| spec.error(format!("cannot create the Kafka producer: {e}")))?;
     let figures = Arc::new(Figures::default());
     let _ = ctx.metrics.state.set(figures.clone());
     Ok(KafkaOutput {
@@ -100,6 +112,54 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<K
         batches_in_flight: c.batches_in_flight,
         ctx,
     })
+}
+
+/// librdkafka's logs and errors in the output's name, each kind at most once per 10 s: they
+/// repeat at every reconnection, and a refusal (credentials, TLS) gets a line that says what
+/// it means, not held back by librdkafka's own lines on it.
+pub(crate) struct ProducerLog {
+    pipeline: String,
+    id: String,
+    connection: String,
+    logs: StallLog,
+    refusals: StallLog,
+    errors: StallLog,
+}
+
+impl ClientContext for ProducerLog {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error
+            | RDKafkaLogLevel::Warning => {
+                if let Some(held) = self.logs.failed() {
+                    tracing::warn!(pipeline = %self.pipeline, output = %self.id, facility = fac, held_back = held,
+                        "librdkafka: {message} (logged at most once per 10 s)");
+                }
+            }
+            RDKafkaLogLevel::Notice => {
+                tracing::info!(pipeline = %self.pipeline, output = %self.id, facility = fac, "librdkafka: {message}")
+            }
+            RDKafkaLogLevel::Info | RDKafkaLogLevel::Debug => {
+                tracing::debug!(pipeline = %self.pipeline, output = %self.id, facility = fac, "librdkafka: {message}")
+            }
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(refusal) = sluice_kafka::refusal(&error, reason) {
+            if let Some(held) = self.refusals.failed() {
+                tracing::error!(pipeline = %self.pipeline, output = %self.id, error = %error, held_back = held,
+                    "kafka output cannot deliver: {refusal} ({}): {reason}; the records wait and are sent again \
+                     (librdkafka retries; logged at most once per 10 s)", self.connection);
+            }
+        } else if let Some(held) = self.errors.failed() {
+            tracing::warn!(pipeline = %self.pipeline, output = %self.id, error = %error, held_back = held,
+                "kafka output: {reason} (librdkafka retries; logged at most once per 10 s)");
+        }
+    }
 }
 
 /// Whether a record's failure is the record's fault (it would fail again as is).
