@@ -36,6 +36,7 @@ fn defaults() {
     assert_eq!(client.get("enable.auto.commit"), Some("false"));
     assert_eq!(client.get("enable.auto.offset.store"), Some("false"));
     assert_eq!(client.get("auto.offset.reset"), Some("latest"));
+    assert_eq!(client.get("fetch.queue.backoff.ms"), Some("10"));
     assert!(crate::build(&spec).is_ok());
 }
 
@@ -45,9 +46,11 @@ fn keys_are_taken() {
         "{type: kafka, bootstrap_servers: 'a:9092,b:9092', topics: [logs, '^app-.*'], group_id: g, codec: json, \
          auto_offset_reset: earliest, commit_interval: 250ms, revoke_timeout: 3s, topic_field: /kafka/topic, \
          partition_field: null, offset_field: null, key_field: null, timestamp_field: null, headers_field: null, \
-         librdkafka_options: {session.timeout.ms: '10000', partition.assignment.strategy: cooperative-sticky}}",
+         librdkafka_options: {session.timeout.ms: '10000', partition.assignment.strategy: cooperative-sticky, \
+         fetch.queue.backoff.ms: '1000'}}",
     )
     .unwrap();
+    assert_eq!(client.get("fetch.queue.backoff.ms"), Some("1000"), "the user's value wins");
     assert_eq!(client.get("auto.offset.reset"), Some("earliest"));
     assert_eq!(client.get("session.timeout.ms"), Some("10000"));
     assert_eq!(client.get("bootstrap.servers"), Some("a:9092,b:9092"));
