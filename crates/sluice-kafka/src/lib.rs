@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 
 use rdkafka::ClientConfig;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use serde::Deserialize;
 use sluice_config::ConfigError;
@@ -58,6 +59,32 @@ impl SaslMechanism {
             SaslMechanism::Plain => "PLAIN",
             SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
             SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+}
+
+/// How loud a line librdkafka logs is in sluice's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogAs {
+    /// Its warnings and errors: a warning, which the component rate-limits (they repeat at
+    /// every reconnection).
+    Warning,
+    /// Its notices.
+    Info,
+    /// Its informational and debug lines.
+    Debug,
+}
+
+impl LogAs {
+    pub fn of(level: RDKafkaLogLevel) -> LogAs {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error
+            | RDKafkaLogLevel::Warning => LogAs::Warning,
+            RDKafkaLogLevel::Notice => LogAs::Info,
+            RDKafkaLogLevel::Info | RDKafkaLogLevel::Debug => LogAs::Debug,
         }
     }
 }
@@ -191,6 +218,14 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn librdkafka_errors_are_warnings_and_its_chatter_is_debug() {
+        assert_eq!(LogAs::of(RDKafkaLogLevel::Error), LogAs::Warning);
+        assert_eq!(LogAs::of(RDKafkaLogLevel::Critical), LogAs::Warning);
+        assert_eq!(LogAs::of(RDKafkaLogLevel::Notice), LogAs::Info);
+        assert_eq!(LogAs::of(RDKafkaLogLevel::Debug), LogAs::Debug);
+    }
 
     fn spec(yaml: &str) -> ComponentSpec {
         let text = format!("pipelines:\n  p:\n    inputs: [{{type: stdin}}]\n    outputs:\n      - {yaml}\n");

@@ -39,6 +39,7 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::{Message, Offset, TopicPartitionList};
+use sluice_kafka::LogAs;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_util::sync::CancellationToken;
 
@@ -176,21 +177,17 @@ pub(super) struct Context(pub Arc<Shared>);
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         let s = &self.0;
-        match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error
-            | RDKafkaLogLevel::Warning => {
+        match LogAs::of(level) {
+            LogAs::Warning => {
                 if let Some(held) = s.may_log() {
                     tracing::warn!(pipeline = %s.pipeline, input = %s.id, facility = fac, held_back = held,
                         "librdkafka: {message} (logged at most once per 10 s)");
                 }
             }
-            RDKafkaLogLevel::Notice => {
+            LogAs::Info => {
                 tracing::info!(pipeline = %s.pipeline, input = %s.id, facility = fac, "librdkafka: {message}")
             }
-            RDKafkaLogLevel::Info | RDKafkaLogLevel::Debug => {
+            LogAs::Debug => {
                 tracing::debug!(pipeline = %s.pipeline, input = %s.id, facility = fac, "librdkafka: {message}")
             }
         }

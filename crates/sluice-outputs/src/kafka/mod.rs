@@ -42,6 +42,7 @@ use sluice_config::model::ComponentSpec;
 use sluice_core::Event;
 use sluice_core::metrics::{ComponentState, LabelledFigure, StateFigure};
 use sluice_expr::Template;
+use sluice_kafka::LogAs;
 
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, Rejected};
@@ -128,21 +129,17 @@ pub(crate) struct ProducerLog {
 
 impl ClientContext for ProducerLog {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error
-            | RDKafkaLogLevel::Warning => {
+        match LogAs::of(level) {
+            LogAs::Warning => {
                 if let Some(held) = self.logs.failed() {
                     tracing::warn!(pipeline = %self.pipeline, output = %self.id, facility = fac, held_back = held,
                         "librdkafka: {message} (logged at most once per 10 s)");
                 }
             }
-            RDKafkaLogLevel::Notice => {
+            LogAs::Info => {
                 tracing::info!(pipeline = %self.pipeline, output = %self.id, facility = fac, "librdkafka: {message}")
             }
-            RDKafkaLogLevel::Info | RDKafkaLogLevel::Debug => {
+            LogAs::Debug => {
                 tracing::debug!(pipeline = %self.pipeline, output = %self.id, facility = fac, "librdkafka: {message}")
             }
         }
