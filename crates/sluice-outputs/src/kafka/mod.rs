@@ -27,6 +27,7 @@
 //! one worker are handed over in the order they were taken, but a retried record may then
 //! follow records of a later batch, as it may already follow another worker's.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -181,9 +182,10 @@ fn refused_for_good(e: &KafkaError) -> bool {
 }
 
 /// One event's record, encoded.
-struct Record {
+struct Record<'o> {
     event: usize,
-    topic: String,
+    /// Borrowed from the config when `topic` is constant: no String per record then.
+    topic: Cow<'o, str>,
     key: Option<String>,
     payload: Vec<u8>,
     headers: Option<OwnedHeaders>,
@@ -193,14 +195,18 @@ struct Record {
 }
 
 impl KafkaOutput {
-    fn encode(&self, index: usize, event: &Event) -> Result<Record, String> {
+    fn encode(&self, index: usize, event: &Event) -> Result<Record<'_>, String> {
         if let Some(field) = self.topic.missing_field(event) {
             return Err(format!(
                 "the event has no {field}, which `topic: {}` needs; it was not sent",
                 self.topic.source()
             ));
         }
-        let topic = self.topic.render_string(event);
+        let topic = if self.topic.is_constant() {
+            Cow::Borrowed(self.topic.literal_prefix())
+        } else {
+            Cow::Owned(self.topic.render_string(event))
+        };
         // A key whose field is missing is no key: the partitioner spreads such records.
         let key = self.key.as_ref().filter(|k| k.missing_field(event).is_none()).map(|k| k.render_string(event));
         let mut headers: Option<OwnedHeaders> = None;
@@ -225,9 +231,9 @@ impl KafkaOutput {
 
     /// Hands `record` to librdkafka, waiting while its queue is full. `Err` with a reason when
     /// it is refused at once (too large for `message_max_bytes`, a bad topic name).
-    async fn enqueue(&self, record: &Record) -> Result<rdkafka::producer::DeliveryFuture, Result<KafkaError, Aborted>> {
+    async fn enqueue(&self, record: &Record<'_>) -> Result<rdkafka::producer::DeliveryFuture, Result<KafkaError, Aborted>> {
         loop {
-            let mut r = FutureRecord::<String, Vec<u8>>::to(&record.topic).payload(&record.payload);
+            let mut r = FutureRecord::<String, Vec<u8>>::to(record.topic.as_ref()).payload(&record.payload);
             if let Some(key) = &record.key {
                 r = r.key(key);
             }
@@ -253,7 +259,7 @@ impl KafkaOutput {
 impl Output for KafkaOutput {
     async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
         let mut rejected = Vec::new();
-        let mut pending: Vec<Record> = Vec::with_capacity(events.len());
+        let mut pending: Vec<Record<'_>> = Vec::with_capacity(events.len());
         for (i, e) in events.iter().enumerate() {
             match self.encode(i, e) {
                 Ok(r) => pending.push(r),
@@ -369,7 +375,7 @@ fn too_large(e: &KafkaError) -> bool {
 impl KafkaOutput {
     /// Sends one record and waits for its acknowledgement before anything else is handed over,
     /// so that librdkafka puts it in a batch of its own.
-    async fn send_alone(&self, record: &Record) -> Result<Result<(), KafkaError>, Aborted> {
+    async fn send_alone(&self, record: &Record<'_>) -> Result<Result<(), KafkaError>, Aborted> {
         let future = match self.enqueue(record).await {
             Ok(f) => f,
             Err(Err(Aborted)) => return Err(Aborted),
@@ -386,12 +392,12 @@ impl KafkaOutput {
         })
     }
 
-    fn produced(&self, record: &Record) {
+    fn produced(&self, record: &Record<'_>) {
         self.figures.produced.fetch_add(1, Ordering::Relaxed);
         self.figures.bytes.fetch_add(record.payload.len() as u64, Ordering::Relaxed);
     }
 
-    fn refuse(&self, record: &Record, e: &KafkaError, rejected: &mut Vec<Rejected>) {
+    fn refuse(&self, record: &Record<'_>, e: &KafkaError, rejected: &mut Vec<Rejected>) {
         let code = match e {
             KafkaError::MessageProduction(code) => format!("{code:?}"),
             other => format!("{other:?}"),
