@@ -158,7 +158,7 @@ impl Shared {
         let left = self.tracker.wait_settled(keys, started + self.revoke_timeout);
         if left > 0 {
             self.figures.revoke_timeouts.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(pipeline = %self.pipeline, input = %self.id, partitions = %names(keys), events_in_flight = left,
+            tracing::warn!(pipeline = %self.pipeline, input = %self.id, partitions = %names(keys), batch_parts_in_flight = left,
                 revoke_timeout = ?self.revoke_timeout,
                 "kafka input: events of partitions being given up ({why}) were not all acknowledged within revoke_timeout; \
                  their offsets stay where the acknowledged events end, and the rest will be read again");

@@ -200,8 +200,9 @@ impl OffsetTracker {
         self.version.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Waits until every partition of `keys` is settled, or `deadline`; the number of events
-    /// still in flight then (0 when all settled).
+    /// Waits until every partition of `keys` is settled, or `deadline`; the number of batch
+    /// parts (runs of one partition's records in one batch) still in flight then (0 when all
+    /// settled).
     pub(crate) fn wait_settled(&self, keys: &[PartitionKey], deadline: Instant) -> usize {
         let mut s = self.state.lock();
         loop {
