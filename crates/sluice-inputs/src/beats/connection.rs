@@ -336,12 +336,13 @@ impl Conn<'_> {
         let estimate = 2 * bytes + round.docs.len() * admission::line_event_bytes();
         let mut charge = self.reserve(estimate).await?;
         let now = now_nanos();
+        let meta = meta.reshared();
         let mut failed = 0u64;
         let events: Vec<_> = round
             .docs
             .iter()
             .map(|doc| {
-                let (event, decoded) = decode_event(doc.bytes(buf, &round.blocks), now, meta);
+                let (event, decoded) = decode_event(doc.bytes(buf, &round.blocks), now, &meta);
                 failed += u64::from(decoded == Decoded::Failed);
                 event
             })

@@ -245,9 +245,17 @@ impl PeerMetadata {
         if let Some(subject) = tls_subject {
             let mut tls = Map::with_capacity(1);
             tls.push_unchecked("subject", Value::from(subject));
-            fields.push_unchecked("tls_peer", Value::Object(tls));
+            // Shared too: a Beat's own @metadata gets a handle to it, not a copy per event.
+            fields.push_unchecked("tls_peer", Value::Object(tls.shared()));
         }
         PeerMetadata { fields: fields.shared() }
+    }
+
+    /// The same fields, shared on reference counts of their own (see `Map::reshared`): one copy
+    /// per read's batch keeps the count that every event's handle touches off the threads
+    /// dropping the previous batch's events.
+    pub fn reshared(&self) -> PeerMetadata {
+        PeerMetadata { fields: self.fields.reshared() }
     }
 
     /// Adds what the event's own `@metadata` does not have already.

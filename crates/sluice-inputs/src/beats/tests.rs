@@ -293,6 +293,10 @@ fn events_keep_their_fields_and_bad_documents_are_tagged() {
     let with_subject = PeerMetadata::new(Some("10.0.0.7"), Some("CN=client"));
     let (e, _) = decode_event(b"{}", 7, &with_subject);
     assert_eq!(get(&e, "/@metadata/tls_peer/subject"), Some(Value::from("CN=client")));
+    // Added to a Beat's own @metadata as well, and the same through a reshared copy.
+    let (e, _) = decode_event(beat, 7, &with_subject.reshared());
+    assert_eq!(get(&e, "/@metadata/tls_peer/subject"), Some(Value::from("CN=client")));
+    assert_eq!(get(&e, "/@metadata/beat"), Some(Value::from("filebeat")));
 
     let (e, d) = decode_event(b"{\"broken\":", 7, &peer);
     assert_eq!(d, Decoded::Failed);
