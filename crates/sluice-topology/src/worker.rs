@@ -76,7 +76,16 @@ pub fn batches_in_flight(keeps_order: bool, stages: &Stages) -> usize {
 
 impl Worker {
     pub async fn run(self) {
-        let limit = self.batches_in_flight.max(1);
+        let limit = self.batches_in_flight;
+        if limit <= 1 {
+            // One batch at a time (ordered pipelines, stateful stages, most outputs): no set of
+            // futures to keep, and `handle` counts the busy time.
+            while let Some(batch) = self.queue.pop(self.batch_size, self.batch_delay).await {
+                self.stages.metrics.events_taken.add(batch.len() as u64);
+                self.stages.handle(batch, self.from, self.route, self.index).await;
+            }
+            return;
+        }
         let mut in_flight = FuturesUnordered::new();
         // A pop is not cancel-safe (it may hold events gathered while waiting for the batch to
         // fill), so once started it is kept until it yields, across batches finishing.
