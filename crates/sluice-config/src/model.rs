@@ -186,11 +186,14 @@ pub struct PipelineSpec {
 }
 
 impl PipelineSpec {
-    /// Whether events leave in the order they were queued: one worker, and a memory queue or
-    /// a persisted one with one shard.
+    /// Whether the pipeline keeps events in the order they were queued: not `ordered: false`
+    /// (which promises no order even where one worker would keep it), one worker, and a memory
+    /// queue or a persisted one with one shard.
     pub fn keeps_order(&self) -> bool {
         let shards = self.queue.settings.get("shards").and_then(|n| n.as_str()).and_then(|s| s.parse::<u64>().ok());
-        self.workers == 1 && (self.queue.type_name != "persisted" || shards == Some(1))
+        self.ordered != Ordered::False
+            && self.workers == 1
+            && (self.queue.type_name != "persisted" || shards == Some(1))
     }
 
     /// True when both were written the same way (places in the file do not count).
@@ -1027,5 +1030,6 @@ pipelines:
         let p = pipeline("    ordered: false\n    workers: 1\n    queue: {type: persisted}\n").unwrap();
         assert_eq!(p.ordered, Ordered::False);
         assert!(p.queue.settings.get("shards").is_none(), "false sets nothing");
+        assert!(!p.keeps_order(), "false promises no order");
     }
 }

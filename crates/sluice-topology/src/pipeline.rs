@@ -220,8 +220,7 @@ impl RunningPipeline {
             router: router.as_ref().map(|(k, r, _, _)| (*k, r.clone())),
             abort: abort.clone(),
         });
-        // `ordered: false` promises no order even where one worker would keep it.
-        let keeps_order = spec.ordered != sluice_config::model::Ordered::False && spec.keeps_order();
+        let keeps_order = spec.keeps_order();
         let in_flight = crate::worker::batches_in_flight(keeps_order, &stages);
         let start_workers =
             |queue: &Arc<dyn Queue>, from: usize, route: bool, delay: Duration| -> Vec<JoinHandle<()>> {
@@ -260,9 +259,9 @@ impl RunningPipeline {
             stages.processors.iter().any(|p| p.processor.stateful().is_some()).then(|| Emitters::start(&stages));
 
         tracing::info!(pipeline = %spec.name, workers = spec.workers, batch_size = spec.batch.size,
-            queue = %spec.queue.type_name, ordered = spec.keeps_order() && in_flight == 1,
+            queue = %spec.queue.type_name, ordered = keeps_order,
             batches_in_flight = in_flight, "pipeline started");
-        if spec.ordered == sluice_config::model::Ordered::Auto && !spec.keeps_order() {
+        if spec.ordered == sluice_config::model::Ordered::Auto && !keeps_order {
             tracing::info!(pipeline = %spec.name, workers = spec.workers,
                 "events of different batches may leave this pipeline in another order than they came in \
                  (several workers, or a persisted queue with several shards); `ordered: true` keeps them in order");
