@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{BIN, Sluice, free_port, http, metric, summary, try_http, wait_until};
+use common::{Sluice, free_port, http, metric, summary, try_http, wait_until};
 use sluice_testkit::SmallTmpfs;
 
 /// An http input into a `file` output whose file names come from the events, with a dead
@@ -66,18 +65,8 @@ fn rejected_events_wait_for_a_full_dead_letter_queue_and_none_is_lost() {
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
     assert!(log.contains("the dead letter queue writes again"), "{log}");
-    let out = Command::new(BIN)
-        .args(["dlq", "show", "--data-dir", data.to_str().unwrap(), "--pipeline", "web"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut rejected: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["event"]["message"].as_str().unwrap().to_string()
-        })
-        .collect();
+    let mut rejected: Vec<String> =
+        common::dlq_show(&data, "web").iter().map(|e| e["event"]["message"].as_str().unwrap().to_string()).collect();
     rejected.sort();
     rejected.dedup();
     assert_eq!(

@@ -10,11 +10,9 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Sluice, free_port, run_to_end, try_http, wait_until};
+use common::{BIN, Sluice, free_port, run_to_end, try_http, wait_until};
 use serde_json::Value;
 use sluice_testkit::opensearch::OpenSearch;
-
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 fn json(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
@@ -124,12 +122,7 @@ pipelines:
     os.refresh("strict");
     assert_eq!(os.count("strict"), (n - refused.len()) as u64, "{log}");
 
-    let out = Command::new(BIN)
-        .args(["dlq", "show", "--data-dir", data.to_str().unwrap(), "--pipeline", "main"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let entries: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(json).collect();
+    let entries = common::dlq_show(&data, "main");
     let in_dlq: std::collections::BTreeSet<String> =
         entries.iter().map(|e| e["event"]["event_id"].as_str().unwrap().to_string()).collect();
     assert_eq!(in_dlq, refused, "exactly the refused documents are in the dead letter queue");

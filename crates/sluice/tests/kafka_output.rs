@@ -8,14 +8,11 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Sluice, free_port, run_to_end, try_http};
 use serde_json::Value;
 use sluice_testkit::kafka::Kafka;
-
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 fn json(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(bytes)))
@@ -158,12 +155,7 @@ pipelines:
     let records = kafka.consume_all("small", 100, Duration::from_secs(30));
     let delivered: BTreeSet<u64> = records.iter().map(|(_, _, _, v)| json(v)["event_id"].as_u64().unwrap()).collect();
     assert_eq!(delivered, (0..100).collect::<BTreeSet<u64>>());
-    let out = Command::new(BIN)
-        .args(["dlq", "show", "--data-dir", data.to_str().unwrap(), "--pipeline", "main"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let entries: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| json(l.as_bytes())).collect();
+    let entries = common::dlq_show(&data, "main");
     let mut ids: Vec<u64> = entries.iter().map(|e| e["event"]["event_id"].as_u64().unwrap()).collect();
     ids.sort();
     assert_eq!(ids, [100, 101, 102, 103, 104], "exactly the refused records are in the dead letter queue");

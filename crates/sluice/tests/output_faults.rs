@@ -7,10 +7,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{BIN, Sluice, free_port, http, metric, summary, try_http, validate, wait_until};
+use common::{Sluice, free_port, http, metric, summary, try_http, validate, wait_until};
 use serde_json::Value;
 use sluice_testkit::SmallTmpfs;
 
@@ -53,14 +52,7 @@ pipelines:
     assert_eq!((sum["in"], sum["dead_lettered"], sum["failed"], sum["unfinished"]), (4, 1, 0, 0), "{log}");
 
     let dir = s.into_dir();
-    let out = Command::new(BIN)
-        .args(["dlq", "show", "--data-dir", dir.path().join("data").to_str().unwrap(), "--pipeline", "web"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let entries: Vec<Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let entries = common::dlq_show(&dir.path().join("data"), "web");
     assert_eq!(entries.len(), 1, "{entries:?}");
     let entry = &entries[0];
     assert_eq!(entry["event"]["name"].as_str(), Some(long.as_str()));

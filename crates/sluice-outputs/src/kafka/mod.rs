@@ -231,7 +231,10 @@ impl KafkaOutput {
 
     /// Hands `record` to librdkafka, waiting while its queue is full. `Err` with a reason when
     /// it is refused at once (too large for `message_max_bytes`, a bad topic name).
-    async fn enqueue(&self, record: &Record<'_>) -> Result<rdkafka::producer::DeliveryFuture, Result<KafkaError, Aborted>> {
+    async fn enqueue(
+        &self,
+        record: &Record<'_>,
+    ) -> Result<rdkafka::producer::DeliveryFuture, Result<KafkaError, Aborted>> {
         loop {
             let mut r = FutureRecord::<String, Vec<u8>>::to(record.topic.as_ref()).payload(&record.payload);
             if let Some(key) = &record.key {

@@ -36,7 +36,7 @@ pub struct TopArgs {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let d = sluice_config::HumanDuration::parse(s)?.0;
     // Shorter would mostly measure the API's own sampling jitter, and load the server.
     if d < Duration::from_millis(100) {
         return Err("must be at least 100ms".to_string());

@@ -154,6 +154,20 @@ impl Drop for Sluice {
 /// Runs `sluice run` on `config` (`{dir}` is a fresh temp dir) with `stdin` fed from a file
 /// until it exits by itself; whether it succeeded, and its log.
 #[allow(dead_code)]
+/// `sluice dlq show` of `pipeline`'s dead letter queue under `data_dir`: its entries as JSON.
+pub fn dlq_show(data_dir: &Path, pipeline: &str) -> Vec<serde_json::Value> {
+    let out = Command::new(BIN)
+        .args(["dlq", "show", "--data-dir", data_dir.to_str().unwrap(), "--pipeline", pipeline])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "dlq show failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
 pub fn run_to_end(config: &str, stdin: &Path) -> (bool, String) {
     let mut s = Sluice::start_with(config, Stdio::from(std::fs::File::open(stdin).unwrap()));
     let (status, log) = s.wait(Duration::from_secs(300));
