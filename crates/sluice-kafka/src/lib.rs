@@ -179,6 +179,19 @@ impl Connection {
         Ok(config)
     }
 
+    /// Puts `config` through librdkafka once, after the component has set its own keys, so that
+    /// a misspelt name or a bad value in `librdkafka_options` is a config error naming that key
+    /// (and `sluice validate` reports it), not a failure at start.
+    pub fn check(&self, spec: &ComponentSpec, config: &ClientConfig) -> Result<(), ConfigError> {
+        let Err(e) = config.create_native_config() else { return Ok(()) };
+        let message = e.to_string();
+        let key = self.librdkafka_options.keys().find(|k| message.contains(k.as_str()));
+        Err(match key {
+            Some(k) => spec.nested_key_error(&["librdkafka_options", k], message),
+            None => spec.error(format!("librdkafka refuses the configuration: {message}")),
+        })
+    }
+
     fn apply_tls(&self, spec: &ComponentSpec, tls: &TlsConfig, config: &mut ClientConfig) -> Result<(), ConfigError> {
         let at = |key: &str, message: String| spec.nested_key_error(&["tls", key], message);
         // The files are read and checked here as for every TLS client, so that errors name

@@ -187,15 +187,6 @@ pub(super) fn consumer_config(spec: &ComponentSpec, c: &KafkaInputConfig) -> Res
     if !c.librdkafka_options.contains_key("fetch.queue.backoff.ms") {
         config.set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS);
     }
-    // Every option goes through librdkafka once here, so that a misspelt name or a bad value
-    // is reported by `sluice validate`, not at start.
-    if let Err(e) = config.create_native_config() {
-        let message = e.to_string();
-        let key = c.librdkafka_options.keys().find(|k| message.contains(k.as_str()));
-        return Err(match key {
-            Some(k) => spec.nested_key_error(&["librdkafka_options", k], message),
-            None => spec.error(format!("librdkafka refuses the configuration: {message}")),
-        });
-    }
+    connection.check(spec, &config)?;
     Ok(config)
 }

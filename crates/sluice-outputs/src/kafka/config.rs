@@ -166,5 +166,6 @@ pub fn producer_config(spec: &ComponentSpec, c: &KafkaOutputConfig) -> Result<Cl
     config.set("batch.size", c.batch_max_bytes.0.to_string());
     config.set("message.max.bytes", c.message_max_bytes.0.to_string());
     config.set("message.timeout.ms", c.delivery_timeout.0.as_millis().to_string());
+    connection.check(spec, &config)?;
     Ok(config)
 }

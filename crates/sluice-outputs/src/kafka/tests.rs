@@ -56,3 +56,11 @@ fn build_with(keys: &str) -> super::KafkaOutput {
     let yaml = format!("{{type: kafka, bootstrap_servers: '127.0.0.1:9', {keys}}}");
     super::build_output(&spec(&yaml), context("p", "kafka")).unwrap_or_else(|e| panic!("{e}"))
 }
+
+#[test]
+fn a_bad_librdkafka_option_is_a_config_error_naming_it() {
+    let e = build(", librdkafka_options: {socket.keepalive.enable: maybe}").err().expect("refused");
+    assert!(e.contains("librdkafka_options.socket.keepalive.enable"), "{e}");
+    let e = build(", librdkafka_options: {no.such.setting: '1'}").err().expect("refused");
+    assert!(e.contains("librdkafka_options.no.such.setting"), "{e}");
+}
