@@ -512,20 +512,28 @@ async fn a_document_that_is_not_json_is_tagged_acked_and_the_connection_goes_on(
 #[tokio::test]
 async fn protocol_errors_close_the_connection_and_the_input_serves_the_next_client() {
     let mut input = start("{type: beats, address: 'x:0', max_window_size: 100, max_frame_bytes: 1KiB}").await;
-    let hostile: [&[u8]; 5] = [
+    // More data frames than the window announced.
+    let mut overfull = encode::window(1);
+    overfull.extend(encode::json(1, b"{}"));
+    overfull.extend(encode::json(2, b"{}"));
+    // A small compressed frame that inflates past max_frame_bytes.
+    let bomb = encode::compressed(&vec![b'2'; 4096]);
+    let hostile: [&[u8]; 7] = [
         &encode::window(1 << 31),
         &[b'2', b'J', 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff],
         b"1W\0\0\0\x05",
         &encode::json(1, b"{}"),
         &[b'2', b'W', 0, 0, 0, 1, b'2', b'W', 0, 0, 0, 1],
+        &overfull,
+        &bomb,
     ];
     for bytes in hostile {
         let mut s = TcpStream::connect(input.addr).await.unwrap();
         s.write_all(bytes).await.unwrap();
         assert!(closed_within(&mut s, Duration::from_secs(5)).await, "kept open after {bytes:?}");
     }
-    assert_eq!(input.figure("beats_protocol_errors_total"), 5);
-    assert_eq!(input.ctx.metrics.refused.get(), 2, "the two limits count as refused");
+    assert_eq!(input.figure("beats_protocol_errors_total"), 7);
+    assert_eq!(input.ctx.metrics.refused.get(), 3, "the three limits count as refused");
     assert!(input.rx.try_recv().is_err());
     // A well-behaved client next.
     let mut s = TcpStream::connect(input.addr).await.unwrap();
