@@ -26,9 +26,11 @@ use axum::routing::get;
 use parking_lot::Mutex;
 use serde_json::{Value as Json, json};
 use sluice_core::QueueStats;
+use sluice_core::health::Lifecycle;
 use sluice_core::exposition::{self, DescriptorEncoder, Labels, counter, gauge, histogram, histogram_snapshots};
 use sluice_core::metrics::{
-    ComponentMetrics, ComponentState, Counter, DeadLetterStats, MetricsRegistry, PipelineMetrics, RegistryMetrics,
+    ComponentMetrics, ComponentState, Counter, DeadLetterStats, MetricsRegistry, NodeFigures, PipelineMetrics,
+    RegistryMetrics,
     StateFigure, StateHistogram,
 };
 use tokio_util::sync::CancellationToken;
@@ -121,17 +123,80 @@ impl ApiState {
     }
 }
 
+/// A charge of the memory budget waiting longer than this, on average, is a wedged node: healthy
+/// backpressure keeps every wait short, since the budget is served in arrival order.
+pub const WEDGED_AFTER: Duration = Duration::from_secs(60);
+
+/// What `/health` answers: the node's status, each pipeline's, and each component's state.
+/// `ok` is 200; `failed`, `wedged` and `draining` are 503.
+pub fn render_health(registry: &MetricsRegistry, wedged_after: Duration) -> (StatusCode, Json) {
+    let mut status = "ok";
+    let mut pipelines = serde_json::Map::new();
+    for p in registry.pipelines() {
+        let mut pipeline_status = "ok";
+        let components: Vec<Json> = p
+            .components
+            .read()
+            .iter()
+            .map(|c| {
+                let state = c.health.get();
+                let mut row = json!({"id": c.id, "kind": c.kind, "type": c.type_name, "state": state.as_str()});
+                if let Lifecycle::Failed(reason) = &state {
+                    pipeline_status = "failed";
+                    row["reason"] = json!(reason);
+                }
+                row
+            })
+            .collect();
+        if pipeline_status != "ok" {
+            status = pipeline_status;
+        }
+        pipelines.insert(p.name.clone(), json!({"status": pipeline_status, "components": components}));
+    }
+    let mut body = json!({"pipelines": pipelines});
+    if let Some(m) = registry.memory() {
+        let waited = m.ongoing_wait_mean();
+        if waited >= wedged_after {
+            status = "wedged";
+            body["memory"] = json!({
+                "waiting": m.waiting(), "waited_seconds": waited.as_secs(),
+                "reason": format!("{} charges of the memory budget have waited {}s on average", m.waiting(), waited.as_secs()),
+            });
+        }
+    }
+    if registry.node.draining() {
+        status = "draining";
+    }
+    body["status"] = json!(status);
+    let code = if status == "ok" { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, body)
+}
+
+async fn health(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
+    let (code, body) = render_health(&state.registry, WEDGED_AFTER);
+    (code, axum::Json(body))
+}
+
 pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
-        .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/stats", get(stats))
         .with_state(state)
 }
 
-/// Binds the API and serves it until `shutdown` is cancelled; returns the bound address.
-pub async fn serve(address: &str, state: Arc<ApiState>, shutdown: CancellationToken) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
+/// Binds the API's address: before anything starts, so that a node whose API cannot listen
+/// does not start at all (it would run unobservable).
+pub async fn bind(address: &str) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(address).await
+}
+
+/// Serves the API on `listener` until `shutdown` is cancelled; returns the bound address.
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<ApiState>,
+    shutdown: CancellationToken,
+) -> std::io::Result<SocketAddr> {
     let local = listener.local_addr()?;
     let sampler_state = state.clone();
     let sampler_stop = shutdown.clone();
@@ -172,6 +237,7 @@ fn pipeline_labels(p: &PipelineMetrics) -> Labels {
 fn encode_families(registry: &MetricsRegistry, uptime: Duration, out: &mut DescriptorEncoder<'_>) -> fmt::Result {
     let pipelines = registry.pipelines();
     gauge(out, "sluice_uptime_seconds", "Seconds since the process started.", [(Labels::new(), uptime.as_secs_f64())])?;
+    node_metrics(out, &registry.node)?;
     let pl = pipeline_labels;
     type Pick = fn(&PipelineMetrics) -> u64;
     let pipeline_counters: [(&str, &str, Pick); 6] = [
@@ -457,6 +523,29 @@ fn encode_families(registry: &MetricsRegistry, uptime: Duration, out: &mut Descr
     Ok(())
 }
 
+fn node_metrics(out: &mut DescriptorEncoder<'_>, node: &NodeFigures) -> fmt::Result {
+    if let Some(b) = node.build.get() {
+        let labels = vec![("version", b.version.clone()), ("commit", b.commit.clone())];
+        gauge(out, "sluice_build_info", "The version and commit this binary was built from (always 1).", [(labels, 1u64)])?;
+    }
+    counter(
+        out,
+        "sluice_config_reloads_total",
+        "Config reloads (SIGHUP) by result; a failed one left the running config in place.",
+        [
+            (vec![("result", "succeeded".to_string())], node.reloads_succeeded.get()),
+            (vec![("result", "failed".to_string())], node.reloads_failed.get()),
+        ],
+    )?;
+    gauge(
+        out,
+        "sluice_config_last_reload_timestamp_seconds",
+        "When the last config reload ended, in seconds since the Unix epoch (0: none yet).",
+        [(Labels::new(), node.last_reload_unix_seconds())],
+    )?;
+    gauge(out, "sluice_draining", "1 while the node stops and drains its pipelines.", [(Labels::new(), u64::from(node.draining()))])
+}
+
 fn memory_metrics(out: &mut DescriptorEncoder<'_>, m: &sluice_core::MemoryBudget) -> fmt::Result {
     let gauges: [(&str, &str, u64); 3] = [
         ("sluice_memory_budget_bytes", "The node's memory budget for events in flight.", m.limit() as u64),
@@ -619,7 +708,20 @@ pub fn render_stats(state: &ApiState) -> Json {
             "refused": m.refused(),
         })
     });
-    let mut doc = json!({"uptime_seconds": state.started.elapsed().as_secs_f64(), "pipelines": pipelines, "registry": registry, "memory": memory});
+    let node = &state.registry.node;
+    let reloads = json!({
+        "succeeded": node.reloads_succeeded.get(),
+        "failed": node.reloads_failed.get(),
+        "last_unix_seconds": node.last_reload_unix_seconds(),
+    });
+    let mut doc = json!({
+        "version": node.build.get().map(|b| b.version.clone()),
+        "commit": node.build.get().map(|b| b.commit.clone()),
+        "uptime_seconds": state.started.elapsed().as_secs_f64(),
+        "draining": node.draining(),
+        "reloads": reloads,
+        "pipelines": pipelines, "registry": registry, "memory": memory,
+    });
     for section in state.registry.sections() {
         doc[section.key()] = section.stats();
     }
@@ -638,6 +740,66 @@ mod tests {
 
     fn scrape(reg: &Arc<MetricsRegistry>) -> String {
         render_prometheus(reg.clone(), Duration::from_secs(1)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn health_is_503_with_the_reason_while_a_component_failed_the_budget_is_wedged_or_the_node_drains() {
+        let reg = Arc::new(MetricsRegistry::default());
+        let p = Arc::new(PipelineMetrics::new("web", 1));
+        let input = p.component("in", ComponentKind::Input, "tcp");
+        let output = p.component("out", ComponentKind::Output, "http");
+        reg.register(p);
+        let (code, body) = render_health(&reg, WEDGED_AFTER);
+        assert_eq!((code, &body["status"]), (StatusCode::OK, &json!("ok")), "{body}");
+        assert_eq!(body["pipelines"]["web"]["components"][0]["state"], "starting", "{body}");
+        input.health.running();
+        output.health.running();
+        let (code, body) = render_health(&reg, WEDGED_AFTER);
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert_eq!(body["pipelines"]["web"]["components"][1]["state"], "running", "{body}");
+
+        input.health.failed("tcp input cannot listen on 127.0.0.1:1: permission denied");
+        let (code, body) = render_health(&reg, WEDGED_AFTER);
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert_eq!(body["status"], "failed", "{body}");
+        assert_eq!(body["pipelines"]["web"]["status"], "failed", "{body}");
+        assert_eq!(body["pipelines"]["web"]["components"][0]["reason"], "tcp input cannot listen on 127.0.0.1:1: permission denied");
+
+        let reg = Arc::new(MetricsRegistry::default());
+        let budget = sluice_core::MemoryBudget::new(1 << 20);
+        reg.set_memory(budget.clone());
+        let held = budget.charge(1 << 20, None).await.unwrap();
+        let b = budget.clone();
+        let waiter = tokio::spawn(async move { b.charge(4096, None).await.map(|_| ()) });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (code, body) = render_health(&reg, Duration::from_millis(20));
+        assert_eq!((code, &body["status"]), (StatusCode::SERVICE_UNAVAILABLE, &json!("wedged")), "{body}");
+        assert_eq!(body["memory"]["waiting"], 1, "{body}");
+        assert_eq!(render_health(&reg, WEDGED_AFTER).0, StatusCode::OK, "a short wait is backpressure, not a wedge");
+        drop(held);
+        waiter.await.unwrap().unwrap();
+        assert_eq!(render_health(&reg, Duration::from_millis(20)).0, StatusCode::OK);
+
+        reg.node.begin_draining();
+        let (code, body) = render_health(&reg, WEDGED_AFTER);
+        assert_eq!((code, &body["status"]), (StatusCode::SERVICE_UNAVAILABLE, &json!("draining")), "{body}");
+    }
+
+    #[test]
+    fn reloads_and_the_build_are_exposed() {
+        let reg = Arc::new(MetricsRegistry::default());
+        reg.node.build.set(sluice_core::metrics::BuildInfo { version: "1.2.3".into(), commit: "abc".into() }).unwrap();
+        reg.node.reloaded(true);
+        reg.node.reloaded(false);
+        reg.node.reloaded(false);
+        let text = scrape(&reg);
+        assert!(text.contains("sluice_build_info{version=\"1.2.3\",commit=\"abc\"} 1\n"), "{text}");
+        assert!(text.contains("sluice_config_reloads_total{result=\"succeeded\"} 1\n"), "{text}");
+        assert!(text.contains("sluice_config_reloads_total{result=\"failed\"} 2\n"), "{text}");
+        let stats = render_stats(&ApiState::new(reg));
+        assert_eq!((stats["version"].as_str(), stats["commit"].as_str()), (Some("1.2.3"), Some("abc")));
+        assert_eq!(stats["reloads"]["failed"], 2);
+        assert!(stats["reloads"]["last_unix_seconds"].as_u64().unwrap() > 1_000_000_000);
     }
 
     #[tokio::test]

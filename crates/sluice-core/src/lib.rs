@@ -30,6 +30,7 @@ pub mod batch;
 pub mod bus;
 pub mod event;
 pub mod exposition;
+pub mod health;
 pub mod key;
 pub mod memory;
 pub mod metrics;

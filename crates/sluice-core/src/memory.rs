@@ -87,6 +87,12 @@ impl MemoryBudget {
         self.wait.waiting()
     }
 
+    /// How long the charges waiting now have waited, on average: a budget that nothing gives
+    /// back to (a wedged node) shows here as a figure that only grows.
+    pub fn ongoing_wait_mean(&self) -> std::time::Duration {
+        self.wait.ongoing_mean()
+    }
+
     /// Total time charges have waited, the waits still in progress included.
     pub fn wait_nanos(&self) -> u64 {
         self.wait.total_nanos()

@@ -104,6 +104,8 @@ pub struct ComponentMetrics {
     pub duration: Histogram,
     /// Figures of the component's own state (a stateful processor's groups).
     pub state: OnceLock<Arc<dyn ComponentState>>,
+    /// Starting, running, stopped or failed (with the reason): what `/health` reports.
+    pub health: crate::health::Health,
 }
 
 /// A component that reports figures of its own state, rendered at `/metrics` as
@@ -168,6 +170,7 @@ impl ComponentMetrics {
             refused: Counter::default(),
             duration: Histogram::default(),
             state: OnceLock::new(),
+            health: crate::health::Health::default(),
         }
     }
 }
@@ -334,10 +337,53 @@ pub struct RegistryMetrics {
 /// All pipelines of the process. Reloading a pipeline replaces its entry.
 #[derive(Debug, Default)]
 pub struct MetricsRegistry {
+    /// Config reloads (SIGHUP) and whether the node is draining: the node's own state.
+    pub node: NodeFigures,
     pipelines: RwLock<Vec<Arc<PipelineMetrics>>>,
     registry: RwLock<Option<Arc<RegistryMetrics>>>,
     memory: RwLock<Option<Arc<crate::MemoryBudget>>>,
     sections: RwLock<Vec<Arc<dyn MetricsSection>>>,
+}
+
+/// The node's own state: its config reloads, and whether it is draining (stopping).
+#[derive(Debug, Default)]
+pub struct NodeFigures {
+    pub reloads_succeeded: Counter,
+    /// Reloads whose config was invalid or could not start (the running config stayed).
+    pub reloads_failed: Counter,
+    /// When the last reload ended, in seconds since the Unix epoch (0: none yet).
+    last_reload_unix_seconds: AtomicU64,
+    draining: std::sync::atomic::AtomicBool,
+    /// The version and commit the binary was built from.
+    pub build: OnceLock<BuildInfo>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BuildInfo {
+    pub version: String,
+    pub commit: String,
+}
+
+impl NodeFigures {
+    /// Counts a reload that ended now.
+    pub fn reloaded(&self, succeeded: bool) {
+        if succeeded { &self.reloads_succeeded } else { &self.reloads_failed }.add(1);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        self.last_reload_unix_seconds.store(now.as_secs(), Ordering::Relaxed);
+    }
+
+    pub fn last_reload_unix_seconds(&self) -> u64 {
+        self.last_reload_unix_seconds.load(Ordering::Relaxed)
+    }
+
+    /// The node stops: from now on `/health` says so.
+    pub fn begin_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
 }
 
 /// A part of the node that renders its own figures (the cluster): its families are added to

@@ -54,6 +54,18 @@ impl WaitTime {
     pub fn waiting(&self) -> u64 {
         self.waiting.load(Ordering::Acquire)
     }
+
+    /// How long the waits in progress have lasted, on average (zero when none): the longest
+    /// has lasted at least this long.
+    pub fn ongoing_mean(&self) -> std::time::Duration {
+        let now = self.now_nanos();
+        let waiting = self.waiting.load(Ordering::Acquire);
+        let started = self.started_sum.load(Ordering::Acquire);
+        if waiting == 0 {
+            return std::time::Duration::ZERO;
+        }
+        std::time::Duration::from_nanos(waiting.saturating_mul(now).saturating_sub(started) / waiting)
+    }
 }
 
 /// One wait in progress.
@@ -91,5 +103,20 @@ mod tests {
         drop(guard);
         assert_eq!(w.waiting(), 0);
         assert!(w.total_nanos() >= during);
+    }
+
+    #[test]
+    fn the_mean_of_ongoing_waits_grows_while_they_last_and_is_zero_without_any() {
+        let w = WaitTime::default();
+        assert_eq!(w.ongoing_mean(), Duration::ZERO);
+        let old = w.start();
+        std::thread::sleep(Duration::from_millis(40));
+        let young = w.start();
+        let mean = w.ongoing_mean();
+        assert!(mean >= Duration::from_millis(20) && mean < Duration::from_secs(5), "{mean:?}");
+        drop(old);
+        assert!(w.ongoing_mean() < mean, "the young wait alone is younger than the mean of both");
+        drop(young);
+        assert_eq!(w.ongoing_mean(), Duration::ZERO);
     }
 }

@@ -74,6 +74,13 @@ pub trait Input: Send {
     fn uses_registry(&self) -> bool {
         false
     }
+
+    /// True for inputs that bind an address when they run: they mark their component
+    /// running (`ctx.metrics.health`) once bound, and the pipeline's start waits for that, so
+    /// a taken port stops the start. The others count as running from their first poll.
+    fn listens(&self) -> bool {
+        false
+    }
 }
 
 /// What a running input is given.
@@ -112,6 +119,16 @@ impl InputContext {
             _ = self.shutdown.cancelled() => None,
             c = self.memory.charge(bytes, None) => c.ok(),
         }
+    }
+
+    /// Binds the input's TCP listener and marks the input running (see [`Input::listens`]);
+    /// the error names the input's type and the address.
+    pub async fn listen_tcp(&self, address: &str) -> Result<tokio::net::TcpListener, InputError> {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|e| InputError(format!("{} input cannot listen on {address}: {e}", self.metrics.type_name)))?;
+        self.metrics.health.running();
+        Ok(listener)
     }
 
     pub async fn send(&self, batch: Batch) -> Result<(), QueueClosed> {

@@ -34,12 +34,17 @@ impl Input for PipelineInput {
         let target =
             BusTarget { pipeline: ctx.pipeline.clone(), queue: ctx.queue.clone(), metrics: ctx.metrics.clone() };
         ctx.bus.register(&self.address, target).map_err(|e| InputError(e.to_string()))?;
+        ctx.metrics.health.running();
         ctx.shutdown.cancelled().await;
         ctx.bus.unregister(&self.address, &ctx.pipeline);
         Ok(())
     }
 
     fn is_internal(&self) -> bool {
+        true
+    }
+
+    fn listens(&self) -> bool {
         true
     }
 }

@@ -116,10 +116,12 @@ pub(crate) fn check_address(address: &str) -> Result<(), String> {
 impl Input for Tcp {
     async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
         let address = &self.config.address;
-        let listener = TcpListener::bind(address)
-            .await
-            .map_err(|e| InputError(format!("tcp input cannot listen on {address}: {e}")))?;
+        let listener = ctx.listen_tcp(address).await?;
         serve(self.config, self.tls, listener, ctx).await
+    }
+
+    fn listens(&self) -> bool {
+        true
     }
 }
 

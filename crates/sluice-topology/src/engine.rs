@@ -115,16 +115,22 @@ impl Engine {
                     running.insert(name, p);
                 }
                 Err(e) => {
-                    for (_, p) in std::mem::take(&mut running) {
-                        p.stop(config.shutdown_timeout, false).await;
-                    }
-                    close_registry(&registry).await;
-                    if let Some(c) = &cluster {
-                        c.shutdown();
-                    }
+                    abandon_start(running, &feeds, &config, &registry, cluster.as_ref()).await;
                     return Err(sluice_config::ConfigError::new(e).into());
                 }
             }
+        }
+        // Every pipeline is started before any is waited on, so that one start reports every
+        // address that is taken, not the first.
+        let mut failed = ConfigErrors::default();
+        for p in running.values() {
+            if let Err(reasons) = p.started().await {
+                reasons.into_iter().for_each(|r| failed.push(sluice_config::ConfigError::new(r)));
+            }
+        }
+        if !failed.is_empty() {
+            abandon_start(running, &feeds, &config, &registry, cluster.as_ref()).await;
+            return Err(failed);
         }
         Ok(Engine {
             bus,
@@ -195,28 +201,69 @@ impl Engine {
             }
         }
         let mut failed = ConfigErrors::default();
+        let mut started = Vec::new();
         for b in fresh {
-            self.metrics.register(b.metrics.clone());
             let name = b.spec.name.clone();
             let reuse = kept_dead_letter_queues.remove(&name);
-            let node = NodeServices {
-                bus: &self.bus,
-                data_dir: &config.data_dir,
-                registry: &state.registry,
-                memory: &self.memory,
-                inputs_changed: &self.inputs_changed,
-                cluster: self.cluster.as_ref(),
-            };
-            match RunningPipeline::start(b, &node, reuse).await {
+            match self.start_pipeline(b, &config.data_dir, &state.registry, reuse).await {
                 Ok(p) => {
-                    state.running.insert(name, p);
+                    state.running.insert(name.clone(), p);
+                    started.push(name);
                 }
-                Err(e) => {
-                    tracing::error!(pipeline = %name, error = %e, "pipeline could not start after the reload");
-                    self.metrics.unregister(&name);
-                    failed.push(sluice_config::ConfigError::new(e));
+                Err(e) => failed.push(sluice_config::ConfigError::new(e)),
+            }
+        }
+        for name in &started {
+            if let Some(p) = state.running.get(name)
+                && let Err(reasons) = p.started().await
+            {
+                reasons.into_iter().for_each(|r| failed.push(sluice_config::ConfigError::new(r)));
+            }
+        }
+        if !failed.is_empty() {
+            // The old config keeps running: what this reload started goes, what it stopped
+            // comes back as it was.
+            for e in &failed.0 {
+                tracing::error!("{e}");
+            }
+            tracing::error!(pipelines = %started.join(", "),
+                "the reloaded config could not start; going back to the running one");
+            let mut stop_order = upstream_first(&feeds);
+            stop_order.extend(started.iter().cloned());
+            for name in stop_order.iter().filter(|n| started.contains(n)) {
+                if let Some(mut p) = state.running.remove(name) {
+                    if let Some(d) = p.take_dead_letter_queue() {
+                        kept_dead_letter_queues.insert(name.clone(), d);
+                    }
+                    p.stop(timeout, false).await;
+                    self.metrics.unregister(name);
                 }
             }
+            let old = state.config.clone();
+            let mut errors = ConfigErrors::default();
+            for spec in old.pipelines.iter().filter(|p| to_stop.contains(&p.name)) {
+                let Some(b) = build_pipeline(spec, &self.bus, &old.data_dir, &mut errors) else { continue };
+                let reuse = kept_dead_letter_queues
+                    .remove(&spec.name)
+                    .filter(|d| d.fits(spec, &old.data_dir));
+                match self.start_pipeline(b, &old.data_dir, &state.registry, reuse).await {
+                    Ok(p) => {
+                        if let Err(reasons) = p.started().await {
+                            reasons.iter().for_each(|r| tracing::error!("{r}"));
+                        }
+                        state.running.insert(spec.name.clone(), p);
+                    }
+                    Err(e) => tracing::error!(pipeline = %spec.name, error = %e, "the pipeline could not start again"),
+                }
+            }
+            for e in &errors.0 {
+                tracing::error!("{e}");
+            }
+            for (name, d) in kept_dead_letter_queues {
+                d.close(&name);
+            }
+            self.inputs_changed.notify_waiters();
+            return Err(failed);
         }
         for (name, d) in kept_dead_letter_queues {
             d.close(&name);
@@ -234,10 +281,31 @@ impl Engine {
         state.feeds = feeds;
         state.config = config;
         self.inputs_changed.notify_waiters();
-        if !failed.is_empty() {
-            return Err(failed);
-        }
         Ok(report)
+    }
+
+    /// Registers a built pipeline's figures and starts it.
+    async fn start_pipeline(
+        &self,
+        built: crate::build::BuiltPipeline,
+        data_dir: &std::path::Path,
+        registry: &Arc<Registry>,
+        reuse: Option<OpenDeadLetterQueue>,
+    ) -> Result<RunningPipeline, String> {
+        self.metrics.register(built.metrics.clone());
+        let name = built.spec.name.clone();
+        let node = NodeServices {
+            bus: &self.bus,
+            data_dir,
+            registry,
+            memory: &self.memory,
+            inputs_changed: &self.inputs_changed,
+            cluster: self.cluster.as_ref(),
+        };
+        RunningPipeline::start(built, &node, reuse).await.inspect_err(|e| {
+            tracing::error!(pipeline = %name, error = %e, "pipeline could not start");
+            self.metrics.unregister(&name);
+        })
     }
 
     /// Resolves once every input not fed by another pipeline has ended (a generator with a
@@ -261,17 +329,38 @@ impl Engine {
     /// queues are always emptied; persisted queues only if `drain` (the inputs ran out), since
     /// on a signal what they hold is safe on disk.
     pub async fn shutdown(&self, drain: bool) -> Vec<PipelineSummary> {
+        self.metrics.node.begin_draining();
         if let Some(c) = &self.cluster {
             c.begin_stopping();
         }
         let mut state = self.state.lock().await;
-        let timeout = state.config.shutdown_timeout;
+        let deadline = tokio::time::Instant::now() + state.config.shutdown_timeout;
         let mut summaries = std::mem::take(&mut state.stopped);
-        for name in upstream_first(&state.feeds) {
-            if let Some(p) = state.running.remove(&name) {
-                summaries.push(p.stop(timeout, drain).await);
+        // No input takes anything more from outside, from now on.
+        state.running.values().for_each(RunningPipeline::stop_accepting);
+        // Every pipeline drains at once, within one drain timeout; one that other pipelines
+        // feed waits for them to have stopped first, so that what they send it is taken.
+        let running = std::mem::take(&mut state.running);
+        let stopped: BTreeMap<String, tokio::sync::watch::Sender<bool>> =
+            running.keys().map(|n| (n.clone(), tokio::sync::watch::Sender::new(false))).collect();
+        let stops = running.into_iter().map(|(name, p)| {
+            let upstream: Vec<_> = state
+                .feeds
+                .iter()
+                .filter(|(from, to)| to.contains(&name) && **from != name)
+                .filter_map(|(from, _)| stopped.get(from).map(|s| s.subscribe()))
+                .collect();
+            let done = stopped[&name].clone();
+            async move {
+                for mut up in upstream {
+                    let _ = up.wait_for(|stopped| *stopped).await;
+                }
+                let summary = p.stop_by(deadline, drain).await;
+                done.send_replace(true);
+                summary
             }
-        }
+        });
+        summaries.extend(futures_util::future::join_all(stops).await);
         // Every input has stopped and every acknowledgement has arrived: write what is pending.
         close_registry(&state.registry).await;
         if let Some(c) = &self.cluster {
@@ -297,6 +386,29 @@ impl Engine {
 
     pub fn bus(&self) -> &Arc<PipelineBus> {
         &self.bus
+    }
+}
+
+/// Stops what a start that failed had started, upstream pipelines first, and closes the
+/// node's services.
+async fn abandon_start(
+    mut running: BTreeMap<String, RunningPipeline>,
+    feeds: &BTreeMap<String, BTreeSet<String>>,
+    config: &RootConfig,
+    registry: &Arc<Registry>,
+    cluster: Option<&Cluster>,
+) {
+    for name in upstream_first(feeds) {
+        if let Some(p) = running.remove(&name) {
+            p.stop(config.shutdown_timeout, false).await;
+        }
+    }
+    for (_, p) in running {
+        p.stop(config.shutdown_timeout, false).await;
+    }
+    close_registry(registry).await;
+    if let Some(c) = cluster {
+        c.shutdown();
     }
 }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 use sluice_config::model::PipelineSpec;
 use sluice_core::Queue;
 use sluice_core::bus::PipelineBus;
-use sluice_core::metrics::{ComponentKind, PipelineMetrics};
+use sluice_core::health::Lifecycle;
+use sluice_core::metrics::{ComponentKind, ComponentMetrics, PipelineMetrics};
 use sluice_inputs::InputContext;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -19,6 +20,9 @@ use crate::dead_letter::{DeadLetterSink, OpenDeadLetterQueue, StatsSource};
 use crate::inbound::InboundQueue;
 use crate::stateful::Emitters;
 use crate::worker::{Stages, Worker};
+
+/// How long an input may take to bind its address before the start is given up.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Cluster mode: the queue of events peers forwarded to this pipeline, and its workers.
 struct Forwarded {
@@ -31,7 +35,11 @@ pub struct RunningPipeline {
     pub spec: PipelineSpec,
     pub metrics: Arc<PipelineMetrics>,
     queue: Arc<dyn Queue>,
+    /// Stops the inputs events enter by from outside the node.
     input_stop: CancellationToken,
+    /// Stops the `pipeline` inputs, which other pipelines feed: they stop last, once the
+    /// pipelines upstream have stopped sending.
+    internal_input_stop: CancellationToken,
     inputs: Vec<JoinHandle<()>>,
     workers: Vec<JoinHandle<()>>,
     outputs: Arc<Vec<BuiltOutput>>,
@@ -43,6 +51,8 @@ pub struct RunningPipeline {
     pub external_inputs: Arc<AtomicUsize>,
     /// Inputs that stopped with an error.
     pub input_errors: Arc<AtomicUsize>,
+    /// Inputs that bind an address as they start (see [`RunningPipeline::started`]).
+    listening: Vec<Arc<ComponentMetrics>>,
     /// Closed by `stop` unless a reload took it for the pipeline's next version.
     dead_letter_queue: Option<OpenDeadLetterQueue>,
     has_dead_letter_queue: bool,
@@ -173,10 +183,12 @@ impl RunningPipeline {
             abort.clone(),
         ));
         let input_stop = CancellationToken::new();
+        let internal_input_stop = CancellationToken::new();
         let external_inputs = Arc::new(AtomicUsize::new(0));
         let input_errors = Arc::new(AtomicUsize::new(0));
 
         let mut input_tasks = Vec::new();
+        let mut listening = Vec::new();
         for i in inputs {
             let external = !i.input.is_internal();
             if external {
@@ -187,7 +199,7 @@ impl RunningPipeline {
                 id: i.id.clone(),
                 queue: queue.clone(),
                 metrics: i.metrics.clone(),
-                shutdown: input_stop.clone(),
+                shutdown: if external { input_stop.clone() } else { internal_input_stop.clone() },
                 bus: bus.clone(),
                 data_dir: data_dir.to_path_buf(),
                 registry: registry.clone(),
@@ -195,10 +207,20 @@ impl RunningPipeline {
             };
             let (pipeline, id) = (spec.name.clone(), i.id.clone());
             let (counter, errors, changed) = (external_inputs.clone(), input_errors.clone(), inputs_changed.clone());
+            let component = i.metrics.clone();
+            if i.input.listens() {
+                listening.push(i.metrics.clone());
+            } else {
+                component.health.running();
+            }
             input_tasks.push(tokio::spawn(async move {
-                if let Err(e) = i.input.run(ctx).await {
-                    tracing::error!(pipeline = %pipeline, input = %id, error = %e, "input stopped");
-                    errors.fetch_add(1, Ordering::SeqCst);
+                match i.input.run(ctx).await {
+                    Ok(()) => component.health.stopped(),
+                    Err(e) => {
+                        tracing::error!(pipeline = %pipeline, input = %id, error = %e, "input stopped");
+                        component.health.failed(e.to_string());
+                        errors.fetch_add(1, Ordering::SeqCst);
+                    }
                 }
                 if external {
                     counter.fetch_sub(1, Ordering::SeqCst);
@@ -258,6 +280,9 @@ impl RunningPipeline {
         let emitters =
             stages.processors.iter().any(|p| p.processor.stateful().is_some()).then(|| Emitters::start(&stages));
 
+        for c in metrics.components.read().iter().filter(|c| c.kind != ComponentKind::Input) {
+            c.health.running();
+        }
         tracing::info!(pipeline = %spec.name, workers = spec.workers, batch_size = spec.batch.size,
             queue = %spec.queue.type_name, ordered = keeps_order,
             batches_in_flight = in_flight, "pipeline started");
@@ -271,6 +296,7 @@ impl RunningPipeline {
             metrics,
             queue,
             input_stop,
+            internal_input_stop,
             inputs: input_tasks,
             workers,
             outputs,
@@ -280,9 +306,25 @@ impl RunningPipeline {
             forwarded,
             external_inputs,
             input_errors,
+            listening,
             has_dead_letter_queue: dead_letter_queue.is_some(),
             dead_letter_queue,
         })
+    }
+
+    /// Waits (at most [`START_TIMEOUT`]) until every input that binds an address has bound
+    /// it; the reason of each that could not, naming the pipeline, the input and its type.
+    pub async fn started(&self) -> Result<(), Vec<String>> {
+        let mut failures = Vec::new();
+        for c in &self.listening {
+            let why = match tokio::time::timeout(START_TIMEOUT, c.health.settled()).await {
+                Ok(Lifecycle::Failed(reason)) => reason,
+                Ok(_) => continue,
+                Err(_) => format!("it did not start within {START_TIMEOUT:?}"),
+            };
+            failures.push(format!("pipeline `{}`: input `{}` ({}) cannot start: {why}", self.spec.name, c.id, c.type_name));
+        }
+        if failures.is_empty() { Ok(()) } else { Err(failures) }
     }
 
     /// Hands the open dead letter queue over (for the pipeline's next version, when its
@@ -298,17 +340,31 @@ impl RunningPipeline {
     /// Stops the inputs, lets the workers empty the queue through the outputs for at most
     /// `timeout`, then closes the outputs. A persisted queue is emptied only if `drain`;
     /// otherwise what it holds stays on disk for the next start.
-    pub async fn stop(mut self, timeout: Duration, drain: bool) -> PipelineSummary {
-        let name = self.spec.name.clone();
+    pub async fn stop(self, timeout: Duration, drain: bool) -> PipelineSummary {
+        self.stop_by(tokio::time::Instant::now() + timeout, drain).await
+    }
+
+    /// Stops the inputs that events enter by from outside (not the `pipeline` inputs other
+    /// pipelines feed): the first step of a node's stop, taken by every pipeline at once.
+    pub fn stop_accepting(&self) {
         self.input_stop.cancel();
-        let inputs_done = tokio::time::timeout(timeout, join_finished(&mut self.inputs)).await;
+    }
+
+    /// [`RunningPipeline::stop`], every wait of it bounded by one `deadline`, so that however
+    /// many pipelines stop at once, the node's stop takes one drain timeout.
+    pub async fn stop_by(mut self, deadline: tokio::time::Instant, drain: bool) -> PipelineSummary {
+        let name = self.spec.name.clone();
+        let timeout = time_left(deadline);
+        self.input_stop.cancel();
+        self.internal_input_stop.cancel();
+        let inputs_done = tokio::time::timeout_at(deadline, join_finished(&mut self.inputs)).await;
         if inputs_done.is_err() {
             tracing::warn!(pipeline = %name, "inputs did not stop in time; aborting them");
             self.inputs.iter().for_each(JoinHandle::abort);
         }
         self.queue.inputs_ended();
         if drain && self.queue.persistent() {
-            let emptied = tokio::time::timeout(timeout, async {
+            let emptied = tokio::time::timeout_at(deadline, async {
                 while self.queue.stats().bytes > 0 {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
@@ -319,7 +375,7 @@ impl RunningPipeline {
             }
         }
         self.queue.close();
-        let drained = tokio::time::timeout(timeout, join_finished(&mut self.workers)).await;
+        let drained = tokio::time::timeout_at(deadline, join_finished(&mut self.workers)).await;
         if drained.is_err() {
             let left = self.queue.stats().events;
             tracing::error!(pipeline = %name, timeout = ?timeout, events_left = left,
@@ -332,14 +388,14 @@ impl RunningPipeline {
         // Cluster mode: what this pipeline forwarded is acknowledged by its owners (or the
         // time is up); then the events peers forwarded here are drained like the queue's.
         if let Some(mut f) = self.forwarded.take() {
-            let left = f.cluster.drain(timeout).await;
+            let left = f.cluster.drain(time_left(deadline)).await;
             if left > 0 {
                 tracing::warn!(pipeline = %name, bytes = left, "events forwarded to peers were not all acknowledged within the drain timeout; their inputs will see them again");
             }
             f.cluster.unregister_inbound(&name);
             f.queue.inputs_ended();
             f.queue.close();
-            if tokio::time::timeout(timeout, join_finished(&mut f.workers)).await.is_err() {
+            if tokio::time::timeout_at(deadline, join_finished(&mut f.workers)).await.is_err() {
                 tracing::error!(pipeline = %name, "drain timeout reached on forwarded events; aborting deliveries in progress");
                 self.abort.cancel();
                 let _ = tokio::time::timeout(Duration::from_secs(5), join_finished(&mut f.workers)).await;
@@ -349,12 +405,15 @@ impl RunningPipeline {
         }
         // Every group is concluded and what it emits delivered before the outputs close.
         if let Some(e) = self.emitters.take()
-            && tokio::time::timeout(timeout, e.finish(&self.stages)).await.is_err()
+            && tokio::time::timeout_at(deadline, e.finish(&self.stages)).await.is_err()
         {
             tracing::error!(pipeline = %name, "concluding the stateful processors' groups did not finish within the drain timeout");
         }
         for o in self.outputs.iter() {
             o.output.close().await;
+        }
+        for c in self.metrics.components.read().iter() {
+            c.health.stopped();
         }
         // After the workers: nothing writes to it any more.
         if let Some(d) = self.dead_letter_queue.take() {
@@ -406,6 +465,11 @@ impl RunningPipeline {
             reported: false,
         }
     }
+}
+
+/// What is left of the time until `deadline`.
+fn time_left(deadline: tokio::time::Instant) -> Duration {
+    deadline.saturating_duration_since(tokio::time::Instant::now())
 }
 
 /// Waits for every task, dropping each handle once it has finished: cut short (by a timeout)

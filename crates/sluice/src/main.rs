@@ -130,7 +130,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
-            println!("sluice {}", env!("CARGO_PKG_VERSION"));
+            println!("sluice {} ({})", env!("CARGO_PKG_VERSION"), env!("SLUICE_COMMIT"));
             ExitCode::SUCCESS
         }
         Command::Validate { config } => validate(&config),
@@ -373,6 +373,17 @@ async fn serve(path: Option<&Path>, config: RootConfig) -> anyhow::Result<ExitCo
         "sluice starting");
     let api = config.api.clone();
     let log_format = config.log.format;
+    let api_listener = if api.enabled {
+        match sluice_api::bind(&api.address).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("api.address: the monitoring API cannot listen on {}: {e}", api.address);
+                return Ok(ExitCode::from(2));
+            }
+        }
+    } else {
+        None
+    };
     let engine = match Engine::start(config).await {
         Ok(e) => Arc::new(e),
         Err(errors) => {
@@ -380,15 +391,15 @@ async fn serve(path: Option<&Path>, config: RootConfig) -> anyhow::Result<ExitCo
             return Ok(ExitCode::from(2));
         }
     };
+    let _ = engine.metrics.node.build.set(sluice_core::metrics::BuildInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        commit: env!("SLUICE_COMMIT").to_string(),
+    });
     let api_stop = CancellationToken::new();
-    if api.enabled {
+    if let Some(listener) = api_listener {
         let state = sluice_api::ApiState::new(engine.metrics.clone());
-        match sluice_api::serve(&api.address, state, api_stop.clone()).await {
-            Ok(addr) => tracing::info!(address = %addr, "monitoring API listening"),
-            Err(e) => {
-                tracing::error!(address = %api.address, error = %e, "cannot start the monitoring API; running without it")
-            }
-        }
+        let addr = sluice_api::serve(listener, state, api_stop.clone()).context("serving the monitoring API")?;
+        tracing::info!(address = %addr, "monitoring API listening");
     }
 
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -462,18 +473,23 @@ async fn reload(engine: &Engine, path: Option<&Path>) {
             for e in &errors.0 {
                 tracing::error!("{e}");
             }
+            engine.metrics.node.reloaded(false);
             tracing::error!(errors = errors.0.len(), "the new config is invalid; keeping the running one");
             return;
         }
     };
     match engine.reload(config).await {
-        Ok(r) => tracing::info!(started = %names(&r.started), restarted = %names(&r.restarted),
-            stopped = %names(&r.stopped), unchanged = %names(&r.unchanged), "config reloaded"),
+        Ok(r) => {
+            engine.metrics.node.reloaded(true);
+            tracing::info!(started = %names(&r.started), restarted = %names(&r.restarted),
+                stopped = %names(&r.stopped), unchanged = %names(&r.unchanged), "config reloaded")
+        }
         Err(errors) => {
+            engine.metrics.node.reloaded(false);
             for e in &errors.0 {
                 tracing::error!("{e}");
             }
-            tracing::error!(errors = errors.0.len(), "the new config is invalid; keeping the running one");
+            tracing::error!(errors = errors.0.len(), "the new config is invalid or could not start; keeping the running one");
         }
     }
 }

@@ -119,10 +119,12 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError>
 impl Input for Beats {
     async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
         let address = &self.config.address;
-        let listener = TcpListener::bind(address)
-            .await
-            .map_err(|e| InputError(format!("beats input cannot listen on {address}: {e}")))?;
+        let listener = ctx.listen_tcp(address).await?;
         serve(self.config, self.tls, listener, ctx).await
+    }
+
+    fn listens(&self) -> bool {
+        true
     }
 }
 

@@ -157,10 +157,12 @@ fn build_input(spec: &ComponentSpec) -> Result<HttpInput, ConfigError> {
 impl Input for HttpInput {
     async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
         let address = &self.config.address;
-        let listener = TcpListener::bind(address)
-            .await
-            .map_err(|e| InputError(format!("http input cannot listen on {address}: {e}")))?;
+        let listener = ctx.listen_tcp(address).await?;
         serve(*self, listener, ctx).await
+    }
+
+    fn listens(&self) -> bool {
+        true
     }
 }
 

@@ -173,16 +173,19 @@ impl Input for Syslog {
     async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
         match self.mode {
             Mode::Tcp => {
-                let listener = tokio::net::TcpListener::bind(&self.settings.address).await.map_err(|e| {
-                    InputError(format!("syslog input cannot listen on tcp {}: {e}", self.settings.address))
-                })?;
+                let listener = ctx.listen_tcp(&self.settings.address).await?;
                 tcp::serve(self.settings, self.tls, listener, ctx).await
             }
             Mode::Udp => {
                 let socket = udp::bind(&self.settings, &ctx).await?;
+                ctx.metrics.health.running();
                 udp::serve(self.settings, socket, ctx).await
             }
         }
+    }
+
+    fn listens(&self) -> bool {
+        true
     }
 }
 
