@@ -26,12 +26,11 @@ use axum::routing::get;
 use parking_lot::Mutex;
 use serde_json::{Value as Json, json};
 use sluice_core::QueueStats;
-use sluice_core::health::Lifecycle;
 use sluice_core::exposition::{self, DescriptorEncoder, Labels, counter, gauge, histogram, histogram_snapshots};
+use sluice_core::health::Lifecycle;
 use sluice_core::metrics::{
     ComponentMetrics, ComponentState, Counter, DeadLetterStats, MetricsRegistry, NodeFigures, PipelineMetrics,
-    RegistryMetrics,
-    StateFigure, StateHistogram,
+    RegistryMetrics, StateFigure, StateHistogram,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -526,7 +525,12 @@ fn encode_families(registry: &MetricsRegistry, uptime: Duration, out: &mut Descr
 fn node_metrics(out: &mut DescriptorEncoder<'_>, node: &NodeFigures) -> fmt::Result {
     if let Some(b) = node.build.get() {
         let labels = vec![("version", b.version.clone()), ("commit", b.commit.clone())];
-        gauge(out, "sluice_build_info", "The version and commit this binary was built from (always 1).", [(labels, 1u64)])?;
+        gauge(
+            out,
+            "sluice_build_info",
+            "The version and commit this binary was built from (always 1).",
+            [(labels, 1u64)],
+        )?;
     }
     counter(
         out,
@@ -543,7 +547,12 @@ fn node_metrics(out: &mut DescriptorEncoder<'_>, node: &NodeFigures) -> fmt::Res
         "When the last config reload ended, in seconds since the Unix epoch (0: none yet).",
         [(Labels::new(), node.last_reload_unix_seconds())],
     )?;
-    gauge(out, "sluice_draining", "1 while the node stops and drains its pipelines.", [(Labels::new(), u64::from(node.draining()))])
+    gauge(
+        out,
+        "sluice_draining",
+        "1 while the node stops and drains its pipelines.",
+        [(Labels::new(), u64::from(node.draining()))],
+    )
 }
 
 fn memory_metrics(out: &mut DescriptorEncoder<'_>, m: &sluice_core::MemoryBudget) -> fmt::Result {
@@ -763,7 +772,10 @@ mod tests {
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
         assert_eq!(body["status"], "failed", "{body}");
         assert_eq!(body["pipelines"]["web"]["status"], "failed", "{body}");
-        assert_eq!(body["pipelines"]["web"]["components"][0]["reason"], "tcp input cannot listen on 127.0.0.1:1: permission denied");
+        assert_eq!(
+            body["pipelines"]["web"]["components"][0]["reason"],
+            "tcp input cannot listen on 127.0.0.1:1: permission denied"
+        );
 
         let reg = Arc::new(MetricsRegistry::default());
         let budget = sluice_core::MemoryBudget::new(1 << 20);

@@ -243,9 +243,7 @@ impl Engine {
             let mut errors = ConfigErrors::default();
             for spec in old.pipelines.iter().filter(|p| to_stop.contains(&p.name)) {
                 let Some(b) = build_pipeline(spec, &self.bus, &old.data_dir, &mut errors) else { continue };
-                let reuse = kept_dead_letter_queues
-                    .remove(&spec.name)
-                    .filter(|d| d.fits(spec, &old.data_dir));
+                let reuse = kept_dead_letter_queues.remove(&spec.name).filter(|d| d.fits(spec, &old.data_dir));
                 match self.start_pipeline(b, &old.data_dir, &state.registry, reuse).await {
                     Ok(p) => {
                         if let Err(reasons) = p.started().await {

@@ -322,7 +322,8 @@ impl RunningPipeline {
                 Ok(_) => continue,
                 Err(_) => format!("it did not start within {START_TIMEOUT:?}"),
             };
-            failures.push(format!("pipeline `{}`: input `{}` ({}) cannot start: {why}", self.spec.name, c.id, c.type_name));
+            failures
+                .push(format!("pipeline `{}`: input `{}` ({}) cannot start: {why}", self.spec.name, c.id, c.type_name));
         }
         if failures.is_empty() { Ok(()) } else { Err(failures) }
     }

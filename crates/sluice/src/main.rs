@@ -489,7 +489,10 @@ async fn reload(engine: &Engine, path: Option<&Path>) {
             for e in &errors.0 {
                 tracing::error!("{e}");
             }
-            tracing::error!(errors = errors.0.len(), "the new config is invalid or could not start; keeping the running one");
+            tracing::error!(
+                errors = errors.0.len(),
+                "the new config is invalid or could not start; keeping the running one"
+            );
         }
     }
 }
