@@ -34,6 +34,9 @@ use sluice_core::metrics::{
 };
 use tokio_util::sync::CancellationToken;
 
+mod process;
+pub use process::ProcessFigures;
+
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 const KEEP_SAMPLES: usize = 62; // a little over 5 minutes
 
@@ -552,7 +555,18 @@ fn node_metrics(out: &mut DescriptorEncoder<'_>, node: &NodeFigures) -> fmt::Res
         "sluice_draining",
         "1 while the node stops and drains its pipelines.",
         [(Labels::new(), u64::from(node.draining()))],
-    )
+    )?;
+    let process = ProcessFigures::now();
+    if let Some(v) = process.resident_bytes {
+        gauge(out, "process_resident_memory_bytes", "Resident memory of the process.", [(Labels::new(), v)])?;
+    }
+    if let Some(v) = process.cpu_seconds {
+        counter(out, "process_cpu_seconds_total", "User and system CPU time of the process.", [(Labels::new(), v)])?;
+    }
+    if let Some(v) = process.open_fds {
+        gauge(out, "process_open_fds", "File descriptors the process holds open.", [(Labels::new(), v)])?;
+    }
+    Ok(())
 }
 
 fn memory_metrics(out: &mut DescriptorEncoder<'_>, m: &sluice_core::MemoryBudget) -> fmt::Result {
@@ -718,6 +732,7 @@ pub fn render_stats(state: &ApiState) -> Json {
         })
     });
     let node = &state.registry.node;
+    let process = ProcessFigures::now();
     let reloads = json!({
         "succeeded": node.reloads_succeeded.get(),
         "failed": node.reloads_failed.get(),
@@ -729,6 +744,9 @@ pub fn render_stats(state: &ApiState) -> Json {
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
         "draining": node.draining(),
         "reloads": reloads,
+        "process": {
+            "resident_bytes": process.resident_bytes, "cpu_seconds": process.cpu_seconds, "open_fds": process.open_fds,
+        },
         "pipelines": pipelines, "registry": registry, "memory": memory,
     });
     for section in state.registry.sections() {
@@ -808,7 +826,11 @@ mod tests {
         assert!(text.contains("sluice_build_info{version=\"1.2.3\",commit=\"abc\"} 1\n"), "{text}");
         assert!(text.contains("sluice_config_reloads_total{result=\"succeeded\"} 1\n"), "{text}");
         assert!(text.contains("sluice_config_reloads_total{result=\"failed\"} 2\n"), "{text}");
+        for family in ["process_resident_memory_bytes ", "process_cpu_seconds_total ", "process_open_fds "] {
+            assert!(text.contains(&format!("\n{family}")), "no {family}in {text}");
+        }
         let stats = render_stats(&ApiState::new(reg));
+        assert!(stats["process"]["resident_bytes"].as_u64().unwrap() > 0, "{stats}");
         assert_eq!((stats["version"].as_str(), stats["commit"].as_str()), (Some("1.2.3"), Some("abc")));
         assert_eq!(stats["reloads"]["failed"], 2);
         assert!(stats["reloads"]["last_unix_seconds"].as_u64().unwrap() > 1_000_000_000);
@@ -949,6 +971,10 @@ mod tests {
     /// memory budget, the registry and a section.
     fn full_registry() -> Arc<MetricsRegistry> {
         let reg = Arc::new(MetricsRegistry::default());
+        reg.node
+            .build
+            .set(sluice_core::metrics::BuildInfo { version: "0.1.0".into(), commit: "c0ffee".into() })
+            .unwrap();
         let p = Arc::new(PipelineMetrics::new("web", 2));
         let input = p.component("http_in", ComponentKind::Input, "http");
         input.events_out.add(7);
@@ -1046,6 +1072,8 @@ mod tests {
             "sluice_memory_wait_seconds",
             "sluice_registry_fsyncs",
             "sluice_extra_events",
+            "sluice_config_reloads",
+            "process_cpu_seconds",
         ] {
             assert_eq!(kind(f), OpenMetricsType::Counter, "{f}");
         }
@@ -1058,6 +1086,11 @@ mod tests {
             "sluice_component_requests_in_flight",
             "sluice_memory_budget_bytes",
             "sluice_registry_lag_seconds",
+            "sluice_build_info",
+            "sluice_config_last_reload_timestamp_seconds",
+            "sluice_draining",
+            "process_resident_memory_bytes",
+            "process_open_fds",
         ] {
             assert_eq!(kind(f), OpenMetricsType::Gauge, "{f}");
         }
