@@ -1,6 +1,10 @@
 //! The monitoring API.
 //!
-//! - `GET /health`: `{"status":"ok"}` while the process runs.
+//! - `GET /health`: 200 `ok`, or 503 `failed` (a component ended with an error), `wedged`
+//!   (the memory budget's waits last a minute on average) or `draining`, with each pipeline's
+//!   components and their states ([`render_health`]).
+//! - The node's own figures everywhere: build, reloads, draining, and the process's resident
+//!   memory, CPU time and open file descriptors.
 //! - `GET /metrics`: OpenMetrics text, encoded by prometheus-client from the figures at scrape
 //!   time: per pipeline events in (put in by its inputs) / taken (by its workers) / out /
 //!   dropped / failed, per component events in / out / dropped / failed, batch and component
