@@ -145,12 +145,13 @@ pub fn render_health(registry: &MetricsRegistry, wedged_after: Duration) -> (Sta
             .read()
             .iter()
             .map(|c| {
-                let state = c.health.get();
-                let mut row = json!({"id": c.id, "kind": c.kind, "type": c.type_name, "state": state.as_str()});
-                if let Lifecycle::Failed(reason) = &state {
+                let mut row = component_health(c);
+                if row["state"] == "failed" {
                     pipeline_status = "failed";
-                    row["reason"] = json!(reason);
                 }
+                row["id"] = json!(c.id);
+                row["kind"] = json!(c.kind);
+                row["type"] = json!(c.type_name);
                 row
             })
             .collect();
@@ -176,6 +177,14 @@ pub fn render_health(registry: &MetricsRegistry, wedged_after: Duration) -> (Sta
     body["status"] = json!(status);
     let code = if status == "ok" { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, body)
+}
+
+/// A component's state for `/stats`, with the reason when it failed.
+fn component_health(c: &ComponentMetrics) -> Json {
+    match c.health.get() {
+        Lifecycle::Failed(reason) => json!({"state": "failed", "reason": reason}),
+        state => json!({"state": state.as_str()}),
+    }
 }
 
 async fn health(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
@@ -667,6 +676,7 @@ pub fn render_stats(state: &ApiState) -> Json {
                     "events": {"in": c.events_in.get(), "out": c.events_out.get(), "dropped": c.dropped.get(), "failed": c.failed.get()},
                     "retries": c.retries.get(),
                     "refused": c.refused.get(),
+                    "health": component_health(c),
                     "state": c.state.get().map(|s| {
                         let mut state = s.figures().into_iter().map(|f| (f.name.trim_end_matches("_total").to_string(), json!(f.value))).collect::<serde_json::Map<_, _>>();
                         for l in s.labelled_figures() {

@@ -350,6 +350,31 @@ pub fn load_file(path: &std::path::Path) -> Result<RootConfig, ConfigErrors> {
     load_str(&text, &path.display().to_string())
 }
 
+/// Reads only the `api` section of a config file, for a command that talks to the API of a
+/// running `sluice run` (`sluice top -c`): a `${VAR}` elsewhere in the file that this
+/// environment lacks does not matter, one in `api` is an error naming it.
+pub fn load_api_section(path: &std::path::Path) -> Result<ApiConfig, ConfigErrors> {
+    const UNSET: char = '\u{1}';
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(format!("cannot read config file {}: {e}", path.display())))?;
+    let file = path.display().to_string();
+    // An unset variable reads as a marker no address holds, so that only the section that
+    // uses it fails.
+    let lookup = |name: &str| Some(std::env::var(name).unwrap_or_else(|_| format!("{UNSET}{name}{UNSET}")));
+    let root = crate::node::parse_yaml_with_env(&text, &file, &lookup)?;
+    let Some(node) = root.get("api").filter(|n| !n.is_null()) else { return Ok(ApiConfig::default()) };
+    let api = from_node::<ApiConfig>(node, "api")?;
+    if let Some(name) = api.address.split(UNSET).nth(1) {
+        return Err(ConfigError::at(
+            format!("environment variable `{name}` is not set (write `${{{name}:-default}}` to give a default)"),
+            "api.address",
+            node.mark.clone(),
+        )
+        .into());
+    }
+    Ok(api)
+}
+
 /// Reads and checks config text; `file` names it in messages.
 pub fn load_str(text: &str, file: &str) -> Result<RootConfig, ConfigErrors> {
     let root = parse_yaml(text, file)?;

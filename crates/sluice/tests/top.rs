@@ -171,3 +171,39 @@ fn an_address_nothing_listens_on_is_a_one_line_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains(&address));
 }
+
+#[test]
+fn with_a_config_only_its_api_section_needs_to_read() {
+    let (mut sluice, api) = steady();
+    // What an operator's shell may lack: a variable `sluice run` had, used outside `api`.
+    let other = sluice.path("operator-view.yml");
+    std::fs::write(
+        &other,
+        format!(
+            "api: {{address: \"{api}\"}}\npipelines:\n  steady:\n    inputs: [{{type: generator}}]\n    \
+             outputs: [{{type: http, url: \"${{SLUICE_TOP_TEST_UNSET_URL}}\"}}]\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["top", "-c", other.to_str().unwrap(), "--once"])
+        .env_remove("SLUICE_TOP_TEST_UNSET_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "exit {:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    let sink = stdout.lines().find(|l| field(l, "component") == Some("sink")).unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(field(sink, "state"), Some("running"), "{sink}");
+    assert!(field(sink, "retries").is_some(), "{sink}");
+
+    // A variable in the `api` section itself is still needed, and named.
+    std::fs::write(&other, "api: {address: \"${SLUICE_TOP_TEST_UNSET_API}\"}\npipelines: {}\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["top", "-c", other.to_str().unwrap(), "--once"])
+        .env_remove("SLUICE_TOP_TEST_UNSET_API")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("SLUICE_TOP_TEST_UNSET_API"), "{stderr}");
+    sluice.stop();
+}

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, anyhow, bail};
-use sluice_config::model::{ApiConfig, load_file};
+use sluice_config::model::{ApiConfig, load_api_section};
 
 use stats::Snapshot;
 
@@ -84,12 +84,13 @@ fn address(args: &TopArgs) -> anyhow::Result<String> {
         return Ok(a.to_string());
     }
     let Some(path) = &args.config else { return Ok(ApiConfig::default().address) };
-    let config = load_file(path).map_err(|e| anyhow!("{e}"))?;
-    if !config.api.enabled {
+    // Only the `api` section matters here: a `${VAR}` that `sluice run` had in its environment
+    // and this shell lacks, elsewhere in the file, must not stop `top`.
+    let api = load_api_section(path).map_err(|e| anyhow!("{e}"))?;
+    if !api.enabled {
         bail!("{}: the monitoring API is disabled (api.enabled: false); nothing to watch", path.display());
     }
-    connectable(&config.api.address)
-        .with_context(|| format!("{}: api.address `{}`", path.display(), config.api.address))
+    connectable(&api.address).with_context(|| format!("{}: api.address `{}`", path.display(), api.address))
 }
 
 /// A listening address turned into one to connect to: a wildcard host means this host.

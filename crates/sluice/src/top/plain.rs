@@ -97,18 +97,20 @@ pub fn write_rows(out: &mut impl Write, stamp: String, rows: &Rows) -> std::io::
         for c in &p.components {
             writeln!(
                 out,
-                "{stamp} pipeline={} component={} kind={} type={} in_per_sec={} out_per_sec={} failed={} \
-                 dropped={} retries={} refused={}",
+                "{stamp} pipeline={} component={} kind={} type={} state={} in_per_sec={} out_per_sec={} failed={} \
+                 dropped={} retries={} refused={}{}",
                 v(&p.name),
                 v(&c.id),
                 opt(&c.kind),
                 opt(&c.type_name),
+                opt(&c.state),
                 fmt_rate(c.in_rate),
                 fmt_rate(c.out_rate),
                 fmt_count(c.failed),
                 fmt_count(c.dropped),
                 fmt_count(c.retries),
                 fmt_count(c.refused),
+                c.reason.as_deref().map_or_else(String::new, |r| format!(" reason={}", v(r))),
             )?;
         }
     }

@@ -157,13 +157,15 @@ fn restore() {
     let _ = execute!(std::io::stdout(), terminal::LeaveAlternateScreen, cursor::Show);
 }
 
-const PIPELINE_HEADER: [&str; 12] = [
+const PIPELINE_HEADER: [&str; 14] = [
     "NAME",
     "KIND",
     "IN/S",
     "OUT/S",
     "FAILED",
     "DROPPED",
+    "RETRIES",
+    "STATE",
     "QUEUE",
     "FILL",
     "QUEUE BYTES",
@@ -171,6 +173,8 @@ const PIPELINE_HEADER: [&str; 12] = [
     "DLQ",
     "DLQ BYTES",
 ];
+/// Where [`PIPELINE_HEADER`] has `STATE`.
+const STATE_COLUMN: usize = 7;
 const PEER_HEADER: [&str; 7] = ["PEER", "STATE", "FORWARDED/S", "FAILURES", "RETRIED", "IN FLIGHT", "LATENCY"];
 
 /// The table's cells: one row per pipeline, followed by its components (indented).
@@ -187,6 +191,9 @@ fn pipeline_cells(tracker: &Tracker) -> Vec<(bool, Vec<String>)> {
                 fmt_rate(p.out_rate),
                 fmt_count(p.failed),
                 fmt_count(p.dropped),
+                fmt_count(p.components.iter().filter_map(|c| c.retries).reduce(|a, b| a + b)),
+                if p.components.iter().any(|c| c.state.as_deref() == Some("failed")) { "FAILED" } else { "ok" }
+                    .to_string(),
                 fmt_count(q.and_then(|q| q.events)),
                 fmt_percent(p.queue_fill),
                 fmt_bytes(q.and_then(|q| q.bytes)),
@@ -211,6 +218,12 @@ fn pipeline_cells(tracker: &Tracker) -> Vec<(bool, Vec<String>)> {
                     fmt_rate(c.out_rate),
                     fmt_count(c.failed),
                     fmt_count(c.dropped),
+                    fmt_count(c.retries),
+                    match c.state.as_deref() {
+                        Some("failed") => "FAILED".to_string(),
+                        Some(state) => state.to_string(),
+                        None => "-".to_string(),
+                    },
                     empty(),
                     empty(),
                     empty(),
@@ -316,7 +329,10 @@ fn draw(frame: &mut Frame, tracker: &Tracker, address: &str, interval: Duration,
         .into_iter()
         .skip(*scroll)
         .map(|(pipeline, cells)| {
-            (if pipeline { Style::new().add_modifier(Modifier::BOLD) } else { Style::new() }, cells)
+            let style = if pipeline { Style::new().add_modifier(Modifier::BOLD) } else { Style::new() };
+            // A failed component stands out: it is why the node answers 503 at /health.
+            let failed = cells.get(STATE_COLUMN).is_some_and(|c| c == "FAILED");
+            (if failed { style.fg(Color::Red) } else { style }, cells)
         })
         .collect();
     let title = format!(" pipelines ({}) ", tracker.rows.pipelines.len());

@@ -69,6 +69,10 @@ pub struct ComponentSnap {
     pub dropped: Option<u64>,
     pub retries: Option<u64>,
     pub refused: Option<u64>,
+    /// `starting`, `running`, `stopped` or `failed` (`/stats`' `health.state`).
+    pub state: Option<String>,
+    /// Why it failed.
+    pub reason: Option<String>,
 }
 
 pub struct PeerSnap {
@@ -173,6 +177,8 @@ impl PipelineSnap {
                         dropped: count(c, &["events", "dropped"]),
                         retries: count(c, &["retries"]),
                         refused: count(c, &["refused"]),
+                        state: text(c, &["health", "state"]),
+                        reason: text(c, &["health", "reason"]),
                     })
                     .collect()
             })
@@ -225,6 +231,10 @@ pub struct ComponentRow {
     pub dropped: Option<u64>,
     pub retries: Option<u64>,
     pub refused: Option<u64>,
+    /// `starting`, `running`, `stopped` or `failed` (`/stats`' `health.state`).
+    pub state: Option<String>,
+    /// Why it failed.
+    pub reason: Option<String>,
 }
 
 pub struct PeerRow {
@@ -293,6 +303,8 @@ pub fn rows(prev: Option<&Snapshot>, cur: &Snapshot) -> Rows {
                         dropped: c.dropped,
                         retries: c.retries,
                         refused: c.refused,
+                        state: c.state.clone(),
+                        reason: c.reason.clone(),
                     }
                 })
                 .collect();
