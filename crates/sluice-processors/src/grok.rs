@@ -155,6 +155,35 @@ struct Expander<'a> {
     /// (field name, type) of each `_slN` group.
     captures: Vec<(String, Option<NumType>)>,
     out: String,
+    /// Where each part of `out` came from in the pattern the user wrote, to say where a
+    /// regular expression error is: (start in `out`, what it is).
+    origins: Vec<(usize, Origin)>,
+}
+
+/// What a stretch of the expanded regular expression is, in the pattern the user wrote.
+#[derive(Debug, Clone)]
+enum Origin {
+    /// Written as it is, from this byte of the pattern on.
+    Written(usize),
+    /// The expansion of this `%{...}`.
+    Reference(String),
+}
+
+impl Expander<'_> {
+    /// Where byte `at` of the expanded expression is, in the user's terms.
+    fn locate(&self, pattern: &str, at: usize) -> String {
+        let Some((start, origin)) = self.origins.iter().rev().find(|(start, _)| *start <= at) else {
+            return String::new();
+        };
+        match origin {
+            Origin::Written(from) => {
+                let offset = (from + (at - start)).min(pattern.len());
+                let before = pattern.floor_char_boundary(offset);
+                format!(" at byte {before} of the pattern, after `{}`", &pattern[..before])
+            }
+            Origin::Reference(body) => format!(" in the expansion of `%{{{body}}}`"),
+        }
+    }
 }
 
 impl Expander<'_> {
@@ -164,10 +193,16 @@ impl Expander<'_> {
         }
         let mut rest = pattern;
         while let Some(i) = rest.find("%{") {
+            if depth == 0 {
+                self.origins.push((self.out.len(), Origin::Written(pattern.len() - rest.len())));
+            }
             self.out.push_str(&rest[..i]);
             let after = &rest[i + 2..];
             let end = after.find('}').ok_or("unterminated `%{` (missing `}`)")?;
             let body = &after[..end];
+            if depth == 0 {
+                self.origins.push((self.out.len(), Origin::Reference(body.to_string())));
+            }
             rest = &after[end + 1..];
             let mut parts = body.splitn(3, ':');
             let name = parts.next().unwrap_or_default();
@@ -198,9 +233,35 @@ impl Expander<'_> {
             self.expand(definition, depth + 1)?;
             self.out.push(')');
         }
+        if depth == 0 {
+            self.origins.push((self.out.len(), Origin::Written(pattern.len() - rest.len())));
+        }
         self.out.push_str(rest);
         Ok(())
     }
+}
+
+/// Why the expanded expression of `pattern` does not compile, and where in `pattern`: from
+/// fancy-regex (the engine grok compiles with) when it says, else from the `regex` crate that
+/// it builds on, whose message draws the expression with a caret under the fault.
+fn regex_error(fancy: &fancy_regex::Error, plain: &regex::Error, pattern: &str, ex: &Expander<'_>) -> String {
+    let why = match fancy {
+        fancy_regex::Error::ParseError(at, why) => format!("{why}{}", ex.locate(pattern, *at)),
+        fancy_regex::Error::CompileError(fancy_regex::CompileError::InnerError(_)) => {
+            let text = plain.to_string();
+            let lines: Vec<&str> = text.lines().collect();
+            let why = lines.iter().find_map(|l| l.trim_start().strip_prefix("error: ")).unwrap_or(text.as_str());
+            // The expression is drawn on one line, indented as its caret line is.
+            let at = lines.windows(2).find_map(|w| {
+                let caret = w[1].find('^')?;
+                (w[0].trim_start() == ex.out && w[1].trim_matches(['^', ' ']).is_empty())
+                    .then(|| caret - (w[0].len() - w[0].trim_start().len()))
+            });
+            format!("{why}{}", at.map_or_else(String::new, |at| ex.locate(pattern, at)))
+        }
+        other => other.to_string().trim_start_matches("Error compiling regex: ").to_string(),
+    };
+    format!("not a valid regular expression: {why}")
 }
 
 impl Compiled {
@@ -210,10 +271,15 @@ impl Compiled {
         named_captures_only: bool,
         overwrite: &[FieldPath],
     ) -> Result<Compiled, String> {
-        let mut ex = Expander { definitions, named_captures_only, captures: Vec::new(), out: String::new() };
+        let mut ex = Expander {
+            definitions,
+            named_captures_only,
+            captures: Vec::new(),
+            out: String::new(),
+            origins: Vec::new(),
+        };
         ex.expand(pattern, 0)?;
-        let mut captures = ex
-            .captures
+        let mut captures = std::mem::take(&mut ex.captures)
             .into_iter()
             .map(|(name, ty)| Ok(Capture { target: capture_target(&name)?, ty, overwrite: false }))
             .collect::<Result<Vec<_>, String>>()?;
@@ -227,15 +293,11 @@ impl Compiled {
                 }
                 Engine::Regex { regex, slots }
             }
-            Err(_) => {
-                let pattern = grok::Grok::empty().compile(&ex.out, false).map_err(|e| match e {
-                    grok::Error::RegexCompilationFailed(msg) => {
-                        let first = msg.lines().next().unwrap_or_default().trim_end_matches(':');
-                        let first = first.strip_prefix("Regex compilation failed: ").unwrap_or(first);
-                        format!("not a valid regular expression: {first}")
-                    }
-                    other => other.to_string(),
-                })?;
+            Err(plain) => {
+                if let Err(e) = fancy_regex::Regex::new(&ex.out) {
+                    return Err(regex_error(&e, &plain, pattern, &ex));
+                }
+                let pattern = grok::Grok::empty().compile(&ex.out, false).map_err(|e| e.to_string())?;
                 let mut names = Vec::new();
                 for name in pattern.capture_names() {
                     names.push((name.to_string(), capture_index(name, &mut captures)?));
@@ -639,6 +701,31 @@ mod tests {
         assert!(e.contains("unknown field `timeout_millis`"), "{e}");
         let e = build_err(&yaml("%{WORD:w}", "overwrite: ['a..b']"));
         assert!(e.contains("overwrite:"), "{e}");
+    }
+
+    /// Which pattern, where in it and why; never the engine's debug dump of the expanded
+    /// expression (`ParseError(26, UnclosedOpenParen)`), whose positions are not the user's.
+    #[test]
+    fn an_expression_that_does_not_compile_is_placed_in_the_pattern_as_written() {
+        for (pattern, why, place) in [
+            (
+                "%{WORD:x} (unclosed",
+                "Opening parenthesis without closing parenthesis",
+                "at byte 19 of the pattern, after `%{WORD:x} (unclosed`",
+            ),
+            (
+                "%{WORD:a} (?<x>\\d+) [z-a] %{NUMBER:n}",
+                "invalid character class range, the start must be <= the end",
+                "after `%{WORD:a} (?<x>\\d+) [`",
+            ),
+            ("%{IPV4:ip} (?<=a+)b", "Look-behind assertion without constant size", ""),
+            ("%{BROKEN:x} tail", "invalid character class range", "in the expansion of `%{BROKEN:x}`"),
+        ] {
+            let e = build_err(&yaml(pattern, "pattern_definitions: {BROKEN: 'a[z-a]'}"));
+            let wanted = format!("not a valid regular expression: {why}");
+            assert!(e.contains(&wanted) && e.contains(place), "{pattern}: {e}");
+            assert!(!e.contains("ParseError") && !e.contains("CompileError") && !e.contains("_sl0"), "{e}");
+        }
     }
 
     #[test]
