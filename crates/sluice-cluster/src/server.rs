@@ -298,9 +298,7 @@ async fn handshake(
     let mut writer = BufWriter::with_capacity(64 << 10, writer);
     let hello = match frame::read_frame(&mut reader).await {
         Ok(Some(f)) if f.kind == Kind::Hello => f,
-        Ok(Some(f)) => {
-            return Err(HandshakeFailure::Refused(format!("expected a handshake, got a {:?} frame", f.kind)));
-        }
+        Ok(Some(f)) => return Err(HandshakeFailure::Refused(format!("expected a handshake, got a {:?} frame", f.kind))),
         Ok(None) => return Ok(None),
         Err(e) => return Err(HandshakeFailure::Refused(e.to_string())),
     };

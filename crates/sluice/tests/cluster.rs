@@ -685,14 +685,33 @@ fn bytes_in_flight(nodes: &[&Node]) -> u64 {
 #[test]
 fn a_peer_stopped_and_resumed_leaves_no_frame_unanswered() {
     let extra = "  on_peer_failure: hold
-  forwarding: {request_timeout: 1s, retry_backoff: 50ms, retry_backoff_max: 200ms, failures_before_down: 2, batch_bytes: 16KiB, max_in_flight: 1MiB}";
-    // A small queue whose records stay until their groups conclude: the stopped node's takers
-    // wait for room when it resumes, as with a node behind on its work.
-    let queue = "{type: persisted, shards: 1, segment_bytes: 64KiB, max_bytes: 256KiB, checkpoint_interval: 50ms}";
+  forwarding: {request_timeout: 1s, retry_backoff: 50ms, retry_backoff_max: 200ms, failures_before_down: 2, batch_bytes: 16KiB, max_in_flight: 4MiB}";
+    // The stopped node has a small queue whose records stay until their groups conclude: when
+    // it resumes, its takers wait for room while its peers give up on connections (as with a
+    // node behind on its work); the others have room for the load.
+    let small = "{type: persisted, shards: 1, segment_bytes: 64KiB, max_bytes: 256KiB, checkpoint_interval: 50ms}";
+    let large = "{type: persisted, shards: 2, segment_bytes: 1MiB, max_bytes: 64MiB, checkpoint_interval: 50ms}";
     let members = cluster_addresses(3);
-    let mut nodes = start_nodes(&members, &static_discovery(&members), |_| extra.to_string(), queue, "1s", http_input);
+    let discovery = static_discovery(&members);
+    let mut nodes: Vec<Node> = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let port = free_port();
+            let spec = NodeSpec {
+                cluster: m.clone(),
+                discovery: discovery.clone(),
+                cluster_extra: extra.to_string(),
+                queue: if i == 1 { small } else { large }.to_string(),
+                input: http_input(port),
+                group_duration: "1s".to_string(),
+            };
+            Node::start(config(&spec), port, m)
+        })
+        .collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..3u64)
+    // Enough clients at once that the stalled node's share fills many frames.
+    let clients: Vec<_> = (0..16u64)
         .map(|i| {
             let (port, stop) = (nodes[0].port, stop.clone());
             std::thread::spawn(move || http_client(port, i * 10_000_000, 10_000_000, stop))
