@@ -14,6 +14,9 @@
 //! sender and epoch, the batches it has taken above `low`: a batch sent again (after a lost
 //! connection or a timeout) is answered, not taken twice.
 //!
+//! A node with `cluster.tls` answers a plain HELLO (no TLS) with a plain REFUSE saying so, and
+//! a node without it reads a TLS record where a frame should be as "the peer speaks TLS".
+//!
 //! `ring` is the fingerprint of the ring the sender routed the batch with: a receiver whose ring
 //! has the same one owns every event of it and need not look again.
 //!

@@ -8,6 +8,8 @@
 //!   identification keys: events this node owns go on; the others go to their owner's link.
 //! - [`link`]: one peer's outbound link: window, coalescing, pipelining, retries, down/probing.
 //! - [`server`]: the receiving side; a batch is answered once its pipeline has taken it.
+//! - `limits`: the cap on connections still in their handshake, and log lines a peer can
+//!   trigger written at most once per interval.
 //! - [`frame`]: the checksummed wire format; [`transport`]: TCP or TLS connections.
 //! - [`discovery`]: the membership, static or from DNS, and the ring rebuilt when it changes.
 //! - [`metrics`]: per peer and node-wide figures for `/metrics` and `/stats`.
@@ -73,6 +75,8 @@ pub(crate) struct Shared {
     pub(crate) handshakes: Arc<PendingHandshakes>,
     /// Handshake failures: anyone who reaches the port can cause one per connection.
     pub(crate) handshake_log: LogEvery,
+    /// Accept failures (out of file descriptors): they come again every retry.
+    pub(crate) accept_log: LogEvery,
     /// Senders whose batches come routed by another ring than this node's.
     rings: Mutex<RingWatch>,
     me: std::sync::Weak<Shared>,
@@ -337,6 +341,7 @@ impl Cluster {
             stopping: std::sync::atomic::AtomicBool::new(false),
             handshakes: PendingHandshakes::new(config.max_pending_handshakes),
             handshake_log: LogEvery::new(Duration::from_secs(10)),
+            accept_log: LogEvery::new(Duration::from_secs(10)),
             rings: Mutex::new(RingWatch::new(match &config.discovery {
                 config::Discovery::Dns(d) => d.refresh.0,
                 config::Discovery::Static(_) => RING_GRACE_STATIC,

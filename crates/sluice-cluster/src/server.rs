@@ -209,7 +209,10 @@ pub(crate) async fn serve(listener: TcpListener, acceptor: Acceptor, shared: Arc
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(error = %e, "cluster listener: accept failed");
+                    if let Some(held_back) = shared.accept_log.due() {
+                        tracing::warn!(error = %e, also_since_last_log = held_back,
+                            "cluster listener: accept failed (logged at most once per 10 s)");
+                    }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -298,7 +301,9 @@ async fn handshake(
     let mut writer = BufWriter::with_capacity(64 << 10, writer);
     let hello = match frame::read_frame(&mut reader).await {
         Ok(Some(f)) if f.kind == Kind::Hello => f,
-        Ok(Some(f)) => return Err(HandshakeFailure::Refused(format!("expected a handshake, got a {:?} frame", f.kind))),
+        Ok(Some(f)) => {
+            return Err(HandshakeFailure::Refused(format!("expected a handshake, got a {:?} frame", f.kind)));
+        }
         Ok(None) => return Ok(None),
         Err(e) => return Err(HandshakeFailure::Refused(e.to_string())),
     };

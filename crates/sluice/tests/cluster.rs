@@ -874,7 +874,7 @@ fn connections_that_never_handshake_are_capped_counted_and_quiet() {
     let metrics = http(&first[0].api, "GET", "/metrics", &[], b"").1;
     assert_eq!(metric(&metrics, "sluice_cluster_handshakes_evicted_total"), evicted as f64);
     assert_eq!(metric(&metrics, "sluice_cluster_handshakes_timed_out_total"), timed_out as f64);
-    let mut all = vec![first.remove(0), second.remove(0)];
+    let mut all = [first.remove(0), second.remove(0)];
     let logs = stop_all(&mut all.iter_mut().collect::<Vec<_>>());
     for (n, log) in all.iter().zip(&logs) {
         assert_eq!(summary(log, "web")["unfinished"], 0, "{}: {log}", n.cluster);
@@ -893,7 +893,11 @@ fn a_node_without_tls_facing_a_tls_peer_says_so() {
     let discovery = static_discovery(&members);
     let mut nodes = start_each(
         &[
-            (members[0].clone(), discovery.clone(), tls_extra(&certs.cert("node-a"), &certs.key("node-a"), &certs.ca_cert)),
+            (
+                members[0].clone(),
+                discovery.clone(),
+                tls_extra(&certs.cert("node-a"), &certs.key("node-a"), &certs.ca_cert),
+            ),
             (members[1].clone(), discovery.clone(), "  on_peer_failure: hold".to_string()),
         ],
         "{type: memory}",
@@ -904,9 +908,8 @@ fn a_node_without_tls_facing_a_tls_peer_says_so() {
     }
     let with_tls_says = |log: &str| log.contains("the peer has no `cluster.tls`");
     let without_says = |log: &str| log.contains("has `cluster.tls` and this node has none");
-    let said = eventually(Duration::from_secs(30), || {
-        with_tls_says(&nodes[0].s.log()) && without_says(&nodes[1].s.log())
-    });
+    let said =
+        eventually(Duration::from_secs(30), || with_tls_says(&nodes[0].s.log()) && without_says(&nodes[1].s.log()));
     for n in &nodes {
         let log = n.s.log();
         let lines: Vec<&str> = log.lines().filter(|l| l.contains("tls") || l.contains("magic")).take(4).collect();
