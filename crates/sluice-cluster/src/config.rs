@@ -26,6 +26,10 @@ struct RawCluster {
     forwarding: ForwardingConfig,
     #[serde(default)]
     on_peer_failure: PeerFailurePolicy,
+    #[serde(default)]
+    max_pending_handshakes: Option<usize>,
+    #[serde(default)]
+    handshake_timeout: Option<HumanDuration>,
 }
 
 /// `discovery: {static: [...]}` or `discovery: {dns: {...}}`: exactly one of the two.
@@ -136,9 +140,16 @@ pub struct ClusterConfig {
     pub tls: Option<sluice_tls::TlsConfig>,
     pub forwarding: ForwardingConfig,
     pub on_peer_failure: PeerFailurePolicy,
+    /// Connections to the cluster port that have not finished their handshake (TLS and the
+    /// cluster hello) held at once; past it the oldest of them is closed to make room.
+    pub max_pending_handshakes: usize,
+    /// How long an accepted connection may take to finish its handshake.
+    pub handshake_timeout: Duration,
 }
 
 pub const DEFAULT_VIRTUAL_NODES: u32 = 256;
+pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 64;
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ClusterConfig {
     /// Reads and checks the section; every problem names its key.
@@ -222,6 +233,14 @@ impl ClusterConfig {
         if f.retry_backoff_max.0 < f.retry_backoff.0 {
             errors.push(at("forwarding", "`retry_backoff_max` must be at least `retry_backoff`".into()));
         }
+        let max_pending_handshakes = raw.max_pending_handshakes.unwrap_or(DEFAULT_MAX_PENDING_HANDSHAKES);
+        if !(1..=65_536).contains(&max_pending_handshakes) {
+            errors.push(at("max_pending_handshakes", format!("{max_pending_handshakes} is out of range 1..=65536")));
+        }
+        let handshake_timeout = raw.handshake_timeout.map_or(DEFAULT_HANDSHAKE_TIMEOUT, |d| d.0);
+        if handshake_timeout.is_zero() {
+            errors.push(at("handshake_timeout", "must be more than 0".to_string()));
+        }
         if f.failures_before_down == 0 {
             errors.push(at("forwarding", "`failures_before_down` must be at least 1".into()));
         }
@@ -244,6 +263,8 @@ impl ClusterConfig {
             tls: raw.tls,
             forwarding: raw.forwarding,
             on_peer_failure: raw.on_peer_failure,
+            max_pending_handshakes,
+            handshake_timeout,
         })
     }
 }

@@ -14,6 +14,9 @@
 //! sender and epoch, the batches it has taken above `low`: a batch sent again (after a lost
 //! connection or a timeout) is answered, not taken twice.
 //!
+//! A node with `cluster.tls` answers a plain HELLO (no TLS) with a plain REFUSE saying so, and
+//! a node without it reads a TLS record where a frame should be as "the peer speaks TLS".
+//!
 //! `ring` is the fingerprint of the ring the sender routed the batch with: a receiver whose ring
 //! has the same one owns every event of it and need not look again.
 //!
@@ -61,7 +64,7 @@ impl Kind {
 pub enum FrameError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("not a sluice cluster frame (bad magic {0:02x?}): is the peer a sluice node of this version?")]
+    #[error("{}", describe_bad_magic(.0))]
     BadMagic([u8; 4]),
     #[error("unknown frame kind {0}")]
     UnknownKind(u8),
@@ -71,6 +74,19 @@ pub enum FrameError {
     Checksum { expected: u32, found: u32 },
     #[error("malformed {0:?} frame: {1}")]
     Malformed(Kind, String),
+}
+
+/// A TLS record begins with its content type (20–23) and major version 3.
+pub fn looks_like_tls(first: &[u8]) -> bool {
+    first.len() >= 2 && (20..=23).contains(&first[0]) && first[1] == 3
+}
+
+fn describe_bad_magic(magic: &[u8; 4]) -> String {
+    if looks_like_tls(magic) {
+        "the peer speaks TLS and this node has no `cluster.tls`: give every node the same `tls` section".to_string()
+    } else {
+        format!("not a sluice cluster frame (bad magic {magic:02x?}): is the peer a sluice node of this version?")
+    }
 }
 
 #[derive(Debug)]
@@ -333,7 +349,14 @@ mod tests {
         let mut flipped = wire.clone();
         *flipped.last_mut().unwrap() ^= 1;
         assert!(matches!(read_frame(&mut &flipped[..]).await, Err(FrameError::Checksum { .. })));
-        assert!(matches!(read_frame(&mut &b"GET / HTTP/1.1\r\n\r\n"[..]).await, Err(FrameError::BadMagic(_))));
+        let http = read_frame(&mut &b"GET / HTTP/1.1\r\n\r\n"[..]).await;
+        assert!(matches!(&http, Err(FrameError::BadMagic(_))));
+        assert!(http.unwrap_err().to_string().contains("bad magic"));
+        // A TLS ClientHello's record header, then an alert's: said to be TLS, not "bad magic".
+        for tls in [&[0x16u8, 0x03, 0x01, 0x00, 0xc8, 0x01][..], &[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]] {
+            let e = read_frame(&mut &[tls, &[0u8; 16][..]].concat()[..]).await.unwrap_err().to_string();
+            assert!(e.contains("speaks TLS") && e.contains("no `cluster.tls`"), "{e}");
+        }
         assert!(read_frame(&mut &wire[..wire.len() - 1]).await.is_err(), "a torn frame is an error");
         assert!(read_frame(&mut &[][..]).await.unwrap().is_none(), "a clean end is not");
         let w = batch_frame(1, 0, 9, "web", 3, &[&[0]], false);

@@ -8,6 +8,8 @@
 //!   identification keys: events this node owns go on; the others go to their owner's link.
 //! - [`link`]: one peer's outbound link: window, coalescing, pipelining, retries, down/probing.
 //! - [`server`]: the receiving side; a batch is answered once its pipeline has taken it.
+//! - `limits`: the cap on connections still in their handshake, and log lines a peer can
+//!   trigger written at most once per interval.
 //! - [`frame`]: the checksummed wire format; [`transport`]: TCP or TLS connections.
 //! - [`discovery`]: the membership, static or from DNS, and the ring rebuilt when it changes.
 //! - [`metrics`]: per peer and node-wide figures for `/metrics` and `/stats`.
@@ -29,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 pub mod config;
 pub mod discovery;
 pub mod frame;
+mod limits;
 pub mod link;
 pub mod metrics;
 pub mod ring;
@@ -40,10 +43,11 @@ pub use config::{ClusterConfig, PeerFailurePolicy};
 pub use router::{RouteError, RouteReport, Router};
 pub use server::Inbound;
 
+use crate::limits::{LogEvery, PendingHandshakes};
 use crate::link::{Fallback, LinkSettings, PeerLink, Returned};
 use crate::metrics::{ClusterView, NodeMetrics, PeerMetrics};
 use crate::ring::Ring;
-use crate::server::{InboundEntry, TakenWindow};
+use crate::server::{InboundEntry, SharedWindow, TakenWindow};
 
 /// The ring as one node sees it at one moment, with the link of every other member.
 pub(crate) struct Topology {
@@ -53,8 +57,6 @@ pub(crate) struct Topology {
     /// By member index; `None` for this node.
     pub links: Vec<Option<Arc<PeerLink>>>,
 }
-
-type SharedWindow = Arc<Mutex<TakenWindow>>;
 
 pub(crate) struct Shared {
     pub config: ClusterConfig,
@@ -69,7 +71,54 @@ pub(crate) struct Shared {
     /// This node is shutting down: peers hear "stopping" for what it no longer takes, and
     /// what it could not forward is processed here.
     stopping: std::sync::atomic::AtomicBool,
+    /// Connections to the cluster port still in their handshake.
+    pub(crate) handshakes: Arc<PendingHandshakes>,
+    /// Handshake failures: anyone who reaches the port can cause one per connection.
+    pub(crate) handshake_log: LogEvery,
+    /// Accept failures (out of file descriptors): they come again every retry.
+    pub(crate) accept_log: LogEvery,
+    /// Senders whose batches come routed by another ring than this node's.
+    rings: Mutex<RingWatch>,
     me: std::sync::Weak<Shared>,
+}
+
+/// How long a peer's ring may differ from this node's before it is worth a warning: about
+/// as long as a membership change takes to reach every node. Discovery by DNS: its `refresh`.
+const RING_GRACE_STATIC: Duration = Duration::from_secs(10);
+
+/// The warning that a peer's ring differs is repeated at most this often per peer.
+const RING_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Per sending node: since when its batches have come with another ring than this node's,
+/// and when that was last said. Rings differ for a moment during every membership change;
+/// for longer than `grace` they mean the nodes' member lists differ (a configuration mistake
+/// that splits every group between two owners, which nothing else would show).
+#[derive(Debug)]
+pub(crate) struct RingWatch {
+    grace: Duration,
+    differing: HashMap<String, (std::time::Instant, Option<std::time::Instant>)>,
+}
+
+impl RingWatch {
+    fn new(grace: Duration) -> RingWatch {
+        RingWatch { grace, differing: HashMap::new() }
+    }
+
+    /// A batch from `node` routed with ring `theirs`, this node's being `mine`; returns how
+    /// long they have differed when that is to be said now.
+    pub(crate) fn observe(&mut self, node: &str, theirs: u64, mine: u64, now: std::time::Instant) -> Option<Duration> {
+        if theirs == mine {
+            self.differing.remove(node);
+            return None;
+        }
+        let (since, warned) = self.differing.entry(node.to_string()).or_insert((now, None));
+        let differed = now.saturating_duration_since(*since);
+        if differed < self.grace || warned.is_some_and(|w| now.saturating_duration_since(w) < RING_WARN_EVERY) {
+            return None;
+        }
+        *warned = Some(now);
+        Some(differed)
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -94,6 +143,20 @@ impl Shared {
                 taken.insert(node.to_string(), (epoch, w.clone()));
                 w
             }
+        }
+    }
+
+    /// Warns when `node`'s batches have come routed by another ring than this node's for
+    /// longer than a membership change takes.
+    pub(crate) fn observe_ring(&self, node: &str, theirs: u64) {
+        let topo = self.topology();
+        let mine = topo.ring.fingerprint();
+        let differed = self.rings.lock().observe(node, theirs, mine, std::time::Instant::now());
+        if let Some(differed) = differed {
+            tracing::warn!(peer = %node, for_at_least = ?differed, members = %topo.ring.members().join(", "),
+                "a peer routes with another ring than this node's: the nodes' member lists differ, and \
+                 events of one key are processed on two nodes; give every node the same `discovery` \
+                 (repeated at most once a minute per peer)");
         }
     }
 
@@ -227,6 +290,10 @@ impl ClusterView for Shared {
         self.topology().ring.members().to_vec()
     }
 
+    fn pending_handshakes(&self) -> u64 {
+        self.handshakes.len() as u64
+    }
+
     fn peers(&self) -> Vec<(String, Arc<PeerMetrics>)> {
         let mut v: Vec<_> = self.links.lock().iter().map(|(n, l)| (n.clone(), l.metrics.clone())).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -272,6 +339,13 @@ impl Cluster {
             link_settings,
             stop: CancellationToken::new(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            handshakes: PendingHandshakes::new(config.max_pending_handshakes),
+            handshake_log: LogEvery::new(Duration::from_secs(10)),
+            accept_log: LogEvery::new(Duration::from_secs(10)),
+            rings: Mutex::new(RingWatch::new(match &config.discovery {
+                config::Discovery::Dns(d) => d.refresh.0,
+                config::Discovery::Static(_) => RING_GRACE_STATIC,
+            })),
             me: me.clone(),
             config,
         });

@@ -87,8 +87,14 @@ pub struct NodeMetrics {
     pub worker_wait_nanos: Counter,
     /// The longest single wait of a worker on a peer, in nanoseconds.
     pub worker_wait_max_nanos: AtomicU64,
-    /// Connections refused at the handshake (wrong cluster, version, TLS).
+    /// Connections refused at the handshake (wrong cluster, version, a failed TLS handshake,
+    /// bytes that are no cluster handshake).
     pub handshakes_refused: Counter,
+    /// Connections that did not finish their handshake within `handshake_timeout`.
+    pub handshakes_timed_out: Counter,
+    /// Connections closed in their handshake to make room for a newer one, when
+    /// `max_pending_handshakes` were handshaking.
+    pub handshakes_evicted: Counter,
     pub ring_changes: Counter,
 }
 
@@ -98,6 +104,10 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug {
     fn node_metrics(&self) -> &NodeMetrics;
     /// The ring's members, this node included.
     fn members(&self) -> Vec<String>;
+    /// Connections accepted and still in their handshake.
+    fn pending_handshakes(&self) -> u64 {
+        0
+    }
     fn peers(&self) -> Vec<(String, Arc<PeerMetrics>)>;
 }
 
@@ -114,7 +124,7 @@ impl MetricsSection for ClusterSection {
     fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
         let v = &self.0;
         let n = v.node_metrics();
-        let node: [(&str, &str, &Counter); 7] = [
+        let node: [(&str, &str, &Counter); 9] = [
             (
                 "sluice_cluster_events_local_total",
                 "Events this node owns by its ring and processed here.",
@@ -142,6 +152,16 @@ impl MetricsSection for ClusterSection {
                 "Peer connections refused at the handshake.",
                 &n.handshakes_refused,
             ),
+            (
+                "sluice_cluster_handshakes_timed_out_total",
+                "Peer connections that did not finish their handshake within handshake_timeout.",
+                &n.handshakes_timed_out,
+            ),
+            (
+                "sluice_cluster_handshakes_evicted_total",
+                "Peer connections closed in their handshake to make room (max_pending_handshakes).",
+                &n.handshakes_evicted,
+            ),
         ];
         for (name, help, c) in node {
             counter(encoder, name, help, [(Labels::new(), c.get())])?;
@@ -157,6 +177,12 @@ impl MetricsSection for ClusterSection {
             "sluice_cluster_worker_wait_max_seconds",
             "The longest single wait of a worker on a peer.",
             [(Labels::new(), n.worker_wait_max_nanos.load(Ordering::Relaxed) as f64 / 1e9)],
+        )?;
+        gauge(
+            encoder,
+            "sluice_cluster_handshakes_pending",
+            "Connections to the cluster port accepted and still in their handshake.",
+            [(Labels::new(), v.pending_handshakes())],
         )?;
         gauge(
             encoder,
@@ -250,6 +276,9 @@ impl MetricsSection for ClusterSection {
             "worker_wait_seconds": n.worker_wait_nanos.get() as f64 / 1e9,
             "worker_wait_max_seconds": n.worker_wait_max_nanos.load(Ordering::Relaxed) as f64 / 1e9,
             "handshakes_refused": n.handshakes_refused.get(),
+            "handshakes_timed_out": n.handshakes_timed_out.get(),
+            "handshakes_evicted": n.handshakes_evicted.get(),
+            "handshakes_pending": v.pending_handshakes(),
             "ring_changes": n.ring_changes.get(),
             "peers": peers,
         })

@@ -206,3 +206,162 @@ async fn only_a_sender_with_another_ring_has_its_events_checked() {
     recording.complete_all();
     cluster.shutdown();
 }
+
+/// Takes events and keeps their acknowledgements, but does not return from `take` until the
+/// gate lets it: a pipeline whose queue is full.
+struct Blocked {
+    taken: Mutex<Vec<AckSet>>,
+    gate: tokio::sync::Semaphore,
+}
+
+#[async_trait::async_trait]
+impl Inbound for Blocked {
+    async fn take(&self, _events: Vec<Event>, acks: AckSet) -> Result<(), String> {
+        self.taken.lock().push(acks);
+        self.gate.acquire().await.expect("never closed").forget();
+        Ok(())
+    }
+}
+
+/// The stall of a peer, step by step: every taker of a connection waits on a full pipeline, one
+/// more batch has been read and waits for a taker, and the connection ends (the sender gave up
+/// on it). That batch was never taken: a resend on a new connection — whether it comes before
+/// the old connection is gone or after — must be taken and answered, not be told for ever that
+/// it is being taken.
+#[tokio::test]
+async fn a_batch_left_waiting_for_a_taker_by_a_closed_connection_is_taken_when_sent_again() {
+    let (cluster, _recording) = node().await;
+    let blocked = Arc::new(Blocked { taken: Mutex::new(Vec::new()), gate: tokio::sync::Semaphore::new(0) });
+    cluster.register_inbound("web", sluice_core::KeySpec::new(Vec::new()), blocked.clone());
+    let mut first = connect(&cluster, 11).await;
+    for seq in 0..5 {
+        send_batch(&mut first, seq, 0).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while blocked.taken.lock().len() < 4 {
+        assert!(tokio::time::Instant::now() < deadline, "the four takers did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Batch 4 is read and waits for a taker.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(blocked.taken.lock().len(), 4, "more than four batches of one connection taken at once");
+    // The sender gives up on the connection (a reset: the next answer cannot be written)...
+    // A linger of zero closes at once, with a reset (nothing blocks on drop).
+    #[allow(deprecated)]
+    first.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(first);
+    // ...and sends batch 4 again on a new one, while the old one is not known to be gone yet.
+    let mut second = connect(&cluster, 11).await;
+    send_batch(&mut second, 4, 0).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The pipeline takes the first batches: their answers find the old connection gone, which
+    // ends it, with batch 4 still waiting for a taker there.
+    let firsts: Vec<AckSet> = blocked.taken.lock().drain(..).collect();
+    for acks in firsts {
+        acks.complete();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Batch 4 was not taken: the new connection hears "retry"...
+    assert_eq!(answer(&mut second).await, (4, frame::ACK_RETRY), "the resend waits for an answer that never comes");
+    blocked.gate.add_permits(1000);
+    // ...and, sent again, it is taken and answered.
+    send_batch(&mut second, 4, 0).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while blocked.taken.lock().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "batch 4 sent again was not taken");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let acks: Vec<AckSet> = blocked.taken.lock().drain(..).collect();
+    assert_eq!(acks.len(), 1);
+    for a in acks {
+        a.complete();
+    }
+    assert_eq!(answer(&mut second).await, (4, frame::ACK_TAKEN));
+    // A resend on a third connection after the second was closed is answered at once.
+    drop(second);
+    let mut third = connect(&cluster, 11).await;
+    send_batch(&mut third, 4, 0).await;
+    assert_eq!(answer(&mut third).await, (4, frame::ACK_TAKEN));
+    cluster.shutdown();
+}
+
+/// The answer to a batch being taken reaches the connection that sent it again, even when the
+/// connections that sent it before are all gone.
+#[tokio::test]
+async fn the_answer_reaches_the_connection_that_resent_the_batch() {
+    let (cluster, recording) = node().await;
+    let mut gone = Vec::new();
+    for _ in 0..3 {
+        let mut tcp = connect(&cluster, 12).await;
+        send_batch(&mut tcp, 0, 0).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        gone.push(tcp);
+    }
+    drop(gone);
+    let mut last = connect(&cluster, 12).await;
+    send_batch(&mut last, 0, 0).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(recording.count(), 1, "taken more than once");
+    recording.complete_all();
+    assert_eq!(answer(&mut last).await, (0, frame::ACK_TAKEN));
+    cluster.shutdown();
+}
+
+/// Connections that never begin their handshake are capped (the oldest makes room), counted,
+/// and timed out; a real peer still gets in.
+#[tokio::test]
+async fn connections_that_never_handshake_are_capped_and_counted() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\ndiscovery: {{static: [127.0.0.1:{port}]}}\nmax_pending_handshakes: 8\nhandshake_timeout: 2s\n"
+    );
+    let cluster =
+        Cluster::start(ClusterConfig::from_node(&sluice_config::parse_yaml(&yaml, "test.yml").unwrap()).unwrap())
+            .await
+            .unwrap();
+    let recording = Arc::new(Recording::default());
+    cluster.register_inbound("web", sluice_core::KeySpec::new(Vec::new()), recording.clone());
+    let mut silent = Vec::new();
+    for _ in 0..40 {
+        silent.push(TcpStream::connect(cluster.config().listen).await.unwrap());
+    }
+    let m = cluster.metrics();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while m.handshakes_evicted.get() < 32 {
+        assert!(tokio::time::Instant::now() < deadline, "evicted only {}", m.handshakes_evicted.get());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(cluster.shared.handshakes.len() <= 8, "{} handshaking", cluster.shared.handshakes.len());
+    // A real peer gets in while they hold their places.
+    let mut tcp = connect(&cluster, 1).await;
+    send_batch(&mut tcp, 0, 0).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    recording.complete_all();
+    assert_eq!(answer(&mut tcp).await, (0, frame::ACK_TAKEN));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while m.handshakes_timed_out.get() < 7 {
+        assert!(tokio::time::Instant::now() < deadline, "timed out only {}", m.handshakes_timed_out.get());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(cluster.shared.handshakes.len(), 0);
+    assert_eq!(m.handshakes_evicted.get() + m.handshakes_timed_out.get(), 40, "every silent connection counted once");
+    drop(silent);
+    cluster.shutdown();
+}
+
+#[test]
+fn a_ring_that_differs_is_said_once_it_outlasts_the_grace_and_then_rarely() {
+    let mut watch = crate::RingWatch::new(Duration::from_secs(10));
+    let t0 = std::time::Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    assert_eq!(watch.observe("b", 2, 1, at(0)), None);
+    assert_eq!(watch.observe("b", 2, 1, at(9)), None, "a ring change takes a moment to reach every node");
+    assert_eq!(watch.observe("b", 2, 1, at(10)), Some(Duration::from_secs(10)));
+    assert_eq!(watch.observe("b", 2, 1, at(30)), None, "said again too soon");
+    assert_eq!(watch.observe("b", 2, 1, at(70)), Some(Duration::from_secs(70)));
+    // Agreeing again starts over.
+    assert_eq!(watch.observe("b", 1, 1, at(71)), None);
+    assert_eq!(watch.observe("b", 2, 1, at(72)), None);
+    assert_eq!(watch.observe("b", 2, 1, at(81)), None);
+    assert_eq!(watch.observe("b", 2, 1, at(82)), Some(Duration::from_secs(10)));
+}

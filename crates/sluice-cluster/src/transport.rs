@@ -42,7 +42,15 @@ impl Connector {
                 let host = address.rsplit_once(':').map(|(h, _)| h).unwrap_or(address);
                 let host = host.trim_start_matches('[').trim_end_matches(']');
                 let stream = tls.connect(host, tcp).await.map_err(|e| {
-                    format!("TLS handshake with {address}: {}", sluice_tls::describe_handshake_error(&e))
+                    // A node without `cluster.tls` reads the TLS hello as a bad frame and
+                    // closes: all this side sees is the connection going away.
+                    let hint = match e.kind() {
+                        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+                            " (a peer without `cluster.tls` closes a TLS handshake so: its log says whether it has none)"
+                        }
+                        _ => "",
+                    };
+                    format!("TLS handshake with {address}: {}{hint}", sluice_tls::describe_handshake_error(&e))
                 })?;
                 Ok(Box::new(stream))
             }
@@ -65,6 +73,11 @@ impl Acceptor {
             None => None,
         };
         Ok(Acceptor { tls })
+    }
+
+    /// Whether peers must speak TLS here.
+    pub fn has_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     pub async fn accept(&self, tcp: TcpStream) -> Result<BoxStream, String> {

@@ -40,6 +40,8 @@ struct NodeSpec {
     /// The pipeline's one input, inline.
     input: String,
     group_duration: String,
+    /// The cluster's name when not the one derived from `discovery`.
+    cluster_name: Option<String>,
 }
 
 /// A name of the test's own for its cluster, from its membership: tests run side by side, and a
@@ -74,7 +76,7 @@ pipelines:
     outputs: [{{type: file, path: '{{dir}}/agg.log'}}]
 ",
         cluster = n.cluster,
-        name = cluster_name(&n.discovery),
+        name = n.cluster_name.clone().unwrap_or_else(|| cluster_name(&n.discovery)),
         discovery = n.discovery,
         extra = n.cluster_extra,
         queue = n.queue,
@@ -187,6 +189,7 @@ fn start_nodes(
             queue: queue.to_string(),
             input: input(port),
             group_duration: group_duration.to_string(),
+            cluster_name: None,
         };
         nodes.push(Node::start(config(&spec), port, m));
     }
@@ -659,4 +662,341 @@ fn dns_discovery_from_the_hosts_file() {
     );
     assert!(sum >= sent, "events were lost: sent {sent}, counted {sum}");
     drop(hosts);
+}
+
+/// Waits until no link holds anything (true), or until no link has had a frame answered for
+/// `quiet` while some still hold frames (false): frames left unanswered for good.
+fn drained_or_stuck(nodes: &[&Node], quiet: Duration) -> bool {
+    let answered = |nodes: &[&Node]| -> u64 {
+        nodes
+            .iter()
+            .flat_map(|n| {
+                let c = n.cluster_stats();
+                c["peers"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(_, p)| p["batches_forwarded"].as_u64().unwrap_or(0))
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    };
+    let mut last = (answered(nodes), std::time::Instant::now());
+    // A bound of its own, far above any drain seen, so that the test ends whatever happens.
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(600) {
+        if bytes_in_flight(nodes) == 0 {
+            return true;
+        }
+        let now = answered(nodes);
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+        } else if last.1.elapsed() >= quiet {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+/// Bytes every node's links hold for their peers, unanswered.
+fn bytes_in_flight(nodes: &[&Node]) -> u64 {
+    nodes
+        .iter()
+        .flat_map(|n| {
+            let c = n.cluster_stats();
+            c["peers"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(_, p)| p["bytes_in_flight"].as_u64().unwrap_or(0))
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// A peer stopped (SIGSTOP) long enough for its peers to give up on their connections, then
+/// resumed, while the others forward to it with full pipelines on its side: the frames it had
+/// read from the connections its peers gave up on, and not yet taken, are taken when sent
+/// again. Nothing stays unanswered: every link empties, no event is missing from the outputs,
+/// and no node stops with events unfinished.
+#[test]
+fn a_peer_stopped_and_resumed_leaves_no_frame_unanswered() {
+    let extra = "  on_peer_failure: hold
+  forwarding: {request_timeout: 1s, retry_backoff: 50ms, retry_backoff_max: 200ms, failures_before_down: 2, batch_bytes: 16KiB, max_in_flight: 4MiB}";
+    // The stopped node has a small queue whose records stay until their groups conclude: when
+    // it resumes, its takers wait for room while its peers give up on connections (as with a
+    // node behind on its work); the others have room for the load.
+    let small = "{type: persisted, shards: 1, segment_bytes: 64KiB, max_bytes: 256KiB, checkpoint_interval: 50ms}";
+    let large = "{type: persisted, shards: 2, segment_bytes: 1MiB, max_bytes: 64MiB, checkpoint_interval: 50ms}";
+    let members = cluster_addresses(3);
+    let discovery = static_discovery(&members);
+    let mut nodes: Vec<Node> = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let port = free_port();
+            let spec = NodeSpec {
+                cluster: m.clone(),
+                discovery: discovery.clone(),
+                cluster_extra: extra.to_string(),
+                queue: if i == 1 { small } else { large }.to_string(),
+                input: http_input(port),
+                group_duration: "1s".to_string(),
+                cluster_name: None,
+            };
+            Node::start(config(&spec), port, m)
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Enough clients at once that the stalled node's share fills many frames.
+    let clients: Vec<_> = (0..16u64)
+        .map(|i| {
+            let (port, stop) = (nodes[0].port, stop.clone());
+            std::thread::spawn(move || http_client(port, i * 10_000_000, 10_000_000, stop))
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(30), || nodes[1].cluster_stats()["events"]["received"].as_u64() > Some(0)),
+        "nothing reached the second node before it was stopped"
+    );
+    for round in 0..2 {
+        nodes[1].s.signal("STOP");
+        std::thread::sleep(Duration::from_secs(4));
+        nodes[1].s.signal("CONT");
+        std::thread::sleep(Duration::from_secs(3));
+        eprintln!("after stall {round}: {}", nodes[0].cluster_stats()["peers"]);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let acked: Vec<u64> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    let acknowledged = acked.len() as u64;
+    assert!(acknowledged > 0, "no request was answered 200");
+    let all: Vec<&Node> = nodes.iter().collect();
+    // The resumed node works through its peers' backlog slowly (its small queue), and each
+    // request timeout resends it all: wait while answers still come, and no longer once they
+    // have stopped coming with frames still held.
+    let emptied = drained_or_stuck(&all, Duration::from_secs(20));
+    let stats: Vec<serde_json::Value> = nodes.iter().map(Node::cluster_stats).collect();
+    let settled = eventually(Duration::from_secs(120), || total(&all) >= acknowledged);
+    let logs = stop_all(&mut nodes.iter_mut().collect::<Vec<_>>());
+    let mut unfinished = Vec::new();
+    for (n, log) in nodes.iter().zip(&logs) {
+        let s = summary(log, "web");
+        eprintln!("{}: {s:?}", n.cluster);
+        if s["unfinished"] != 0 {
+            unfinished.push((n.cluster.clone(), s["unfinished"]));
+        }
+    }
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    for n in &acked {
+        *expected.entry(format!("u{}", n % USERS)).or_insert(0) += 1;
+    }
+    let mut got: BTreeMap<String, u64> = BTreeMap::new();
+    for n in &nodes {
+        for (user, c) in aggregate_counts(&n.output()) {
+            *got.entry(user).or_insert(0) += c;
+        }
+    }
+    let sum: u64 = got.values().sum();
+    eprintln!("acknowledged {acknowledged}, counted {sum} (settled before shutdown: {settled})");
+    assert!(emptied, "frames stayed unanswered after the load stopped: {stats:?}");
+    assert!(unfinished.is_empty(), "nodes stopped with events unfinished: {unfinished:?}");
+    let short: Vec<_> = expected
+        .iter()
+        .filter(|(u, want)| got.get(*u).copied().unwrap_or(0) < **want)
+        .map(|(u, want)| (u, *want, got.get(u).copied().unwrap_or(0)))
+        .collect();
+    assert!(short.is_empty(), "users counted fewer times than acknowledged (user, acknowledged, counted): {short:?}");
+}
+
+/// Starts one node per `(cluster address, discovery, cluster_extra)`, each with a tcp input,
+/// all in one cluster named after the first's discovery.
+fn start_each(specs: &[(String, String, String)], queue: &str) -> Vec<Node> {
+    let name = cluster_name(&specs[0].1);
+    specs
+        .iter()
+        .map(|(cluster, discovery, extra)| {
+            let port = free_port();
+            let spec = NodeSpec {
+                cluster: cluster.clone(),
+                discovery: discovery.clone(),
+                cluster_extra: extra.clone(),
+                queue: queue.to_string(),
+                input: tcp_input(port),
+                group_duration: "250ms".to_string(),
+                cluster_name: Some(name.clone()),
+            };
+            Node::start(config(&spec), port, cluster)
+        })
+        .collect()
+}
+
+/// Lines of `log` that contain `needle`.
+fn lines_with(log: &str, needle: &str) -> usize {
+    log.lines().filter(|l| l.contains(needle)).count()
+}
+
+/// Connections to the cluster port that never begin their TLS handshake: at most
+/// `max_pending_handshakes` are held, the others are closed to make room or time out, every one
+/// is counted, the log gets a line now and then rather than one per connection, and a real
+/// peer joins in the middle of it.
+#[test]
+fn connections_that_never_handshake_are_capped_counted_and_quiet() {
+    let certs_dir = tempfile::tempdir().unwrap();
+    let names = ["node-a", "node-b"];
+    let certs = sluice_tls::testing::CertSet::generate(certs_dir.path(), &names);
+    let members = cluster_addresses(2);
+    let discovery = static_discovery(&members);
+    let extra = |i: usize| {
+        format!(
+            "{}\n  max_pending_handshakes: 32\n  handshake_timeout: 2s",
+            tls_extra(&certs.cert(names[i]), &certs.key(names[i]), &certs.ca_cert)
+        )
+    };
+    let mut first = start_each(&[(members[0].clone(), discovery.clone(), extra(0))], "{type: memory}");
+    let target: std::net::SocketAddr = members[0].parse().unwrap();
+    // About 250 connections a second for 6 s, each left open and silent a while.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut open = std::collections::VecDeque::new();
+            let mut opened = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(c) = TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
+                    opened += 1;
+                    open.push_back(c);
+                }
+                if open.len() > 300 {
+                    open.pop_front();
+                }
+                std::thread::sleep(Duration::from_millis(4));
+            }
+            (opened, open)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let c = first[0].cluster_stats();
+    eprintln!("during the flood: {c}");
+    assert!(c["handshakes_pending"].as_u64().unwrap() <= 32, "{c}");
+    // A real peer joins while the flood goes on.
+    let mut second = start_each(&[(members[1].clone(), discovery.clone(), extra(1))], "{type: memory}");
+    for (i, n) in [&first[0], &second[0]].into_iter().enumerate() {
+        send_tcp(n.port, i as u64 * 2_000, 2_000, 0);
+    }
+    let joined = eventually(Duration::from_secs(30), || {
+        first[0].cluster_stats()["events"]["received"].as_u64() > Some(0)
+            && second[0].cluster_stats()["events"]["received"].as_u64() > Some(0)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    // The last ones stay open (a connection closed before a word is no handshake), and time out.
+    let (opened, still_open) = flood.join().unwrap();
+    let settled = eventually(Duration::from_secs(10), || first[0].cluster_stats()["handshakes_pending"] == 0);
+    drop(still_open);
+    let c = first[0].cluster_stats();
+    let log = first[0].s.log();
+    let (evicted, timed_out) = (c["handshakes_evicted"].as_u64().unwrap(), c["handshakes_timed_out"].as_u64().unwrap());
+    let lines = lines_with(&log, "ended in its handshake");
+    eprintln!(
+        "{opened} silent connections: evicted {evicted}, timed out {timed_out}, refused {}, {lines} log lines; {c}",
+        c["handshakes_refused"]
+    );
+    assert!(joined, "the real peer did not join during the flood: {c}\n{}", second[0].s.log());
+    assert!(settled, "connections still handshaking long after the flood: {c}");
+    assert!(opened > 500, "the flood opened only {opened} connections");
+    assert!(evicted + timed_out >= opened - 5, "not every silent connection was counted: {c}");
+    assert!(timed_out > 0, "no handshake timed out: {c}");
+    assert!(lines <= 3, "{lines} log lines for {opened} silent connections:\n{log}");
+    assert_eq!(lines_with(&log, "cluster connection from a peer ended"), 0, "{log}");
+    let metrics = http(&first[0].api, "GET", "/metrics", &[], b"").1;
+    assert_eq!(metric(&metrics, "sluice_cluster_handshakes_evicted_total"), evicted as f64);
+    assert_eq!(metric(&metrics, "sluice_cluster_handshakes_timed_out_total"), timed_out as f64);
+    let mut all = [first.remove(0), second.remove(0)];
+    let logs = stop_all(&mut all.iter_mut().collect::<Vec<_>>());
+    for (n, log) in all.iter().zip(&logs) {
+        assert_eq!(summary(log, "web")["unfinished"], 0, "{}: {log}", n.cluster);
+    }
+    let refs: Vec<&Node> = all.iter().collect();
+    assert_eq!(total(&refs), 4_000);
+}
+
+/// A node without `cluster.tls` among nodes with it: both sides say which one lacks TLS,
+/// instead of "bad magic" or a corrupt message.
+#[test]
+fn a_node_without_tls_facing_a_tls_peer_says_so() {
+    let certs_dir = tempfile::tempdir().unwrap();
+    let certs = sluice_tls::testing::CertSet::generate(certs_dir.path(), &["node-a"]);
+    let members = cluster_addresses(2);
+    let discovery = static_discovery(&members);
+    let mut nodes = start_each(
+        &[
+            (
+                members[0].clone(),
+                discovery.clone(),
+                tls_extra(&certs.cert("node-a"), &certs.key("node-a"), &certs.ca_cert),
+            ),
+            (members[1].clone(), discovery.clone(), "  on_peer_failure: hold".to_string()),
+        ],
+        "{type: memory}",
+    );
+    // Events for both to forward, so that each dials the other.
+    for (i, n) in nodes.iter().enumerate() {
+        send_tcp(n.port, i as u64 * 1000, 1000, 0);
+    }
+    let with_tls_says = |log: &str| log.contains("the peer has no `cluster.tls`");
+    let without_says = |log: &str| log.contains("has `cluster.tls` and this node has none");
+    let said =
+        eventually(Duration::from_secs(30), || with_tls_says(&nodes[0].s.log()) && without_says(&nodes[1].s.log()));
+    for n in &nodes {
+        let log = n.s.log();
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains("tls") || l.contains("magic")).take(4).collect();
+        eprintln!("{}:\n  {}", n.cluster, lines.join("\n  "));
+    }
+    assert!(said, "the nodes did not say which lacks TLS:\n{}\n---\n{}", nodes[0].s.log(), nodes[1].s.log());
+    for n in &nodes {
+        assert!(!n.s.log().contains("bad magic"), "{}", n.s.log());
+    }
+    assert!(nodes[0].cluster_stats()["handshakes_refused"].as_u64() > Some(0));
+    for n in nodes.iter_mut() {
+        let _ = n.s.child.kill();
+    }
+}
+
+/// Two nodes whose member lists differ (one lists a third node the other does not): each warns,
+/// once the rings have differed longer than a membership change takes, that the peer routes
+/// with another ring.
+#[test]
+fn nodes_whose_member_lists_differ_say_so() {
+    let members = cluster_addresses(3);
+    let two = static_discovery(&members[..2]);
+    let three = static_discovery(&members);
+    let extra = "  on_peer_failure: hold".to_string();
+    let specs = [(members[0].clone(), two, extra.clone()), (members[1].clone(), three, extra)];
+    let mut nodes = start_each(&specs, "{type: memory}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let senders: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let (port, stop, sent) = (n.port, stop.clone(), Arc::new(AtomicU64::new(0)));
+            std::thread::spawn(move || steady_sender(port, i as u64 * 100_000_000, stop, sent))
+        })
+        .collect();
+    let warning = "a peer routes with another ring than this node's";
+    let both = eventually(Duration::from_secs(40), || nodes.iter().all(|n| n.s.log().contains(warning)));
+    stop.store(true, Ordering::SeqCst);
+    for s in senders {
+        s.join().unwrap();
+    }
+    for n in &nodes {
+        let log = n.s.log();
+        eprintln!("{}: {:?}", n.cluster, log.lines().find(|l| l.contains(warning)));
+        assert!(lines_with(&log, warning) <= 1, "the warning is repeated at most once a minute:\n{log}");
+    }
+    assert!(both, "not both nodes warned:\n{}\n---\n{}", nodes[0].s.log(), nodes[1].s.log());
+    // The second node holds events for a member that does not exist.
+    for n in nodes.iter_mut() {
+        let _ = n.s.child.kill();
+    }
 }

@@ -92,6 +92,11 @@ fn cluster_config_errors_name_their_key() {
     let (ok, text) =
         validate(&config("cluster:\n  listen: 0.0.0.0:7100\n  discovery: {dns: {name: localhost, port: 7100}}\n"));
     assert!(!ok && text.contains("advertise"), "{text}");
+    let (ok, text) = validate(&config(
+        "cluster:\n  listen: 127.0.0.1:7100\n  discovery: {static: [127.0.0.1:7100]}\n  max_pending_handshakes: 0\n  handshake_timeout: 0s\n",
+    ));
+    assert!(!ok && text.contains("cluster.max_pending_handshakes") && text.contains("out of range"), "{text}");
+    assert!(text.contains("cluster.handshake_timeout") && text.contains("more than 0"), "{text}");
     let (ok, text) = validate(&config(THREE));
     assert!(ok, "{text}");
 }
