@@ -34,11 +34,17 @@
 //!   appended to the same file meanwhile (so truncating would cut its lines), the fragment
 //!   stays: it is logged at error, ended with a newline when the file is next opened, and the
 //!   whole group is written again after it. No event is lost; the fragment is one broken line.
-//!   A file found ending in a partial line when opened (a crash mid-write) gets a newline first.
+//! - **No broken line from a crash.** The first time this process opens a file that ends in a
+//!   partial line (an append a crash cut short; both codecs write whole lines), the file is cut
+//!   back to its last complete line, and a warn line says how many bytes. The cut line's events
+//!   were not acknowledged, so the queue (or the source) delivers them again. Only a tail of at
+//!   most [`MAX_TORN_TAIL`] bytes is cut: a longer one cannot be an event of ours and is ended
+//!   with a newline instead, as is a partial line found when a file is opened again later in
+//!   the run (a failed rollback, whose group is then written again after it).
 //!
 //! Blocking file system calls run on tokio's blocking pool; no lock is held across an await.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::MetadataExt;
@@ -257,7 +263,7 @@ fn build_file(spec: &ComponentSpec, ctx: OutputContext) -> Result<FileOutput, Co
         codec: c.codec,
         retry: c.retry,
         files: Arc::new(Files {
-            open: Mutex::new(OpenFiles { map: HashMap::new(), clock: 0 }),
+            open: Mutex::new(OpenFiles { map: HashMap::new(), clock: 0, opened_before: HashSet::new() }),
             max_open: c.max_open_files,
             create_dirs: c.create_dirs,
             fsync: c.fsync,
@@ -343,6 +349,10 @@ struct OpenFiles {
     map: HashMap<PathBuf, OpenFile>,
     /// Counts uses, to find the least recently used handle.
     clock: u64,
+    /// Paths this process has opened, kept after their handle is closed: a partial line found
+    /// at a later open may be this run's own (a failed rollback, or a handle still writing),
+    /// which must not be cut, while at the first open it can only be a crashed run's.
+    opened_before: HashSet<PathBuf>,
 }
 
 fn identity(m: &std::fs::Metadata) -> (u64, u64) {
@@ -371,7 +381,28 @@ impl Files {
         }
         let file = self.open_file(path)?;
         let identity = identity(&file.metadata().map_err(AppendError::write)?);
-        end_with_newline(&file).map_err(AppendError::write)?;
+        if open.opened_before.contains(path) {
+            end_with_newline(&file).map_err(AppendError::write)?;
+        } else {
+            match cut_torn_tail(&file).map_err(AppendError::write)? {
+                Tail::Whole => {}
+                Tail::Cut(bytes) => {
+                    if self.fsync {
+                        file.sync_data().map_err(AppendError::write)?;
+                    }
+                    tracing::warn!(path = %path.display(), bytes_cut = bytes,
+                        "file output: the file ended in a partial line (an append cut short by a crash); cut back to \
+                         its last complete line (its events were not acknowledged and are delivered again)");
+                }
+                Tail::TooLong => {
+                    end_with_newline(&file).map_err(AppendError::write)?;
+                    tracing::warn!(path = %path.display(), max_cut = MAX_TORN_TAIL,
+                        "file output: the file ends in a partial line longer than any torn append; it is left \
+                         as it is and ended with a newline");
+                }
+            }
+            open.opened_before.insert(path.to_path_buf());
+        }
         if open.map.len() >= self.max_open
             && let Some(oldest) = open
                 .map
@@ -757,8 +788,55 @@ impl Output for FileOutput {
     }
 }
 
-/// A file left with a partial last line (a crash mid-write) gets a newline first, so the next
-/// event starts on a line of its own instead of being glued to the fragment.
+/// The longest partial last line cut at start: an event's line is at most this long, so a
+/// longer one is not the tail of an append of ours (a file some other program wrote) and stays.
+const MAX_TORN_TAIL: u64 = 64 << 20;
+
+/// What a file's end was found to be at its first open.
+#[derive(Debug, PartialEq, Eq)]
+enum Tail {
+    /// Empty, or ending with a newline.
+    Whole,
+    /// Ended in a partial line, these many bytes, now cut off.
+    Cut(u64),
+    /// Ends in a partial line longer than [`MAX_TORN_TAIL`]: left alone.
+    TooLong,
+}
+
+/// Cuts a partial last line off (a crash in the middle of an append).
+fn cut_torn_tail(file: &File) -> std::io::Result<Tail> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    let floor = len.saturating_sub(MAX_TORN_TAIL);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut end = len;
+    while end > floor {
+        let start = end.saturating_sub(buf.len() as u64).max(floor);
+        let chunk = &mut buf[..(end - start) as usize];
+        file.read_exact_at(chunk, start)?;
+        if let Some(at) = chunk.iter().rposition(|&b| b == b'\n') {
+            let keep = start + at as u64 + 1;
+            if keep == len {
+                return Ok(Tail::Whole);
+            }
+            file.set_len(keep)?;
+            return Ok(Tail::Cut(len - keep));
+        }
+        end = start;
+    }
+    if len == 0 {
+        Ok(Tail::Whole)
+    } else if floor == 0 {
+        // No newline at all: the file holds only the start of its first append.
+        file.set_len(0)?;
+        Ok(Tail::Cut(len))
+    } else {
+        Ok(Tail::TooLong)
+    }
+}
+
+/// A file found with a partial last line after its first open in this run gets a newline first,
+/// so the next event starts on a line of its own instead of being glued to the fragment.
 fn end_with_newline(file: &File) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     let len = file.metadata()?.len();

@@ -1,8 +1,9 @@
 //! The `elasticsearch` output against a real OpenSearch 2.19 started from Maven Central jars
 //! (`servers/opensearch/run`): exact counts and no duplicates with `document_id`, refused
 //! documents in the dead letter queue with the engine's reason and replayed once the mapping
-//! is fixed, real 429s retried until every document is in, and the engine killed mid-load with
-//! nothing that a client was acknowledged for lost. A test that cannot start the server fails
+//! is fixed, real 429s retried until every document is in, an index write block held for
+//! seconds under load and lifted with nothing refused, dead-lettered or lost, and the engine
+//! killed mid-load with nothing that a client was acknowledged for lost. A test that cannot start the server fails
 //! and says why.
 
 mod common;
@@ -198,6 +199,132 @@ pipelines:
         .sum();
     assert!(rejected > 0, "the engine rejected nothing, so nothing was retried: the test proves nothing");
     eprintln!("write thread pool rejections during the run: {rejected}");
+}
+
+/// Sums of a component series at `/metrics` over the rows whose labels hold every one of `labels`.
+fn series_sum(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `index.blocks.write: true` (what an operator, a shrink or a snapshot restore puts on) makes
+/// the engine answer each document 403 `cluster_block_exception`. The documents are not at
+/// fault: they are sent again until the block is lifted, and every event ends in the index,
+/// none in the dead letter queue and none counted failed.
+#[test]
+fn an_index_write_block_lifted_later_loses_nothing_and_dead_letters_nothing() {
+    let os = OpenSearch::start_or_panic(&[]);
+    let (status, body) = os.request("PUT", "/held", r#"{"settings": {"number_of_replicas": 0}}"#);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = os.request("PUT", "/held/_settings", r#"{"index.blocks.write": true}"#);
+    assert_eq!(status, 200, "{body}");
+    let dir = tempfile::tempdir().unwrap();
+    let n = 20_000;
+    let input = events_file(dir.path(), n, |_| None);
+    let api = free_port();
+    let mut s = Sluice::start_with(
+        &format!(
+            "data_dir: '{{dir}}/data'
+api: {{address: '127.0.0.1:{api}'}}
+pipelines:
+  main:
+    workers: 2
+    inputs: [{{type: stdin, codec: json_lines}}]
+    outputs:
+      - {{type: opensearch, id: search, hosts: ['{url}'], index: held, document_id: '%{{/event_id}}', batch_max_events: 500,
+          retry: {{initial_backoff: 50ms, max_backoff: 500ms}}}}
+    dead_letter_queue: {{enabled: true, sync: commit}}
+",
+            url = os.url()
+        ),
+        std::process::Stdio::from(std::fs::File::open(&input).unwrap()),
+    );
+    s.wait_port(api);
+    let address = format!("127.0.0.1:{api}");
+    let blocked_retries = |metrics: &str| {
+        series_sum(
+            metrics,
+            "sluice_component_documents_retried_total",
+            &[r#"status="403""#, r#"error_type="cluster_block_exception""#],
+        )
+    };
+    // The block meets the load: documents are answered 403 and sent again, not refused.
+    let started = Instant::now();
+    loop {
+        if let Ok(Some(status)) = s.child.try_wait() {
+            panic!(
+                "sluice finished ({status}) while the index was blocked: the blocked documents were not held
+{}",
+                s.log()
+            );
+        }
+        if let Ok((200, metrics)) = try_http(&address, "GET", "/metrics", &[], b"")
+            && blocked_retries(&metrics) > 0.0
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no document was answered 403:
+{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Held for seconds while the output keeps trying.
+    std::thread::sleep(Duration::from_secs(4));
+    let (_, metrics) = common::http(&address, "GET", "/metrics", &[], b"");
+    assert!(
+        blocked_retries(&metrics) >= 500.0,
+        "sent again over the block:
+{metrics}"
+    );
+    assert_eq!(series_sum(&metrics, "sluice_component_documents_refused_total", &[]), 0.0, "{metrics}");
+    let stats = common::get_json(&address, "/stats");
+    let component =
+        stats["pipelines"]["main"]["components"].as_array().unwrap().iter().find(|c| c["id"] == "search").unwrap();
+    let retried = component["state"]["documents_retried"].as_array().unwrap();
+    assert!(
+        retried.iter().any(|r| r["status"] == "403" && r["error_type"] == "cluster_block_exception"),
+        "{component}"
+    );
+    assert!(component["retries"].as_u64().unwrap() > 0, "{component}");
+    let (status, body) = os.request("PUT", "/held/_settings", r#"{"index.blocks.write": null}"#);
+    assert_eq!(status, 200, "{body}");
+    let blocked_for = started.elapsed();
+
+    let (status, log) = s.wait(Duration::from_secs(180));
+    assert!(status.success(), "{log}");
+    os.refresh("held");
+    assert_eq!(
+        os.count("held"),
+        n as u64,
+        "every event is in the index:
+{log}"
+    );
+    let sums = common::summary(&log, "main");
+    assert_eq!((sums["out"], sums["failed"]), (n as u64, 0), "{log}");
+    assert!(common::dlq_show(&s.path("data"), "main").is_empty(), "nothing was dead-lettered");
+    // Logged, at most once per 10 s rather than once per round.
+    let lines = log.matches("refused documents for a reason that is not theirs").count();
+    eprintln!(
+        "write block held {blocked_for:?}: {} documents sent again by then, {lines} log lines",
+        blocked_retries(&metrics)
+    );
+    let allowed = 1 + blocked_for.as_secs() as usize / 10 + 1;
+    assert!(
+        (1..=allowed).contains(&lines),
+        "{lines} retry lines over {blocked_for:?}:
+{log}"
+    );
+    assert!(
+        log.contains("cluster_block_exception"),
+        "the log names the block:
+{log}"
+    );
 }
 
 #[test]

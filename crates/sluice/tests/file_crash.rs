@@ -4,7 +4,8 @@
 //! again. Afterwards every written line must be in the output at least once. Duplicates are
 //! counted and reported, and must stay under what the crash windows can explain: per kill, the
 //! lines written during one registry flush interval plus one queue checkpoint interval (with
-//! slack for an fsync). `SLUICE_CRASH_CYCLES` sets the number of kills (default 30).
+//! slack for an fsync). `SLUICE_CRASH_CYCLES` sets the number of kills (default 30). Every
+//! line of the output must be whole: a line a kill cut short is cut off at the next start.
 
 mod common;
 
@@ -128,5 +129,59 @@ fn sigkill_while_files_rotate_loses_no_line() {
         &missing[..missing.len().min(20)]
     );
     assert!(seen.keys().all(|&n| n < total), "lines nobody wrote");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let broken: Vec<&str> = text.lines().filter(|l| serde_json::from_str::<serde_json::Value>(l).is_err()).collect();
+    assert!(broken.is_empty(), "broken lines in the output (seed {seed}): {broken:?}");
     assert!(duplicates <= bound, "{duplicates} duplicates is more than {cycles} crash windows explain ({bound})");
+}
+
+/// A file the `file` output was appending to when the process died ends in a partial line. The
+/// next start cuts it back to its last complete line (its events come again from the queue)
+/// and says how many bytes it cut, so the new lines follow whole ones.
+#[test]
+fn a_line_cut_by_a_crash_is_cut_off_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.log");
+    let whole = "{\"message\":\"before the crash\"}\n";
+    let torn = "{\"message\":\"cut sh";
+    std::fs::write(&out, format!("{whole}{torn}")).unwrap();
+    let input = dir.path().join("input.txt");
+    std::fs::write(&input, "after 1\nafter 2\n").unwrap();
+    let cfg = "data_dir: '{dir}/data'
+api: {enabled: false}
+pipelines:
+  p:
+    inputs: [{type: stdin}]
+    outputs: [{type: file, path: '{dir}/out.log'}]
+";
+    let mut s = Sluice::start_in(dir, cfg, Stdio::from(std::fs::File::open(&input).unwrap()));
+    let (status, log) = s.wait(Duration::from_secs(60));
+    assert!(status.success(), "{log}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.starts_with(whole), "the complete line stays:\n{text}");
+    assert!(!text.contains("cut sh"), "the torn bytes are gone:\n{text}");
+    let messages: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("a broken line `{l}`: {e}"));
+            v["message"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(messages, ["before the crash", "after 1", "after 2"]);
+    assert!(
+        log.contains(&format!("bytes_cut={}", torn.len())) && log.contains("cut back to its last complete line"),
+        "{log}"
+    );
+
+    // A file that ends whole is not touched at the next start.
+    let dir = s.into_dir();
+    std::fs::write(dir.path().join("input.txt"), "after 3\n").unwrap();
+    let input = std::fs::File::open(dir.path().join("input.txt")).unwrap();
+    let mut s = Sluice::start_in(dir, cfg, Stdio::from(input));
+    let (status, log) = s.wait(Duration::from_secs(60));
+    assert!(status.success(), "{log}");
+    assert!(!log.contains("bytes_cut"), "{log}");
+    let text = std::fs::read_to_string(s.path("out.log")).unwrap();
+    assert_eq!(text.lines().count(), 4, "{text}");
+    assert!(text.starts_with(whole) && text.lines().last().unwrap().contains("\"after 3\""), "{text}");
 }

@@ -1,8 +1,9 @@
 //! The `file` input through the real binary: tailing, rotation (rename and copytruncate),
 //! truncation, deletion, a file rewritten under the same inode, tiny and huge lines, multiline
 //! stack traces, many files at once, `read_from: end`, resuming after a restart, gzip, UTF-16,
-//! registry positions and their cleanup (`clean_removed_after`), and config errors for bad
-//! globs and regular expressions.
+//! registry positions and their cleanup (`clean_removed_after`), config errors for bad globs
+//! and regular expressions, and patterns written with `./`, `..`, repeated separators and
+//! symbolic links to directories matching the files they name.
 
 mod common;
 
@@ -502,4 +503,94 @@ fn an_include_that_matches_nothing_is_warned_about_once() {
     std::fs::create_dir_all(s.path("not-yet")).unwrap();
     append(&s.path("not-yet/a.log"), "first\n");
     wait_events(&mut s, 1);
+}
+
+/// Runs sluice in `cwd` (a directory under `dir`) with one file input of `include` and
+/// `exclude` (`{dir}` expanded) until `n` events are out and a moment passes with no more; each
+/// event's message and path, sorted.
+fn read_from(dir: tempfile::TempDir, cwd: &str, include: &[&str], exclude: &[&str], n: usize) -> Vec<(String, String)> {
+    let list = |l: &[&str]| l.iter().map(|p| format!("'{p}'")).collect::<Vec<_>>().join(", ");
+    let cfg = config(&format!(
+        "{{type: file, include: [{}], exclude: [{}], scan_interval: 100ms, host_field: null}}",
+        list(include),
+        list(exclude)
+    ));
+    let cwd = dir.path().join(cwd);
+    let mut s = Sluice::start_wrapped(dir, &cfg, &["env", "-C", cwd.to_str().unwrap()]);
+    wait_events(&mut s, n);
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    assert!(!log.contains("no file matches"), "{log}");
+    let mut got: Vec<(String, String)> = events(&s)
+        .iter()
+        .map(|e| (e["message"].as_str().unwrap().to_string(), e["log"]["file"]["path"].as_str().unwrap().to_string()))
+        .collect();
+    got.sort();
+    got
+}
+
+/// A directory with `logs/a.log` and `logs/b.log` (two lines each) and a `work` directory.
+fn two_logs() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    std::fs::create_dir_all(dir.path().join("work")).unwrap();
+    for f in ["a", "b"] {
+        std::fs::write(dir.path().join(format!("logs/{f}.log")), format!("{f} 1\n{f} 2\n")).unwrap();
+    }
+    (dir, d)
+}
+
+fn both(d: &str) -> Vec<(String, String)> {
+    ["a 1", "a 2", "b 1", "b 2"].iter().map(|m| (m.to_string(), format!("{d}/logs/{}.log", &m[..1]))).collect()
+}
+
+/// `./logs/*.log`, the style the examples teach, reads the files from the working directory.
+#[test]
+fn an_include_starting_with_dot_slash_reads_its_files() {
+    let (dir, d) = two_logs();
+    assert_eq!(read_from(dir, ".", &["./logs/*.log"], &[], 4), both(&d));
+}
+
+#[test]
+fn an_include_with_repeated_separators_reads_its_files() {
+    let (dir, d) = two_logs();
+    assert_eq!(read_from(dir, ".", &["logs//*.log"], &[], 4), both(&d));
+    let (dir, d) = two_logs();
+    assert_eq!(read_from(dir, "work", &[&format!("{d}//logs///*.log")], &[], 4), both(&d));
+}
+
+/// `..` leaves the directory before it; the paths events carry hold no `..`, and an `exclude`
+/// spelled another way still leaves its file out.
+#[test]
+fn an_include_with_dot_dot_reads_its_files_and_its_excludes_apply() {
+    let (dir, d) = two_logs();
+    let got =
+        read_from(dir, "work", &["../logs/*.log", "{dir}/work/../logs/./*.log"], &[&format!("{d}/logs/b.log")], 2);
+    assert_eq!(got, both(&d)[..2]);
+    let (dir, d) = two_logs();
+    assert_eq!(read_from(dir, "work", &["{dir}/logs/../logs/*.log"], &["./../logs/a.log"], 2), both(&d)[2..]);
+}
+
+/// A symbolic link to a directory is followed where the pattern names it; `..` after one leaves
+/// the link's target, as the file system does.
+#[test]
+fn an_include_through_a_symlinked_directory_reads_its_files() {
+    let (dir, _) = two_logs();
+    let d = dir.path().canonicalize().unwrap().to_str().unwrap().to_string();
+    std::fs::create_dir_all(dir.path().join("real/deep")).unwrap();
+    std::fs::create_dir_all(dir.path().join("real/other")).unwrap();
+    std::fs::write(dir.path().join("real/other/o.log"), "o 1\n").unwrap();
+    std::os::unix::fs::symlink("logs", dir.path().join("current")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("real/deep"), dir.path().join("work/link")).unwrap();
+    let got = read_from(dir, "work", &["../current/*.log", "./link/../other/*.log"], &["{dir}/current/b.log"], 3);
+    assert_eq!(
+        got,
+        [
+            ("a 1".to_string(), format!("{d}/current/a.log")),
+            ("a 2".to_string(), format!("{d}/current/a.log")),
+            ("o 1".to_string(), format!("{d}/real/other/o.log")),
+        ]
+    );
 }

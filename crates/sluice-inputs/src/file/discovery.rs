@@ -1,14 +1,24 @@
 //! Finding the files to read: `include` / `exclude` globs, a directory walk, and filesystem
 //! notifications.
 //!
+//! Patterns are written the one way the walk writes paths before they are compared: made
+//! absolute from the working directory, without `.` components or repeated separators, and
+//! with each `..` taken away together with the directory before it as the file system does it
+//! (after a symbolic link, the link's target's parent). So `./logs/*.log`, `logs//*.log` and
+//! `app/../logs/*.log` match the files the walk finds, `include` and `exclude` agree however
+//! each is spelled, and the paths events carry hold no `.` or `..`. Symbolic links in a
+//! pattern's literal directories are otherwise kept as written and followed at every walk (a
+//! link moved to a new target is followed there).
+//!
 //! A glob's walk starts at its longest literal directory prefix and goes only as deep as the
-//! pattern can match (any depth with `**`). Directory symlinks are not followed (no cycles);
-//! file symlinks are, and the file they point to is what gets its identity. Notifications only
+//! pattern can match (any depth with `**`). Directory symlinks below that prefix are not
+//! followed (no cycles); file symlinks are, and the file they point to is what gets its
+//! identity. Notifications only
 //! say "look again soon": the walk is the source of truth, which is why it also runs every
 //! `scan_interval` in case a notification was lost (queue overflow, network filesystems).
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::mpsc;
 
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
@@ -40,14 +50,45 @@ fn glob(pattern: &str) -> Result<Glob, String> {
     GlobBuilder::new(pattern).literal_separator(true).backslash_escape(true).build().map_err(|e| e.to_string())
 }
 
-/// Patterns relative to `cwd` when they are not absolute. An exclude pattern starting with
-/// `**` matches anywhere as it is.
-fn absolute(pattern: &str, cwd: &Path, is_include: bool) -> String {
-    if Path::new(pattern).is_absolute() || (!is_include && pattern.starts_with("**")) {
-        pattern.to_string()
-    } else {
-        cwd.join(pattern).to_string_lossy().into_owned()
+/// Whether a path component holds glob syntax (or an escape), so that it is not literal.
+fn is_wild(component: &str) -> bool {
+    component.contains(['*', '?', '[', '{', '\\'])
+}
+
+/// A pattern as the walk would write the paths it matches: absolute from `cwd`, without `.`
+/// components and repeated separators, `..` resolved (see the module's comment). An exclude
+/// pattern starting with `**` matches anywhere as it is. A `..` after a wildcard is refused:
+/// which directory it leaves depends on what the wildcard matched.
+fn normalised(pattern: &str, cwd: &Path, is_include: bool) -> Result<String, String> {
+    if !is_include && pattern.starts_with("**") {
+        return Ok(pattern.to_string());
     }
+    let joined = if Path::new(pattern).is_absolute() { PathBuf::from(pattern) } else { cwd.join(pattern) };
+    let mut out = PathBuf::new();
+    let mut wild = false;
+    // `components` already drops empty components and `.` after the first.
+    for c in joined.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir if wild => {
+                return Err("`..` after a wildcard: which directory it leaves depends on the match".into());
+            }
+            Component::ParentDir => {
+                // The file system's `..` of a symbolic link is its target's parent: resolve
+                // what exists; below that, nothing can be a link yet.
+                if let Ok(real) = std::fs::canonicalize(&out) {
+                    out = real;
+                }
+                out.pop();
+            }
+            Component::Normal(name) => {
+                wild |= is_wild(&name.to_string_lossy());
+                out.push(name);
+            }
+            Component::RootDir | Component::Prefix(_) => out.push(c),
+        }
+    }
+    Ok(out.to_string_lossy().into_owned())
 }
 
 impl Patterns {
@@ -58,14 +99,15 @@ impl Patterns {
             if p.trim().is_empty() {
                 return Err((true, BadPattern { index, message: "empty pattern".into() }));
             }
-            let abs = absolute(p, cwd, true);
+            let abs = normalised(p, cwd, true).map_err(|message| (true, BadPattern { index, message }))?;
             let g = glob(&abs).map_err(|message| (true, BadPattern { index, message }))?;
             inc.add(g);
             roots.push(walk_root(&abs));
         }
         let mut exc = GlobSetBuilder::new();
         for (index, p) in exclude.iter().enumerate() {
-            let g = glob(&absolute(p, cwd, false)).map_err(|message| (false, BadPattern { index, message }))?;
+            let abs = normalised(p, cwd, false).map_err(|message| (false, BadPattern { index, message }))?;
+            let g = glob(&abs).map_err(|message| (false, BadPattern { index, message }))?;
             exc.add(g);
         }
         let build = |b: GlobSetBuilder, is_include| {
@@ -76,6 +118,26 @@ impl Patterns {
 
     pub(crate) fn matches(&self, path: &Path) -> bool {
         self.include.is_match(path) && !self.exclude.is_match(path)
+    }
+
+    /// The directories the walks start in, as patterns were normalised, each marked when it is
+    /// missing or not a directory: what a warning about an `include` that matches nothing names.
+    pub(crate) fn searched(&self) -> String {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for (root, _) in &self.roots {
+            if !seen.insert(root) {
+                continue;
+            }
+            let state = match std::fs::metadata(root) {
+                Ok(m) if m.is_dir() => "",
+                Ok(_) => " (not a directory)",
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => " (missing)",
+                Err(_) => " (cannot be read)",
+            };
+            out.push(format!("{}{state}", root.display()));
+        }
+        out.join(", ")
     }
 
     /// Directories to watch for notifications, with whether to watch them recursively.
@@ -146,8 +208,7 @@ fn walk_root(pattern: &str) -> (PathBuf, Option<usize>) {
     let mut rest: Vec<String> = Vec::new();
     for c in Path::new(pattern).components() {
         let s = c.as_os_str().to_string_lossy();
-        let wild = s.contains(['*', '?', '[', '{', '\\']);
-        if rest.is_empty() && !wild {
+        if rest.is_empty() && !is_wild(&s) {
             root.push(c);
         } else {
             rest.push(s.into_owned());
@@ -245,6 +306,29 @@ mod tests {
         assert_eq!(walk_root("/var/log/**/*.log"), (PathBuf::from("/var/log"), None));
         assert_eq!(walk_root("/var/*/x/*.log"), (PathBuf::from("/var"), Some(3)));
         assert_eq!(walk_root("/var/log/app.log"), (PathBuf::from("/var/log"), Some(1)));
+    }
+
+    #[test]
+    fn patterns_are_normalised_as_the_walk_writes_paths() {
+        let cwd = Path::new("/srv/app");
+        let n = |p: &str| normalised(p, cwd, true).unwrap();
+        assert_eq!(n("./logs/*.log"), "/srv/app/logs/*.log");
+        assert_eq!(n("logs//*.log"), "/srv/app/logs/*.log");
+        assert_eq!(n("/var//log/./x/*.log"), "/var/log/x/*.log");
+        assert_eq!(n("../other/./*.log"), "/srv/other/*.log");
+        assert_eq!(n("/a/b/../../../c/*.log"), "/c/*.log");
+        assert_eq!(n("/var/log/{a,b}/**/*.log"), "/var/log/{a,b}/**/*.log");
+        assert!(normalised("/var/*/../x.log", cwd, true).unwrap_err().contains("after a wildcard"));
+        assert_eq!(normalised("**/*.gz", cwd, false).unwrap(), "**/*.gz");
+        assert_eq!(normalised("./skip/*.log", cwd, false).unwrap(), "/srv/app/skip/*.log");
+
+        // `..` after a symbolic link leaves the link's target, as the file system does.
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().canonicalize().unwrap();
+        std::fs::create_dir_all(d.join("real/deep")).unwrap();
+        std::os::unix::fs::symlink(d.join("real/deep"), d.join("link")).unwrap();
+        assert_eq!(n(&format!("{}/link/../*.log", d.display())), format!("{}/real/*.log", d.display()));
+        assert_eq!(n(&format!("{}/link/*.log", d.display())), format!("{}/link/*.log", d.display()), "kept as written");
     }
 
     #[test]

@@ -486,7 +486,8 @@ impl Harvester {
         // left to look like an input with nothing to read.
         if found.is_empty() && !self.warned_empty {
             tracing::warn!(pipeline = %pipeline, input = %input, include = %self.s.include.join(", "),
-                "file input: no file matches `include` (is a directory missing?); looking again at every scan");
+                searched = %self.s.patterns.searched(),
+                "file input: no file matches `include`; looking again at every scan");
         }
         self.warned_empty = found.is_empty();
         let mut seen = HashSet::with_capacity(found.len());

@@ -1,6 +1,6 @@
 //! The output's own figures, at `/metrics` as `sluice_component_<name>` and in `/stats` under
-//! the component's `state`: documents indexed, refused (by status and error type) and sent
-//! again; bulk requests, their latency and how many are in flight; bytes before and after
+//! the component's `state`: documents indexed, refused and sent again (both by status and error
+//! type, so that a write block shows as what it is); bulk requests, their latency and how many are in flight; bytes before and after
 //! compression.
 
 use std::collections::BTreeMap;
@@ -12,7 +12,6 @@ use sluice_core::metrics::{ComponentState, Histogram, LabelledFigure, StateFigur
 #[derive(Default)]
 pub struct Figures {
     pub indexed: AtomicU64,
-    pub documents_retried: AtomicU64,
     pub requests: AtomicU64,
     pub requests_in_flight: AtomicU64,
     pub bytes_encoded: AtomicU64,
@@ -20,6 +19,8 @@ pub struct Figures {
     pub latency: Histogram,
     /// Refused documents by (status, error type); status 0 is a document not sent at all.
     refused: Mutex<BTreeMap<(u16, String), u64>>,
+    /// Documents sent again on their own, by (status, error type).
+    retried: Mutex<BTreeMap<(u16, String), u64>>,
 }
 
 impl Figures {
@@ -27,9 +28,18 @@ impl Figures {
         *self.refused.lock().entry((status, error_type.to_string())).or_default() += 1;
     }
 
+    pub fn retried(&self, status: u16, error_type: &str) {
+        *self.retried.lock().entry((status, error_type.to_string())).or_default() += 1;
+    }
+
     #[cfg(test)]
     pub fn refused_count(&self) -> u64 {
         self.refused.lock().values().sum()
+    }
+
+    #[cfg(test)]
+    pub fn retried_count(&self) -> u64 {
+        self.retried.lock().values().sum()
     }
 }
 
@@ -39,11 +49,6 @@ impl ComponentState for Figures {
         let counter = |name, help, value| StateFigure { name, help, counter: true, value };
         vec![
             counter("documents_indexed_total", "Documents the engine accepted (2xx).", get(&self.indexed)),
-            counter(
-                "documents_retried_total",
-                "Documents answered 429 or 5xx and sent again on their own.",
-                get(&self.documents_retried),
-            ),
             counter("bulk_requests_total", "Bulk requests sent, answered or not.", get(&self.requests)),
             StateFigure {
                 name: "bulk_requests_in_flight",
@@ -65,19 +70,26 @@ impl ComponentState for Figures {
     }
 
     fn labelled_figures(&self) -> Vec<LabelledFigure> {
-        self.refused
-            .lock()
-            .iter()
-            .map(|((status, error_type), n)| LabelledFigure {
-                figure: StateFigure {
-                    name: "documents_refused_total",
-                    help: "Documents refused for good, by the engine's status and error type (status 0: not sent, a field the index or id template names is missing).",
-                    counter: true,
-                    value: *n,
-                },
-                labels: vec![("status", status.to_string()), ("error_type", error_type.clone())],
-            })
-            .collect()
+        let rows = |figures: &BTreeMap<(u16, String), u64>, name, help| {
+            figures
+                .iter()
+                .map(|((status, error_type), n)| LabelledFigure {
+                    figure: StateFigure { name, help, counter: true, value: *n },
+                    labels: vec![("status", status.to_string()), ("error_type", error_type.clone())],
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut out = rows(
+            &self.refused.lock(),
+            "documents_refused_total",
+            "Documents refused for good, by the engine's status and error type (status 0: not sent, a field the index or id template names is missing).",
+        );
+        out.extend(rows(
+            &self.retried.lock(),
+            "documents_retried_total",
+            "Documents the engine refused for a reason not their own (429, 5xx, 401, 403, a write block), sent again on their own, by status and error type.",
+        ));
+        out
     }
 
     fn histograms(&self) -> Vec<StateHistogram<'_>> {

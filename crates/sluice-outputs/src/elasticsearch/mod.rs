@@ -3,12 +3,15 @@
 //!
 //! Guarantees:
 //! - An event counts as delivered only once the engine said so for its own document (2xx, see
-//!   [`response`]). A document the engine refuses for good (a mapping conflict, a bad value, a
-//!   409 on `create`) is rejected with the engine's status, error type and reason, which sends
-//!   it to the pipeline's dead letter queue when there is one; the rest of the request is
-//!   delivered. Without a dead letter queue it is counted failed and logged (at most once per
-//!   10 s per output, with the count in between).
-//! - Documents answered 429 or 5xx are sent again, alone, with exponential backoff and jitter.
+//!   [`response`]). A document the engine refuses for a fault of its own (400 mapping and
+//!   parsing errors, 404 missing index, 409 conflicts, 413) is rejected with the engine's
+//!   status, error type and reason, which sends it to the pipeline's dead letter queue when
+//!   there is one; the rest of the request is delivered. Without a dead letter queue it is
+//!   counted failed and logged (at most once per 10 s per output, with the count in between).
+//! - Documents refused for the environment's reasons (429, 5xx, 401, 403, an index write block)
+//!   are sent again, alone (the delivered ones are not sent twice), with exponential backoff
+//!   and jitter, until they are in: a block lifted later loses nothing. They are counted by
+//!   status and error type and logged at most once per 10 s per output.
 //! - A request that fails as a whole (connection refused, timeout, 429, 5xx, 401/403) is sent
 //!   again with backoff, without limit by default: an engine that is down holds the pipeline
 //!   back and loses nothing. `retry.max_retries` sets a limit, after which the events are given
@@ -72,6 +75,9 @@ pub(crate) struct ElasticsearchOutput {
     figures: Arc<Figures>,
     stall: StallLog,
     refused_log: StallLog,
+    /// Documents sent again on their own: a rate limit only. Every answer of a request is a
+    /// success as a whole, so the stall log (reset by each success) would log each round.
+    retried_log: StallLog,
     ctx: OutputContext,
 }
 
@@ -158,6 +164,7 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<E
         figures,
         stall: StallLog::default(),
         refused_log: StallLog::default(),
+        retried_log: StallLog::default(),
         ctx,
     })
 }
@@ -186,6 +193,15 @@ fn authorization(spec: &ComponentSpec, auth: &config::AuthConfig) -> Result<Head
         _ => return Err(spec.key_error("auth", "set one of `basic`, `api_key` and `bearer`, not several")),
     };
     HeaderValue::from_str(&value).map_err(|_| spec.key_error("auth", "holds characters a header cannot carry"))
+}
+
+/// What failed and is to be sent again: which log line says so.
+#[derive(Clone, Copy)]
+enum Failed {
+    /// A whole request (connection, timeout, a non-2xx answer, an answer that is not a bulk one).
+    Request,
+    /// Some documents of an answered request.
+    Documents,
 }
 
 /// What one bulk request came to as a whole.
@@ -311,14 +327,23 @@ impl ElasticsearchOutput {
                         Ok(o) => o,
                         Err(reason) => {
                             // Not a bulk answer (a proxy's page?): the request's fate is unknown.
-                            self.retry_or_give_up(&mut parts, pending, backoff, reason, None, encoded, rejected)
-                                .await?;
+                            self.retry_or_give_up(
+                                &mut parts,
+                                (pending, backoff),
+                                reason,
+                                None,
+                                Failed::Request,
+                                encoded,
+                                rejected,
+                            )
+                            .await?;
                             continue;
                         }
                     };
                     self.stall_cleared();
                     let mut again = Vec::new();
                     let mut retry_reason = String::new();
+                    let sent = pending.len();
                     for (item, outcome) in pending.into_iter().zip(outcomes) {
                         match outcome {
                             Outcome::Delivered => {
@@ -336,7 +361,7 @@ impl ElasticsearchOutput {
                                 rejected.push(Rejected::refused(it.event, reason, attempts));
                             }
                             Outcome::Retry { status, error_type, reason } => {
-                                self.figures.documents_retried.fetch_add(1, Ordering::Relaxed);
+                                self.figures.retried(status, &error_type);
                                 if retry_reason.is_empty() {
                                     retry_reason = format!("status {status}, {error_type}: {reason}");
                                 }
@@ -345,8 +370,17 @@ impl ElasticsearchOutput {
                         }
                     }
                     if !again.is_empty() {
-                        let reason = format!("{} of the documents were answered {retry_reason}", again.len());
-                        self.retry_or_give_up(&mut parts, again, backoff, reason, None, encoded, rejected).await?;
+                        let reason = format!("{} of {} documents were answered {retry_reason}", again.len(), sent);
+                        self.retry_or_give_up(
+                            &mut parts,
+                            (again, backoff),
+                            reason,
+                            None,
+                            Failed::Documents,
+                            encoded,
+                            rejected,
+                        )
+                        .await?;
                     }
                 }
                 Answer::Split { reason } if pending.len() > 1 => {
@@ -366,7 +400,16 @@ impl ElasticsearchOutput {
                     rejected.push(Rejected::refused(it.event, reason, attempts));
                 }
                 Answer::Retriable { reason, retry_after, .. } => {
-                    self.retry_or_give_up(&mut parts, pending, backoff, reason, retry_after, encoded, rejected).await?;
+                    self.retry_or_give_up(
+                        &mut parts,
+                        (pending, backoff),
+                        reason,
+                        retry_after,
+                        Failed::Request,
+                        encoded,
+                        rejected,
+                    )
+                    .await?;
                 }
             }
         }
@@ -379,10 +422,10 @@ impl ElasticsearchOutput {
     async fn retry_or_give_up(
         &self,
         parts: &mut Vec<(Vec<usize>, Backoff)>,
-        pending: Vec<usize>,
-        mut backoff: Backoff,
+        (pending, mut backoff): (Vec<usize>, Backoff),
         reason: String,
         retry_after: Option<Duration>,
+        failed: Failed,
         encoded: &Encoded,
         rejected: &mut Vec<Rejected>,
     ) -> Result<(), Aborted> {
@@ -393,12 +436,27 @@ impl ElasticsearchOutput {
         if let Some(pause) = retry_after {
             backoff.retry_after(pause);
         }
-        if let Some(held_back) = self.stall.failed()
-            && !last
-        {
-            tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, documents = pending.len(),
-                attempt = backoff.failures() + 1, error = %reason, also_failed_since_last_log = held_back,
-                "bulk request failed; sending again (the pipeline waits)");
+        match failed {
+            Failed::Request => {
+                if let Some(held_back) = self.stall.failed()
+                    && !last
+                {
+                    tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, documents = pending.len(),
+                        attempt = backoff.failures() + 1, error = %reason, also_failed_since_last_log = held_back,
+                        "bulk request failed; sending again (the pipeline waits)");
+                }
+            }
+            Failed::Documents => {
+                if let Some(held_back) = self.retried_log.failed()
+                    && !last
+                {
+                    tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, documents = pending.len(),
+                        attempt = backoff.failures() + 1, error = %reason, also_retried_since_last_log = held_back,
+                        "the engine refused documents for a reason that is not theirs (such as a write block); \
+                         sending them again on their own until it is lifted (the pipeline waits; logged at most \
+                         once per 10 s)");
+                }
+            }
         }
         if backoff.retry(&self.ctx.abort).await? {
             parts.push((pending, backoff));

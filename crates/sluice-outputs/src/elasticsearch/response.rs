@@ -3,9 +3,14 @@
 //! The answer lists one result per action line, in order. A result is
 //! - delivered: 2xx; a `delete` of a document that is not there (404 `not_found`, no error);
 //!   a 409 on `create` when `create_conflict: delivered` (a resend of a document already in);
-//! - to send again: 429 (the engine's queues are full) and 5xx, with backoff;
-//! - refused for good: any other status (400 mapping errors, 404 missing index with
-//!   auto-creation off, 409 version conflicts), with the engine's error type and reason.
+//! - refused for good, when the document itself is at fault: 400 (mapping and parsing errors),
+//!   404 (a missing index with auto-creation off), 409 (a version conflict) and 413 (the
+//!   document too large), with the engine's error type and reason;
+//! - to send again, with backoff, whatever the environment causes and may lift later: 429 (the
+//!   engine's queues are full), 5xx, 401 and 403 (credentials, privileges, and the index write
+//!   blocks an operator, a shrink, a snapshot restore or a full disk put on), any other status,
+//!   and a `cluster_block_exception` whatever its status. This is the rule Logstash follows:
+//!   only what sending the same document again can never change is refused.
 //!
 //! When the answer says `"errors": false` the items are not read at all.
 
@@ -76,11 +81,25 @@ fn classify(result: ItemResult, action: Action, conflict_delivered: bool) -> Out
         return Outcome::Delivered;
     }
     let (error_type, reason) = describe(result.error.as_ref());
-    if status == 429 || status >= 500 {
-        Outcome::Retry { status, error_type, reason }
-    } else {
+    if document_at_fault(status, &error_type) {
         Outcome::Refused { status, error_type, reason }
+    } else {
+        Outcome::Retry { status, error_type, reason }
     }
+}
+
+/// Whether a document answered `status` with `error_type` can never be accepted as it is (so it
+/// is refused, to the dead letter queue), rather than refused for a while by the environment.
+/// Sending a document again that was at fault costs one more request; refusing one that was
+/// not loses an event the engine would have taken minutes later, so only the statuses that
+/// name the document's own fault refuse it.
+pub fn document_at_fault(status: u16, error_type: &str) -> bool {
+    // A block is lifted by whoever set it (FORBIDDEN/8 write, TOO_MANY_REQUESTS/12 read-only
+    // after a full disk, SERVICE_UNAVAILABLE/2 no master), whatever status carries it.
+    if error_type == "cluster_block_exception" {
+        return false;
+    }
+    matches!(status, 400 | 404 | 409 | 413)
 }
 
 /// The error's type and its reason, with the reasons of its causes (`caused_by`) after it.
@@ -136,6 +155,57 @@ mod tests {
         );
         assert!(matches!(&o[3], Outcome::Retry { status: 503, .. }));
         assert!(matches!(&o[4], Outcome::Refused { status: 409, .. }), "a conflict on index is refused");
+    }
+
+    /// Which per-document answers are the document's fault (dead letter queue) and which the
+    /// environment's (sent again), as the engines give them.
+    #[test]
+    fn only_what_the_document_causes_is_refused_and_blocks_are_sent_again() {
+        let cases: &[(u16, &str, bool)] = &[
+            (400, "mapper_parsing_exception", true),
+            (400, "strict_dynamic_mapping_exception", true),
+            (400, "document_parsing_exception", true),
+            (400, "illegal_argument_exception", true),
+            (404, "index_not_found_exception", true),
+            (409, "version_conflict_engine_exception", true),
+            (413, "", true),
+            // `index.blocks.write: true`: the document is fine, the index refuses writes for now.
+            (403, "cluster_block_exception", false),
+            // The flood-stage watermark's read-only block, and no master elected.
+            (429, "cluster_block_exception", false),
+            (503, "cluster_block_exception", false),
+            (400, "cluster_block_exception", false),
+            (403, "security_exception", false),
+            (401, "security_exception", false),
+            (408, "", false),
+            (429, "es_rejected_execution_exception", false),
+            (429, "circuit_breaking_exception", false),
+            (500, "", false),
+            (502, "", false),
+            (503, "unavailable_shards_exception", false),
+            (504, "", false),
+            (0, "", false),
+        ];
+        for &(status, error_type, refused) in cases {
+            assert_eq!(document_at_fault(status, error_type), refused, "status {status} {error_type}");
+            let body = format!(
+                r#"{{"errors":true,"items":[{{"index":{{"status":{status},"error":{{"type":"{error_type}","reason":"r"}}}}}}]}}"#
+            );
+            let outcome = &outcomes(body.as_bytes(), 1, Action::Index, false).unwrap()[0];
+            if refused {
+                assert!(matches!(outcome, Outcome::Refused { status: s, .. } if *s == status), "{outcome:?}");
+            } else {
+                assert!(matches!(outcome, Outcome::Retry { status: s, .. } if *s == status), "{outcome:?}");
+            }
+        }
+        // The answer OpenSearch gives each document of an index with `index.blocks.write: true`.
+        let blocked = r#"{"took":0,"errors":true,"items":[{"index":{"_index":"held","_id":"e-1","status":403,
+            "error":{"type":"cluster_block_exception","reason":"index [held] blocked by: [FORBIDDEN/8/index write (api)];"}}}]}"#;
+        assert!(matches!(
+            &outcomes(blocked.as_bytes(), 1, Action::Index, false).unwrap()[0],
+            Outcome::Retry { status: 403, error_type, reason }
+                if error_type == "cluster_block_exception" && reason.contains("index write")
+        ));
     }
 
     #[test]

@@ -131,6 +131,9 @@ fn answer(docs: &[Doc], status: impl Fn(&Doc) -> u16) -> (u16, String) {
                     400 => ("mapper_parsing_exception", format!("failed to parse field [n] of type [long]: {}", d.n())),
                     429 => ("es_rejected_execution_exception", "rejected execution of coordinating operation".into()),
                     409 => ("version_conflict_engine_exception", "document already exists".into()),
+                    403 => {
+                        ("cluster_block_exception", "index [logs] blocked by: [FORBIDDEN/8/index write (api)];".into())
+                    }
                     _ => ("unavailable_shards_exception", "primary shard is not active".into()),
                 };
                 result["error"] = serde_json::json!({"type": t, "reason": r});
@@ -205,9 +208,50 @@ async fn only_the_documents_answered_429_or_503_are_sent_again() {
     let requests = engine.requests.lock();
     let ns: Vec<Vec<i64>> = requests.iter().map(|r| r.iter().map(Doc::n).collect()).collect();
     assert_eq!(ns, vec![(0..10).collect::<Vec<_>>(), vec![3, 7], vec![7]]);
-    assert_eq!(out.figures.documents_retried.load(Ordering::Relaxed), 3);
+    assert_eq!(out.figures.retried_count(), 3);
     assert_eq!(out.figures.indexed.load(Ordering::Relaxed), 10);
     assert_eq!(engine.gzipped.load(Ordering::Relaxed), 0);
+}
+
+/// An index write block (`index.blocks.write: true`) answers each document 403
+/// `cluster_block_exception` until it is lifted: the documents are the environment's, so they
+/// are sent again on their own (not the ones already in) and none is refused.
+#[tokio::test]
+async fn documents_behind_a_write_block_are_sent_again_alone_until_it_is_lifted() {
+    let (url, engine) = scripted(|request, docs| {
+        answer(docs, |d| match (request, d.n() % 2) {
+            (0..3, 1) => 403,
+            _ => 201,
+        })
+    })
+    .await;
+    let out = output(&format!("{{type: elasticsearch, hosts: ['{url}'], compression: none, {FAST_RETRY}}}"));
+    let evs = events(6);
+    let refs: Vec<&Event> = evs.iter().collect();
+    let delivery = out.send(&refs).await.unwrap();
+    assert!(delivery.rejected.is_empty(), "{:?}", delivery.rejected);
+    let ns: Vec<Vec<i64>> = engine.requests.lock().iter().map(|r| r.iter().map(Doc::n).collect()).collect();
+    assert_eq!(ns, vec![vec![0, 1, 2, 3, 4, 5], vec![1, 3, 5], vec![1, 3, 5], vec![1, 3, 5]]);
+    assert_eq!(out.figures.indexed.load(Ordering::Relaxed), 6);
+    assert_eq!(out.figures.refused_count(), 0);
+    assert_eq!(out.ctx.metrics.retries.get(), 3);
+    let labelled = out.figures.labelled_figures();
+    assert_eq!(labelled.len(), 1);
+    assert_eq!(labelled[0].figure.name, "documents_retried_total");
+    assert_eq!(labelled[0].figure.value, 9);
+    assert_eq!(
+        labelled[0].labels,
+        [("status", "403".to_string()), ("error_type", "cluster_block_exception".to_string())]
+    );
+
+    // With a retry limit, a block that outlasts it gives the documents up, not as their fault.
+    let (url, _) = scripted(|_, docs| answer(docs, |d| if d.n() == 2 { 403 } else { 201 })).await;
+    let out = output(&format!(
+        "{{type: elasticsearch, hosts: ['{url}'], retry: {{max_retries: 2, initial_backoff: 5ms, max_backoff: 10ms}}}}"
+    ));
+    let delivery = out.send(&refs).await.unwrap();
+    assert_eq!(delivery.rejected.iter().map(|r| (r.index, r.permanent)).collect::<Vec<_>>(), [(2, false)]);
+    assert!(delivery.rejected[0].reason.contains("cluster_block_exception"), "{}", delivery.rejected[0].reason);
 }
 
 #[tokio::test]

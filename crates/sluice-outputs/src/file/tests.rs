@@ -118,3 +118,41 @@ fn the_template_file_name_skips_slashes_inside_fields() {
     assert_eq!(template_file_name("%{/dir}"), "%{/dir}");
     assert_eq!(template_file_name("a/%{unterminated/b"), "b");
 }
+
+/// A file a crashed run left ending in a partial line is cut back to its last complete line at
+/// its first open, so the new lines follow whole ones; a file with no newline at all held only
+/// the start of its first append.
+#[tokio::test]
+async fn a_torn_last_line_from_a_crash_is_cut_at_the_first_open() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.log"), "one\ntwo\nthr").unwrap();
+    std::fs::write(dir.path().join("b.log"), "half a li").unwrap();
+    std::fs::write(dir.path().join("c.log"), "whole\n").unwrap();
+    let out = quick(dir.path(), FAST);
+    let mut batch = events("a", &["three", "four"]);
+    batch.extend(events("b", &["x"]));
+    batch.extend(events("c", &["y"]));
+    assert!(send_all(&out, &batch).await.rejected.is_empty());
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+    assert_eq!(read("a.log"), "one\ntwo\nthree\nfour\n");
+    assert_eq!(read("b.log"), "x\n");
+    assert_eq!(read("c.log"), "whole\ny\n");
+}
+
+#[test]
+fn only_a_tail_without_a_newline_is_cut_and_a_whole_file_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let open = |text: &[u8]| {
+        std::fs::write(&path, text).unwrap();
+        OpenOptions::new().read(true).append(true).open(&path).unwrap()
+    };
+    assert_eq!(cut_torn_tail(&open(b"")).unwrap(), Tail::Whole);
+    assert_eq!(cut_torn_tail(&open(b"a\nb\n")).unwrap(), Tail::Whole);
+    assert_eq!(std::fs::read(&path).unwrap(), b"a\nb\n");
+    // A partial line longer than one read of the backwards scan.
+    let mut long = b"first\n".to_vec();
+    long.extend(std::iter::repeat_n(b'z', 200_000));
+    assert_eq!(cut_torn_tail(&open(&long)).unwrap(), Tail::Cut(200_000));
+    assert_eq!(std::fs::read(&path).unwrap(), b"first\n");
+}
