@@ -171,6 +171,12 @@ pub fn render_health(registry: &MetricsRegistry, wedged_after: Duration) -> (Sta
             });
         }
     }
+    for section in registry.sections() {
+        if let Some(reason) = section.wedged(wedged_after) {
+            status = "wedged";
+            body[section.key()] = json!({"reason": reason});
+        }
+    }
     if registry.node.draining() {
         status = "draining";
     }
@@ -824,6 +830,12 @@ mod tests {
         waiter.await.unwrap().unwrap();
         assert_eq!(render_health(&reg, Duration::from_millis(20)).0, StatusCode::OK);
 
+        reg.add_section(Arc::new(Section));
+        let (code, body) = render_health(&reg, Duration::from_millis(20));
+        assert_eq!((code, &body["status"]), (StatusCode::SERVICE_UNAVAILABLE, &json!("wedged")), "{body}");
+        assert_eq!(body["extra"]["reason"], "peer `b:1` has taken nothing for 1s", "{body}");
+        assert_eq!(render_health(&reg, WEDGED_AFTER).0, StatusCode::OK);
+
         reg.node.begin_draining();
         let (code, body) = render_health(&reg, WEDGED_AFTER);
         assert_eq!((code, &body["status"]), (StatusCode::SERVICE_UNAVAILABLE, &json!("draining")), "{body}");
@@ -977,6 +989,9 @@ mod tests {
         }
         fn stats(&self) -> Json {
             json!({})
+        }
+        fn wedged(&self, after: Duration) -> Option<String> {
+            (after < Duration::from_secs(1)).then(|| "peer `b:1` has taken nothing for 1s".to_string())
         }
     }
 

@@ -167,6 +167,10 @@ impl PeerLink {
                     return Err((piece.take().expect("piece kept until placed"), Refusal::Down));
                 }
                 if st.bytes == 0 || st.bytes + len <= f.max_in_flight.as_usize() {
+                    if st.bytes == 0 {
+                        // Held for the peer from now: unanswered time counts from here.
+                        self.metrics.progressed();
+                    }
                     st.bytes += len;
                     st.pending.push_back(piece.take().expect("piece kept until placed"));
                     self.metrics.bytes_in_flight.store(st.bytes as u64, Ordering::Relaxed);
@@ -507,6 +511,7 @@ impl PeerLink {
             let Some(sent) = st.unacked.remove(&seq) else { return };
             st.bytes -= sent.bytes;
             self.metrics.bytes_in_flight.store(st.bytes as u64, Ordering::Relaxed);
+            self.metrics.progressed();
             drop(st);
             self.failures.store(0, Ordering::Relaxed);
             if self.metrics.state() != PeerState::Up {

@@ -1,7 +1,7 @@
 //! The cluster's figures: per peer and for the node, rendered at `/metrics` and `/stats`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
 
 use sluice_core::exposition::{DescriptorEncoder, Labels, counter, gauge, histogram};
 use sluice_core::metrics::{Counter, Histogram, MetricsSection};
@@ -54,9 +54,28 @@ pub struct PeerMetrics {
     pub latency: Histogram,
     pub bytes_in_flight: AtomicU64,
     state: AtomicU8,
+    /// When the peer last took something (or when something was first held for it after it
+    /// had taken everything), in nanoseconds since the Unix epoch: how long a held batch has
+    /// gone unanswered.
+    last_progress_nanos: AtomicI64,
 }
 
 impl PeerMetrics {
+    /// The peer took a batch, or the link starts holding one again after holding none.
+    pub fn progressed(&self) {
+        self.last_progress_nanos.store(sluice_core::value::now_nanos(), Ordering::Relaxed);
+    }
+
+    /// How long batches have been held for the peer without it taking any; `None` when
+    /// nothing is held.
+    pub fn unanswered_for(&self) -> Option<std::time::Duration> {
+        if self.bytes_in_flight.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let since = sluice_core::value::now_nanos().saturating_sub(self.last_progress_nanos.load(Ordering::Relaxed));
+        Some(std::time::Duration::from_nanos(since.max(0) as u64))
+    }
+
     pub fn state(&self) -> PeerState {
         PeerState::from_u8(self.state.load(Ordering::Relaxed))
     }
@@ -239,6 +258,23 @@ impl MetricsSection for ClusterSection {
         )
     }
 
+    fn wedged(&self, after: std::time::Duration) -> Option<String> {
+        let stuck: Vec<String> = self
+            .0
+            .peers()
+            .into_iter()
+            .filter_map(|(name, m)| {
+                let held = m.unanswered_for().filter(|d| *d >= after)?;
+                Some(format!(
+                    "peer `{name}` has taken nothing for {}s with {} bytes held for it",
+                    held.as_secs(),
+                    m.bytes_in_flight.load(Ordering::Relaxed)
+                ))
+            })
+            .collect();
+        (!stuck.is_empty()).then(|| stuck.join("; "))
+    }
+
     fn stats(&self) -> serde_json::Value {
         let v = &self.0;
         let n = v.node_metrics();
@@ -257,6 +293,7 @@ impl MetricsSection for ClusterSection {
                         "failures": m.failures.get(),
                         "events_rerouted": m.events_rerouted.get(),
                         "bytes_in_flight": m.bytes_in_flight.load(Ordering::Relaxed),
+                        "unanswered_seconds": m.unanswered_for().map(|d| d.as_secs_f64()),
                         "latency_mean_seconds": if count > 0 { sum / count as f64 } else { 0.0 },
                     }),
                 )
@@ -326,5 +363,24 @@ mod tests {
         for line in out.lines() {
             assert!(!line.contains("{}"), "{line}");
         }
+    }
+
+    #[test]
+    fn a_peer_holding_batches_it_does_not_take_wedges_the_node_and_one_holding_none_does_not() {
+        let view = Arc::new(View::default());
+        let section = ClusterSection(view.clone());
+        assert_eq!(view.peer.unanswered_for(), None);
+        assert_eq!(section.wedged(std::time::Duration::ZERO), None, "nothing held");
+        view.peer.progressed();
+        view.peer.bytes_in_flight.store(4096, Ordering::Relaxed);
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let held = view.peer.unanswered_for().unwrap();
+        assert!(held >= std::time::Duration::from_millis(30), "{held:?}");
+        assert_eq!(section.wedged(std::time::Duration::from_secs(60)), None, "held briefly is not wedged");
+        let why = section.wedged(std::time::Duration::from_millis(20)).expect("held past the threshold");
+        assert!(why.contains("peer `b:1`") && why.contains("4096 bytes"), "{why}");
+        assert!(section.stats()["peers"]["b:1"]["unanswered_seconds"].as_f64().unwrap() > 0.0);
+        view.peer.progressed();
+        assert_eq!(section.wedged(std::time::Duration::from_millis(20)), None, "it took something");
     }
 }

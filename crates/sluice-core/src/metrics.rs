@@ -394,6 +394,12 @@ pub trait MetricsSection: Send + Sync + std::fmt::Debug {
     /// Writes the section's families (with the helpers of [`crate::exposition`]).
     fn encode(&self, encoder: &mut crate::exposition::DescriptorEncoder<'_>) -> std::fmt::Result;
     fn stats(&self) -> serde_json::Value;
+
+    /// Why this part of the node is wedged (waiting on something that has not moved for
+    /// `after` or longer), for `/health`; `None` when it is not.
+    fn wedged(&self, _after: std::time::Duration) -> Option<String> {
+        None
+    }
 }
 
 impl MetricsRegistry {
