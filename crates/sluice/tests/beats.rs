@@ -493,3 +493,83 @@ pipelines:
     assert!(status.success(), "{log}");
     assert_eq!(std::fs::read_to_string(s.path("other.log")).unwrap().lines().count(), posts);
 }
+
+/// A connection from a socket whose receive buffer is `rcvbuf` bytes, for a client that never
+/// reads.
+fn connect_with_small_buffers(port: u16, rcvbuf: u32) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    let stream = rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(rcvbuf).unwrap();
+        socket.set_send_buffer_size(64 << 10).unwrap();
+        socket.connect(([127, 0, 0, 1], port).into()).await.unwrap()
+    });
+    let stream = stream.into_std().unwrap();
+    stream.set_nonblocking(false).unwrap();
+    stream
+}
+
+#[test]
+fn a_client_that_never_reads_its_acks_makes_the_server_keep_few_windows_and_is_timed_out() {
+    let port = free_port();
+    let mut s = Sluice::start(&format!(
+        "data_dir: '{{dir}}/data'
+api: {{address: '127.0.0.1:0'}}
+pipelines:
+  beats:
+    queue: {{type: memory}}
+    inputs: [{{type: beats, address: '127.0.0.1:{port}', write_timeout: 3s}}]
+    outputs: [{{type: blackhole}}]
+"
+    ));
+    let api = s.api();
+    s.wait_port(port);
+    let mut c = connect_with_small_buffers(port, 4096);
+    let peer = c.local_addr().unwrap().to_string();
+    // Windows of one event each, as fast as the server takes them, and never an ACK read.
+    let mut chunk = Vec::new();
+    for _ in 0..10_000 {
+        chunk.extend_from_slice(&[b'2', b'W', 0, 0, 0, 1, b'2', b'J', 0, 0, 0, 1, 0, 0, 0, 2, b'{', b'}']);
+    }
+    c.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let most = 4_000_000 / 10_000;
+    let mut sent = 0;
+    while sent < most && c.write_all(&chunk).is_ok() {
+        sent += 1;
+    }
+    // The server stopped reading (or is done with them all), and gives up on the client.
+    wait_until("the write timeout", Duration::from_secs(60), || {
+        let (_, metrics) = http(&api, "GET", "/metrics", &[], b"");
+        series(&metrics, "sluice_component_beats_write_timeouts_total") >= 1.0
+    });
+    let (_, metrics) = http(&api, "GET", "/metrics", &[], b"");
+    let windows = series(&metrics, "sluice_component_beats_windows_total") as u64;
+    let acks = series(&metrics, "sluice_component_beats_acks_total") as u64;
+    let stats = get_json(&api, "/stats");
+    let input = stats["pipelines"]["beats"]["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "beats")
+        .unwrap_or_else(|| panic!("no beats component in {stats}"))
+        .clone();
+    eprintln!(
+        "beats ACK-reading test: client sent {} windows, server opened {windows}, wrote {acks} ACKs, peak RSS {} MiB",
+        sent * 10_000,
+        peak_rss_mib(s.child.id())
+    );
+    assert!(
+        windows - acks <= 256,
+        "the server opened {windows} windows and wrote {acks} ACKs: {} kept for a client that reads none",
+        windows - acks
+    );
+    assert_eq!(series(&metrics, "sluice_component_beats_write_timeouts_total"), 1.0);
+    assert_eq!(input["state"]["beats_write_timeouts"], 1, "{input}");
+    s.wait_log(
+        &format!("beats input closed the connection of {peer}: the client did not read its ACKs"),
+        Duration::from_secs(5),
+    );
+    assert_eq!(series(&metrics, "sluice_component_beats_connections_open"), 0.0);
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+}

@@ -351,8 +351,17 @@ fn config_is_checked() {
     assert!(build(&spec("{type: beats, address: '127.0.0.1:5044'}")).is_ok());
     let c: BeatsConfig = spec("{type: beats, address: 'h:1'}").settings().unwrap();
     assert_eq!((c.max_frame_bytes.0, c.max_window_size, c.max_connections), (64 << 20, 65_536, 1024));
-    assert_eq!((c.idle_timeout.0.as_secs(), c.keepalive_interval.0.as_secs()), (60, 5));
-    for bad in ["max_window_size: 0", "max_connections: 0", "keepalive_interval: 0s", "max_frame_bytes: 10"] {
+    assert_eq!(
+        (c.idle_timeout.0.as_secs(), c.keepalive_interval.0.as_secs(), c.write_timeout.0.as_secs()),
+        (60, 5, 30)
+    );
+    for bad in [
+        "max_window_size: 0",
+        "max_connections: 0",
+        "keepalive_interval: 0s",
+        "max_frame_bytes: 10",
+        "write_timeout: 0s",
+    ] {
         let e = build(&spec(&format!("{{type: beats, address: 'h:1', {bad}}}"))).err().unwrap().to_string();
         assert!(e.contains(bad.split(':').next().unwrap()), "{e}");
     }
