@@ -12,7 +12,8 @@
 //! Guarantees: nothing is allocated from a length the client announced before that length has
 //! been checked against `max_frame_bytes` (a frame) or `max_window_size` (a window); a
 //! compressed frame inflates to at most `max_frame_bytes` in all, nested ones included, and
-//! nests at most [`MAX_NESTING`] deep. Version 1 (legacy lumberjack: `D` data frames of
+//! nests at most [`MAX_NESTING`] deep; [`Inflater`] inflates it a step at a time, holding one
+//! step, or one data frame when a frame is larger, never the whole block. Version 1 (legacy lumberjack: `D` data frames of
 //! key/value pairs) is refused with an error saying so, as soon as its first byte is seen.
 
 use std::ops::Range;
