@@ -247,6 +247,14 @@ impl MemoryCharge {
         MemoryCharge { budget: self.budget.clone(), granules: n }
     }
 
+    /// Splits off `bytes` (rounded up to the granule, at most what is held) into a charge of
+    /// its own; `self` keeps the rest. For handing a batch its share of what an input holds.
+    pub fn split_off(&mut self, bytes: usize) -> MemoryCharge {
+        let n = granules(bytes).min(self.granules);
+        self.granules -= n;
+        MemoryCharge { budget: self.budget.clone(), granules: n }
+    }
+
     /// Gives back what is held beyond `bytes`.
     pub fn shrink_to(&mut self, bytes: usize) {
         let keep = granules(bytes);
@@ -401,6 +409,12 @@ mod tests {
         assert_eq!((c.bytes(), budget.used()), (128, 128));
         c.true_up(10_000);
         assert_eq!(budget.used(), c.bytes());
+        let mut off = c.split_off(100);
+        assert_eq!((off.bytes(), c.bytes(), budget.used()), (128, 9920, 10_048));
+        off.true_up(1000);
+        assert_eq!(c.split_off(1 << 20).bytes(), 9920, "at most what is held");
+        drop(off);
+        c.true_up(10_000);
         let mut none = MemoryCharge::none();
         none.merge(c);
         assert_eq!(budget.used(), none.bytes());

@@ -358,3 +358,218 @@ fn validate_reads_the_tls_files_and_checks_the_limits() {
     );
     assert!(!ok && text.contains("max_window_size"), "{text}");
 }
+
+/// Clients started with [`spawn_client`]; killed if the test ends before they do.
+struct Clients(Vec<std::process::Child>);
+
+impl Drop for Clients {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts the client with `args` and hands it back running.
+fn spawn_client(args: &[String]) -> std::process::Child {
+    Command::new(client_binary())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The process's peak resident set size, in MiB (Linux).
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    kb.unwrap_or(0) >> 10
+}
+
+#[test]
+fn big_compressed_windows_from_many_clients_fit_a_small_budget_and_other_inputs_are_served() {
+    client_binary();
+    let (port, http_port) = (free_port(), free_port());
+    let budget = 16u64 << 20;
+    // Eight clients, two pipelined windows each of 4096 events of about 900 bytes, each window
+    // one compressed frame of about 3.7 MB inflated: about 60 MB in all, nearly four budgets.
+    // One window's decoding fits the budget on its own; all of them at once do not.
+    let mut s = Sluice::start(&format!(
+        "data_dir: '{{dir}}/data'
+api: {{address: '127.0.0.1:0'}}
+memory: {{budget: 16MiB}}
+pipelines:
+  beats:
+    workers: 2
+    batch: {{size: 1000, delay: 2ms}}
+    queue: {{type: memory}}
+    inputs: [{{type: beats, address: '127.0.0.1:{port}'}}]
+    outputs: [{{type: file, path: '{{dir}}/out.log'}}]
+  other:
+    inputs: [{{type: http, address: '127.0.0.1:{http_port}', request_timeout: 10s}}]
+    outputs: [{{type: file, path: '{{dir}}/other.log'}}]
+"
+    ));
+    let api = s.api();
+    s.wait_port(port);
+    s.wait_port(http_port);
+    let (n_clients, per_client, window) = (8u64, 8192u64, 4096u64);
+    let mut clients = Clients(
+        (0..n_clients)
+            .map(|i| {
+                let mut a = args(port, i * per_client, per_client, window, 3, 2, &s.path(&format!("acked-{i}")));
+                a.push("-pad=550".into());
+                spawn_client(&a)
+            })
+            .collect(),
+    );
+    // While the windows arrive: the node's figures, and another input of the node posted to.
+    let (mut peak_used, mut peak_waiting, mut posts) = (0u64, 0u64, 0);
+    let started = Instant::now();
+    let mut done = vec![false; clients.0.len()];
+    while done.iter().any(|d| !d) {
+        let (_, metrics) = http(&api, "GET", "/metrics", &[], b"");
+        let (used, waiting) = (metric(&metrics, "sluice_memory_used_bytes"), metric(&metrics, "sluice_memory_waiting"));
+        peak_used = peak_used.max(used as u64);
+        peak_waiting = peak_waiting.max(waiting as u64);
+        let figures = || {
+            format!(
+                "memory used {used} of {budget} bytes (peak {peak_used}), {waiting} waiting for it (peak {peak_waiting}), \
+                 {} ACKs sent, peak RSS {} MiB",
+                series(&metrics, "sluice_component_beats_acks_total"),
+                peak_rss_mib(s.child.id())
+            )
+        };
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the beats clients were not all ACKed within 120 s: {}",
+            figures()
+        );
+        if series(&metrics, "sluice_component_beats_windows_total") >= n_clients as f64 && posts < 5 {
+            let body = format!("{{\"post\":{posts}}}");
+            let (status, answer) = http(&format!("127.0.0.1:{http_port}"), "POST", "/", &[], body.as_bytes());
+            assert_eq!(
+                status,
+                200,
+                "the http input was not served while the beats windows were decoded: {answer}; {}",
+                figures()
+            );
+            posts += 1;
+        }
+        for (c, d) in clients.0.iter_mut().zip(done.iter_mut()) {
+            *d = *d || c.try_wait().unwrap().is_some();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (i, c) in std::mem::take(&mut clients.0).into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "client {i}: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains(&format!("events={per_client} resent=0")), "client {i}: {stdout}");
+    }
+    eprintln!(
+        "beats budget test: {} events in {:?}, memory used peak {peak_used} of {budget} bytes ({:.2}), at most {peak_waiting} \
+         waiting, peak RSS {} MiB, {posts} http posts served meanwhile",
+        n_clients * per_client,
+        started.elapsed(),
+        peak_used as f64 / budget as f64,
+        peak_rss_mib(s.child.id())
+    );
+    let acked: usize = (0..n_clients).map(|i| acked_ids(&s.path(&format!("acked-{i}"))).len()).sum();
+    assert_eq!(acked as u64, n_clients * per_client, "every window ACKed");
+    let seen = delivered(&s.path("out.log"));
+    assert!(seen.keys().copied().eq(0..n_clients * per_client), "every event delivered: {} of them", seen.len());
+    assert!(seen.values().all(|&n| n == 1), "no duplicates");
+    assert!(posts > 0, "the http input was posted to while the windows were decoded");
+    // Charges trued up past their estimate may go over a little; nothing holds and waits.
+    assert!(peak_used <= budget + budget / 8, "memory used peaked at {peak_used} of {budget} bytes");
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(std::fs::read_to_string(s.path("other.log")).unwrap().lines().count(), posts);
+}
+
+/// A connection from a socket whose receive buffer is `rcvbuf` bytes, for a client that never
+/// reads.
+fn connect_with_small_buffers(port: u16, rcvbuf: u32) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    let stream = rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(rcvbuf).unwrap();
+        socket.set_send_buffer_size(64 << 10).unwrap();
+        socket.connect(([127, 0, 0, 1], port).into()).await.unwrap()
+    });
+    let stream = stream.into_std().unwrap();
+    stream.set_nonblocking(false).unwrap();
+    stream
+}
+
+#[test]
+fn a_client_that_never_reads_its_acks_makes_the_server_keep_few_windows_and_is_timed_out() {
+    let port = free_port();
+    let mut s = Sluice::start(&format!(
+        "data_dir: '{{dir}}/data'
+api: {{address: '127.0.0.1:0'}}
+pipelines:
+  beats:
+    queue: {{type: memory}}
+    inputs: [{{type: beats, address: '127.0.0.1:{port}', write_timeout: 3s}}]
+    outputs: [{{type: blackhole}}]
+"
+    ));
+    let api = s.api();
+    s.wait_port(port);
+    let mut c = connect_with_small_buffers(port, 4096);
+    let peer = c.local_addr().unwrap().to_string();
+    // Windows of one event each, as fast as the server takes them, and never an ACK read.
+    let mut chunk = Vec::new();
+    for _ in 0..10_000 {
+        chunk.extend_from_slice(&[b'2', b'W', 0, 0, 0, 1, b'2', b'J', 0, 0, 0, 1, 0, 0, 0, 2, b'{', b'}']);
+    }
+    c.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let most = 4_000_000 / 10_000;
+    let mut sent = 0;
+    while sent < most && c.write_all(&chunk).is_ok() {
+        sent += 1;
+    }
+    // The server stopped reading (or is done with them all), and gives up on the client.
+    wait_until("the write timeout", Duration::from_secs(60), || {
+        let (_, metrics) = http(&api, "GET", "/metrics", &[], b"");
+        series(&metrics, "sluice_component_beats_write_timeouts_total") >= 1.0
+    });
+    let (_, metrics) = http(&api, "GET", "/metrics", &[], b"");
+    let windows = series(&metrics, "sluice_component_beats_windows_total") as u64;
+    let acks = series(&metrics, "sluice_component_beats_acks_total") as u64;
+    let stats = get_json(&api, "/stats");
+    let input = stats["pipelines"]["beats"]["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "beats")
+        .unwrap_or_else(|| panic!("no beats component in {stats}"))
+        .clone();
+    eprintln!(
+        "beats ACK-reading test: client sent {} windows, server opened {windows}, wrote {acks} ACKs, peak RSS {} MiB",
+        sent * 10_000,
+        peak_rss_mib(s.child.id())
+    );
+    assert!(
+        windows - acks <= 256,
+        "the server opened {windows} windows and wrote {acks} ACKs: {} kept for a client that reads none",
+        windows - acks
+    );
+    assert_eq!(series(&metrics, "sluice_component_beats_write_timeouts_total"), 1.0);
+    assert_eq!(input["state"]["beats_write_timeouts"], 1, "{input}");
+    s.wait_log(
+        &format!("beats input closed the connection of {peer}: the client did not read its ACKs"),
+        Duration::from_secs(5),
+    );
+    assert_eq!(series(&metrics, "sluice_component_beats_connections_open"), 0.0);
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+}

@@ -1,11 +1,21 @@
 //! One client connection: the TLS handshake, then a reader and a writer side by side.
 //!
-//! The reader reads what the client sends, a read at a time: it charges the read to the memory
-//! budget, cuts the complete frames off it, inflates compressed ones, charges the events it
-//! will make before it decodes them, and sends them to the queue as one batch whose
-//! acknowledgement holds one acker per window part in it ([`super::window`]). The writer sends
-//! the ACKs as they become due, in window order, and a keep-alive when it has written nothing
-//! for `keepalive_interval` while a window is open.
+//! The reader reads what the client sends, a read at a time, cuts the complete frames off it,
+//! inflates compressed ones a step at a time ([`protocol::Inflater`]), and sends the events to
+//! the queue in slices of about [`SLICE_BYTES`] of memory, each a batch whose acknowledgement
+//! holds one acker per window part in it ([`super::window`]). The writer sends the ACKs as they
+//! become due, in window order, and a keep-alive when it has written nothing for
+//! `keepalive_interval` while a window is open.
+//!
+//! Memory: the connection charges the node's budget for what it is about to hold — its read
+//! buffer, the inflated bytes not yet decoded, the next slice's events — before it holds it.
+//! What it holds is bounded by one frame and a read, plus one inflating step or one data frame,
+//! plus one slice, whatever the window's size. When what it needs is not free at once it gives
+//! back all it holds and waits, holding nothing, in line for the total (as the http input
+//! does): connections that each held part of the budget and waited for the rest would wedge
+//! the node. Meanwhile its buffers stay allocated, so the process may hold that much more
+//! than the budget per waiting connection. A need larger than the whole budget can never be
+//! met and closes the connection with a warning saying so.
 //!
 //! Guarantees:
 //! - a protocol error or a limit closes the connection at once, with a warning naming the peer
@@ -13,6 +23,10 @@
 //! - `idle_timeout` runs only while the server owes the client nothing (no window fully
 //!   received and waiting for its ACK): a client waiting on a slow pipeline is never cut off,
 //!   one that stops in the middle of a window is;
+//! - the reader stops reading while [`MAX_AWAITING`] windows wait for their ACK to be written,
+//!   so a client that does not read its ACKs cannot make the server keep ever more windows;
+//!   an ACK (or keep-alive) the client does not take within `write_timeout` closes the
+//!   connection, counted in `beats_write_timeouts_total` and logged with the peer;
 //! - on shutdown, or when the client closes, the reader stops; the writer still sends the ACKs
 //!   of windows already fully received as they become due, for at most [`GRACE`], then the
 //!   connection closes. What is not ACKed by then the client sends again;
@@ -25,6 +39,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
+use sluice_config::ByteSize;
 use sluice_core::value::now_nanos;
 use sluice_core::{AckSet, Batch, MemoryCharge};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -32,7 +47,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::protocol::{self, DocAt, FrameAt};
+use super::protocol::{self, DocAt, FrameAt, Inflated, Inflater};
 use super::window::{WindowId, Windows};
 use super::{OpenConnection, PeerMetadata, Shared, decode_event};
 use crate::admission;
@@ -41,10 +56,16 @@ use crate::limits::{self, Activity};
 
 /// Bytes asked of the socket at a time (more only to finish a larger frame).
 const READ_SIZE: usize = 256 << 10;
+/// Inflated bytes per step of a compressed frame (more only to finish a larger data frame).
+const INFLATE_STEP: usize = 256 << 10;
+/// The memory the events of one batch are estimated to take, at which the reader sends them
+/// (a quarter of the budget if that is less; at least one event).
+pub const SLICE_BYTES: usize = 4 << 20;
+/// Windows a connection may have awaiting their ACK (opened, and the ACK not yet written)
+/// before it reads no further. A Beat keeps a few windows out (Filebeat's `pipelining`: 2).
+pub const MAX_AWAITING: usize = 256;
 /// How long a connection that stopped reading still waits to send the ACKs it owes.
 pub const GRACE: Duration = Duration::from_secs(5);
-/// How long one write of ACKs may take before the client is given up on.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why the reader stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,28 +146,35 @@ struct Group {
     increasing: bool,
 }
 
-/// What one read's complete frames hold. Kept from one round to the next, for its allocations.
+/// The events decoded from the frames read so far and not yet sent: one batch to be. Kept from
+/// one batch to the next, for its allocations.
 #[derive(Default)]
-struct Round {
+struct Slice {
     /// Where each event's document is, in order.
     docs: Vec<DocAt>,
-    /// The documents of the compressed frame being expanded, before they join `docs`.
+    /// The documents of the inflated block just handed out, before they join `docs`.
     inner: Vec<DocAt>,
-    /// Inflated compressed frames, which `docs` may point into.
+    /// Inflated blocks of data frames, which `docs` may point into.
     blocks: Vec<Vec<u8>>,
+    blocks_bytes: usize,
+    doc_bytes: usize,
     groups: Vec<Group>,
-    /// What the inflated blocks are charged.
-    inflated: MemoryCharge,
-    /// A window's last event is in this round: its client now waits for the ACK.
+    /// A window's last event is in this slice: its client now waits for the ACK.
     completes_window: bool,
 }
 
-impl Round {
+impl Slice {
+    /// What the slice's events are estimated to take once decoded.
+    fn estimate(&self) -> usize {
+        2 * self.doc_bytes + self.docs.len() * admission::line_event_bytes()
+    }
+
     fn clear(&mut self) {
         self.docs.clear();
         self.blocks.clear();
+        self.blocks_bytes = 0;
+        self.doc_bytes = 0;
         self.groups.clear();
-        self.inflated = MemoryCharge::default();
         self.completes_window = false;
     }
 
@@ -171,6 +199,7 @@ impl Round {
             }
             _ => self.groups.push(Group { window: c.id, events: 1, through: c.highest, increasing: c.increasing }),
         }
+        self.doc_bytes += doc.range.len();
         self.docs.push(doc);
         Ok(())
     }
@@ -186,34 +215,68 @@ impl Conn<'_> {
         self.windows.poke();
     }
 
-    /// Waits for `bytes` of the memory budget; `Err` when the connection must end first.
-    async fn reserve(&self, bytes: usize) -> Result<MemoryCharge, End> {
+    /// Makes `mem` (what the connection holds of the memory budget) at least `total` bytes.
+    /// When they are not free at once, gives back all of it and waits, holding nothing, in
+    /// line for the total and a slice more (so that the next steps need not wait again). A
+    /// total larger than the whole budget closes the connection.
+    async fn ensure(&self, mem: &mut MemoryCharge, total: usize, what: &str) -> Result<(), End> {
+        if total <= mem.bytes() {
+            return Ok(());
+        }
+        let ctx = &self.shared.ctx;
+        let limit = ctx.memory.limit();
+        if total > limit {
+            let why = format!(
+                "{what} needs {} of memory, more than the node's whole memory budget ({}); raise memory.budget, or \
+                 lower the client's batch size (a Beat's bulk_max_size) or this input's max_frame_bytes",
+                ByteSize(total as u64),
+                ByteSize(limit as u64)
+            );
+            return Err(self.protocol_error(why, true));
+        }
+        if mem.try_grow(total - mem.bytes()) {
+            return Ok(());
+        }
+        mem.shrink_to(0);
+        let want = (total + self.shared.slice + INFLATE_STEP).min(limit);
         tokio::select! {
             biased;
             _ = self.stop.cancelled() => Err(End::Failed),
-            c = self.shared.ctx.reserve(bytes) => c.ok_or(End::Shutdown),
+            _ = ctx.shutdown.cancelled() => Err(End::Shutdown),
+            r = mem.grow(want, limit, None) => r.map_err(|_| End::Failed),
         }
+    }
+
+    /// Waits until fewer than [`MAX_AWAITING`] windows await their ACK.
+    async fn wait_for_room(&self) -> Result<(), End> {
+        while self.windows.awaiting() >= MAX_AWAITING {
+            tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => return Err(End::Failed),
+                _ = self.shared.ctx.shutdown.cancelled() => return Err(End::Shutdown),
+                _ = self.windows.room_made() => {}
+            }
+        }
+        Ok(())
     }
 
     async fn read<R: AsyncRead + Unpin>(&self, mut rd: R, meta: &PeerMetadata) -> End {
         let ctx = &self.shared.ctx;
         let mut buf = BytesMut::new();
-        // What the bytes held in `buf` are charged.
-        let mut held = ctx.memory.empty();
+        // What the connection holds of the budget: the bytes in `buf`, and while a read's
+        // frames are decoded, the inflated bytes and the events of the next slice.
+        let mut mem = ctx.memory.empty();
         let mut current: Option<Current> = None;
         let mut failed_logged = false;
-        let mut round = Round::default();
+        let mut slice = Slice::default();
         loop {
             // Room for one more read, charged first. Toward a large frame (its length checked
             // against max_frame_bytes when its header came) the buffer doubles, so that a slow
             // client holds about what it has sent, and a large frame is not copied over and over.
             let need = protocol::frame_len(&buf).map_or(0, |len| len.saturating_sub(buf.len()));
             let target = buf.len() + need.min(buf.len()).max(READ_SIZE);
-            if target > held.bytes() {
-                match self.reserve(target - held.bytes()).await {
-                    Ok(more) => held.merge(more),
-                    Err(end) => return end,
-                }
+            if let Err(end) = self.ensure(&mut mem, target, "a frame").await {
+                return end;
             }
             buf.reserve(target - buf.len());
             // Waiting on the client: idle time counts unless a window waits for its ACK.
@@ -246,7 +309,7 @@ impl Conn<'_> {
                     return End::Failed;
                 }
             }
-            match self.round(&mut buf, &mut current, meta, &mut round).await {
+            match self.round(&mut buf, &mut current, meta, &mut slice, &mut mem).await {
                 Ok(failed) if failed > 0 && !failed_logged => {
                     failed_logged = true;
                     tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %self.peer,
@@ -256,7 +319,7 @@ impl Conn<'_> {
                 Ok(_) => {}
                 Err(end) => return end,
             }
-            held.shrink_to(buf.len());
+            mem.shrink_to(buf.len());
         }
     }
 
@@ -272,19 +335,20 @@ impl Conn<'_> {
         End::Failed
     }
 
-    /// Decodes the complete frames in `buf` and sends their events as one batch; the number of
-    /// documents that were not JSON objects. The frames are found first (their headers only),
-    /// then the events' memory is charged, then each document is decoded where it lies.
+    /// Decodes the complete frames in `buf` and sends their events, a slice at a time; the
+    /// number of documents that were not JSON objects. The frames are found first (their
+    /// headers only), compressed ones inflated a step at a time, and each slice's memory is
+    /// charged before its documents are decoded where they lie.
     async fn round(
         &self,
         buf: &mut BytesMut,
         current: &mut Option<Current>,
         meta: &PeerMetadata,
-        round: &mut Round,
+        slice: &mut Slice,
+        mem: &mut MemoryCharge,
     ) -> Result<u64, End> {
-        let ctx = &self.shared.ctx;
         let limits = &self.shared.limits;
-        round.clear();
+        let mut failed = 0;
         let mut at = 0;
         loop {
             let (frame, len) = match protocol::parse_frame(&buf[at..], limits) {
@@ -303,67 +367,107 @@ impl Conn<'_> {
                         );
                         return Err(self.protocol_error(why, false));
                     }
+                    if self.windows.awaiting() >= MAX_AWAITING {
+                        // The events read so far go first: their windows' ACKs are what is
+                        // waited for.
+                        failed += self.flush(buf, 0, meta, slice, mem).await?;
+                        self.wait_for_room().await?;
+                    }
                     self.shared.figures.windows.add(1);
                     let id = self.windows.open(n);
                     *current = Some(Current { id, expected: n, received: 0, highest: 0, last: 0, increasing: true });
                 }
                 FrameAt::Json { seq, payload } => {
                     let doc = DocAt { seq, block: None, range: at + payload.start..at + payload.end };
-                    round.event(current, doc).map_err(|why| self.protocol_error(why, false))?;
+                    slice.event(current, doc).map_err(|why| self.protocol_error(why, false))?;
+                    if slice.estimate() >= self.shared.slice {
+                        failed += self.flush(buf, 0, meta, slice, mem).await?;
+                    }
                 }
                 FrameAt::Compressed(payload) => {
-                    let block = &buf[at + payload.start..at + payload.end];
-                    // Charged before inflating: an estimate, trued up to what it inflated to.
-                    let mut charge = self.reserve((block.len() * 4).min(limits.max_frame)).await?;
-                    round.inner.clear();
-                    let inflated = protocol::expand_compressed(block, limits, &mut round.blocks, &mut round.inner)
-                        .map_err(|e| self.protocol_error(&e, e.is_limit()))?;
-                    charge.true_up(inflated);
-                    round.inflated.merge(charge);
-                    for i in 0..round.inner.len() {
-                        let doc = round.inner[i].clone();
-                        round.event(current, doc).map_err(|why| self.protocol_error(why, false))?;
+                    let payload = at + payload.start..at + payload.end;
+                    let mut inflater = Inflater::new(limits);
+                    loop {
+                        let held = buf.len() + slice.blocks_bytes + inflater.held();
+                        self.ensure(mem, held + inflater.next_needs(INFLATE_STEP), "a compressed frame").await?;
+                        let block = slice.blocks.len();
+                        let inflated = inflater
+                            .next(&buf[payload.clone()], INFLATE_STEP, &mut slice.inner, block)
+                            .map_err(|e| self.protocol_error(&e, e.is_limit()))?;
+                        match inflated {
+                            Inflated::Done => break,
+                            Inflated::More => {}
+                            Inflated::Block(frames) => {
+                                slice.blocks_bytes += frames.len();
+                                slice.blocks.push(frames);
+                                let mut inner = std::mem::take(&mut slice.inner);
+                                for doc in inner.drain(..) {
+                                    slice.event(current, doc).map_err(|why| self.protocol_error(why, false))?;
+                                }
+                                slice.inner = inner;
+                                if slice.estimate() >= self.shared.slice {
+                                    failed += self.flush(buf, inflater.held(), meta, slice, mem).await?;
+                                }
+                            }
+                        }
                     }
                 }
             }
             at += len;
         }
-        if round.docs.is_empty() {
-            buf.advance(at);
+        failed += self.flush(buf, 0, meta, slice, mem).await?;
+        buf.advance(at);
+        Ok(failed)
+    }
+
+    /// Decodes the slice's documents and sends them as one batch, carrying their charge;
+    /// `inflating` is what the compressed frame being read holds besides. The number of
+    /// documents that were not JSON objects.
+    async fn flush(
+        &self,
+        buf: &[u8],
+        inflating: usize,
+        meta: &PeerMetadata,
+        slice: &mut Slice,
+        mem: &mut MemoryCharge,
+    ) -> Result<u64, End> {
+        if slice.docs.is_empty() {
             return Ok(0);
         }
-        let bytes: usize = round.docs.iter().map(|d| d.range.len()).sum();
-        let estimate = 2 * bytes + round.docs.len() * admission::line_event_bytes();
-        let mut charge = self.reserve(estimate).await?;
+        let ctx = &self.shared.ctx;
+        let estimate = slice.estimate();
+        self.ensure(mem, buf.len() + slice.blocks_bytes + inflating + estimate, "a slice of events").await?;
         let now = now_nanos();
         let meta = meta.reshared();
         let mut failed = 0u64;
-        let events: Vec<_> = round
+        let events: Vec<_> = slice
             .docs
             .iter()
             .map(|doc| {
-                let (event, decoded) = decode_event(doc.bytes(buf, &round.blocks), now, &meta);
+                let (event, decoded) = decode_event(doc.bytes(buf, &slice.blocks), now, &meta);
                 failed += u64::from(decoded == Decoded::Failed);
                 event
             })
             .collect();
-        // The events own their text: the frames' bytes and the inflated blocks can go.
-        buf.advance(at);
-        round.blocks.clear();
-        round.inflated = MemoryCharge::default();
-        charge.true_up(admission::measure_each(&events, 0));
-        if failed > 0 {
-            ctx.metrics.failed.add(failed);
-        }
+        let bytes = slice.doc_bytes;
+        let completes_window = slice.completes_window;
         let mut acks = AckSet::none();
-        for g in round.groups.drain(..) {
+        for g in slice.groups.drain(..) {
             let acker = self.windows.part(g.window, g.events, g.through, g.increasing);
             acks.append(AckSet::single(acker, g.events as usize));
+        }
+        // The events own their text: the inflated blocks can go.
+        slice.clear();
+        let mut charge = mem.split_off(estimate);
+        charge.true_up(admission::measure_each(&events, 0));
+        mem.shrink_to(buf.len() + inflating);
+        if failed > 0 {
+            ctx.metrics.failed.add(failed);
         }
         // The writer counts keep-alives from now for a window that just became whole.
         self.windows.poke();
         let mut batch = Batch::new(events, acks, bytes).with_memory(charge);
-        if round.completes_window {
+        if completes_window {
             // The client sends nothing more of that window until its ACK: no worker should hold
             // these events back for a fuller batch (a Filebeat keeps only 2 windows out).
             batch = batch.awaited();
@@ -393,6 +497,7 @@ impl Conn<'_> {
                 if !self.write(&mut wr, &out).await {
                     return;
                 }
+                self.windows.written(due.windows_done);
                 figures.acks.add(due.acks.len() as u64);
                 last_write = Instant::now();
             }
@@ -446,19 +551,32 @@ impl Conn<'_> {
 
     /// Writes ACK frames; false (and the connection told to close) if that fails.
     async fn write<W: AsyncWrite + Unpin>(&self, wr: &mut W, bytes: &[u8]) -> bool {
-        let r = tokio::time::timeout(WRITE_TIMEOUT, async {
+        let timeout = self.shared.write_timeout;
+        let r = tokio::time::timeout(timeout, async {
             wr.write_all(bytes).await?;
             wr.flush().await
         })
         .await;
-        let error = match r {
-            Ok(Ok(())) => return true,
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("the client did not read its ACKs for {WRITE_TIMEOUT:?}"),
-        };
         let ctx = &self.shared.ctx;
-        tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %self.peer, error = %error,
-            "beats connection write failed");
+        match r {
+            Ok(Ok(())) => return true,
+            Ok(Err(e)) => {
+                tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %self.peer, error = %e,
+                    "beats connection write failed");
+            }
+            Err(_) => {
+                self.shared.figures.write_timeouts.add(1);
+                let mut logged = self.shared.write_timeout_logged.lock();
+                if logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    *logged = Some(Instant::now());
+                    tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %self.peer,
+                        awaiting = self.windows.awaiting(),
+                        "beats input closed the connection of {}: the client did not read its ACKs for write_timeout \
+                         ({timeout:?}); it sends its windows again (logged at most once per 10 s; the count is \
+                         sluice_component_beats_write_timeouts_total)", self.peer);
+                }
+            }
+        }
         self.stop.cancel();
         false
     }

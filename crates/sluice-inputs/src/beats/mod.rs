@@ -19,9 +19,14 @@
 //!
 //! Bounds: `max_window_size` and `max_frame_bytes` are checked on the frame header, before
 //! anything of that size is allocated, and a client past them is logged (naming it) and
-//! disconnected; compressed frames inflate to at most `max_frame_bytes`; every read and every
-//! decoded event is charged to the node's memory budget before it is decoded; connections are
-//! bounded by `max_connections` and `idle_timeout` ([`crate::limits`]).
+//! disconnected; compressed frames inflate to at most `max_frame_bytes`, a step at a time, and
+//! their events go to the queue in slices, so that what one connection holds does not grow
+//! with its window; every read, every inflating step and every slice of events is charged to
+//! the node's memory budget first, and a connection never waits for memory while it holds
+//! some ([`connection`]); a connection reads no further while [`connection::MAX_AWAITING`]
+//! windows wait for their ACK to be written, and one whose client does not read its ACKs for
+//! `write_timeout` is closed and counted; connections are bounded by `max_connections` and
+//! `idle_timeout` ([`crate::limits`]).
 //!
 //! Layout: [`protocol`] decodes frames, [`window`] keeps the ACKs owed, [`connection`] runs a
 //! client's reader and writer.
@@ -70,6 +75,8 @@ struct BeatsConfig {
     idle_timeout: HumanDuration,
     #[serde(default = "default_keepalive")]
     keepalive_interval: HumanDuration,
+    #[serde(default = "default_write_timeout")]
+    write_timeout: HumanDuration,
 }
 
 fn default_max_frame() -> ByteSize {
@@ -88,6 +95,9 @@ fn default_idle_timeout() -> HumanDuration {
 /// Logstash's beats input sends a keep-alive after 5 s without writing while a batch waits.
 fn default_keepalive() -> HumanDuration {
     HumanDuration(Duration::from_secs(5))
+}
+fn default_write_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
 }
 
 struct Beats {
@@ -109,6 +119,9 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError>
     }
     if config.keepalive_interval.0.is_zero() {
         return Err(spec.key_error("keepalive_interval", "must be more than 0"));
+    }
+    if config.write_timeout.0.is_zero() {
+        return Err(spec.key_error("write_timeout", "must be more than 0"));
     }
     // The files are read and checked now, so that `sluice validate` reports them.
     let tls = ServerTls::for_component(spec, config.tls.as_ref())?;
@@ -137,6 +150,7 @@ pub(crate) struct Figures {
     pub acks: Counter,
     pub keepalives: Counter,
     pub protocol_errors: Counter,
+    pub write_timeouts: Counter,
 }
 
 impl ComponentState for Figures {
@@ -169,6 +183,12 @@ impl ComponentState for Figures {
                 true,
                 self.protocol_errors.get(),
             ),
+            f(
+                "beats_write_timeouts_total",
+                "Beats connections closed because the client did not read its ACKs within write_timeout.",
+                true,
+                self.write_timeouts.get(),
+            ),
         ]
     }
 }
@@ -195,8 +215,13 @@ pub(crate) struct Shared {
     pub ctx: InputContext,
     pub limits: protocol::Limits,
     pub keepalive: Duration,
+    pub write_timeout: Duration,
+    /// The memory a slice of events (one batch) is cut at: a quarter of the budget at most.
+    pub slice: usize,
     pub tls: Option<Arc<ServerTls>>,
     pub figures: Arc<Figures>,
+    /// When a write timeout was last logged (at most once per 10 s).
+    pub write_timeout_logged: parking_lot::Mutex<Option<tokio::time::Instant>>,
 }
 
 /// Accepts connections on `listener` until shutdown, then waits for the connection tasks.
@@ -216,8 +241,11 @@ async fn serve(
         ctx: ctx.clone(),
         limits: protocol::Limits { max_frame: config.max_frame_bytes.as_usize(), max_window: config.max_window_size },
         keepalive: config.keepalive_interval.0,
+        write_timeout: config.write_timeout.0,
+        slice: connection::SLICE_BYTES.min(ctx.memory.limit() / 4),
         tls,
         figures,
+        write_timeout_logged: parking_lot::Mutex::new(None),
     });
     accept_connections(listener, max_connections, idle_timeout, &ctx, "beats", |stream, peer, activity| {
         let _ = stream.set_nodelay(true);

@@ -12,10 +12,10 @@
 //! Guarantees: nothing is allocated from a length the client announced before that length has
 //! been checked against `max_frame_bytes` (a frame) or `max_window_size` (a window); a
 //! compressed frame inflates to at most `max_frame_bytes` in all, nested ones included, and
-//! nests at most [`MAX_NESTING`] deep. Version 1 (legacy lumberjack: `D` data frames of
+//! nests at most [`MAX_NESTING`] deep; [`Inflater`] inflates it a step at a time, holding one
+//! step, or one data frame when a frame is larger, never the whole block. Version 1 (legacy lumberjack: `D` data frames of
 //! key/value pairs) is refused with an error saying so, as soon as its first byte is seen.
 
-use std::io::Read;
 use std::ops::Range;
 
 #[cfg(test)]
@@ -196,66 +196,184 @@ pub fn frame_len(buf: &[u8]) -> Option<usize> {
     }
 }
 
-/// Inflates a compressed frame's payload into `blocks` (nested compressed frames expanded in
-/// place, each block its own entry) and appends where its documents are to `out`, in order.
-/// Inflates at most `limits.max_frame` bytes in all; returns how many it inflated.
+/// Inflates one compressed frame a step at a time and hands out its data frames in order, a
+/// run of complete ones at a time ([`Inflater::next`]): what it holds at once is one step of
+/// inflated bytes, or one data frame when a frame is larger than a step, not the whole block.
+/// Nested compressed frames are inflated the same way, in place of the frame that holds them.
+/// The block inflates to at most `max_frame` bytes in all, nested ones included.
+pub struct Inflater {
+    /// The block being inflated and the ones nested in it, outermost first.
+    levels: Vec<Level>,
+    /// Bytes the frame may still inflate to.
+    left: usize,
+    limits: Limits,
+}
+
+struct Level {
+    /// The compressed bytes of a nested block; `None` for the outermost, which the caller
+    /// passes to each [`Inflater::next`] (it lies in the read buffer).
+    input: Option<Vec<u8>>,
+    zlib: flate2::Decompress,
+    /// Inflated and not yet handed out: complete frames, then the start of an incomplete one.
+    out: Vec<u8>,
+    ended: bool,
+}
+
+impl Level {
+    fn new(input: Option<Vec<u8>>) -> Level {
+        Level { input, zlib: flate2::Decompress::new(true), out: Vec::new(), ended: false }
+    }
+}
+
+/// What one [`Inflater::next`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Inflated {
+    /// A run of complete data frames; where their documents are was appended to the `docs`
+    /// given.
+    Block(Vec<u8>),
+    /// Inflated more, but no data frame is complete yet: call again.
+    More,
+    /// The frame is done: every document was handed out.
+    Done,
+}
+
+impl Inflater {
+    pub fn new(limits: &Limits) -> Inflater {
+        Inflater { levels: vec![Level::new(None)], left: limits.max_frame, limits: *limits }
+    }
+
+    /// The bytes it holds now: inflated bytes not handed out, nested compressed blocks.
+    pub fn held(&self) -> usize {
+        self.levels.iter().map(|l| l.out.len() + l.input.as_ref().map_or(0, Vec::len)).sum()
+    }
+
+    /// The most the next [`Inflater::next`] adds to [`Inflater::held`] (to charge it first).
+    pub fn next_needs(&self, step: usize) -> usize {
+        self.levels.last().map_or(0, |l| self.want(l, step) + l.out.len())
+    }
+
+    /// What one inflating step asks of the zlib stream: `step`, or the rest of the frame whose
+    /// header is in, if larger (so that a large frame is inflated into one allocation).
+    fn want(&self, level: &Level, step: usize) -> usize {
+        let frame = frame_len(&level.out).unwrap_or(0);
+        // One byte past the limit tells a stream that goes on from one that ends there.
+        step.max(frame.saturating_sub(level.out.len())).min(self.left + 1)
+    }
+
+    /// Inflates at most one step ([`Inflater::next_needs`]) and hands out the data frames
+    /// completed, their documents pointing into block `block` of the caller's list; `payload`
+    /// is the outermost compressed block.
+    pub fn next(
+        &mut self,
+        payload: &[u8],
+        step: usize,
+        docs: &mut Vec<DocAt>,
+        block: usize,
+    ) -> Result<Inflated, ProtocolError> {
+        loop {
+            let depth = self.levels.len();
+            let Some(level) = self.levels.last_mut() else { return Ok(Inflated::Done) };
+            let mut at = 0;
+            let mut nested = None;
+            while let Some((frame, len)) = parse_frame(&level.out[at..], &self.limits)? {
+                match frame {
+                    FrameAt::Window(_) => return Err(ProtocolError::WindowInCompressed),
+                    FrameAt::Json { seq, payload } => {
+                        docs.push(DocAt { seq, block: Some(block), range: at + payload.start..at + payload.end });
+                        at += len;
+                    }
+                    // The documents before it are handed out first.
+                    FrameAt::Compressed(_) if at > 0 => break,
+                    FrameAt::Compressed(inner) => {
+                        if depth + 1 > MAX_NESTING {
+                            return Err(ProtocolError::TooDeep);
+                        }
+                        nested = Some(level.out[inner].to_vec());
+                        level.out.drain(..len);
+                        break;
+                    }
+                }
+            }
+            if let Some(input) = nested {
+                self.levels.push(Level::new(Some(input)));
+                continue;
+            }
+            if at > 0 {
+                let rest = level.out[at..].to_vec();
+                let mut frames = std::mem::replace(&mut level.out, rest);
+                frames.truncate(at);
+                return Ok(Inflated::Block(frames));
+            }
+            if level.ended {
+                if !level.out.is_empty() {
+                    return Err(ProtocolError::TruncatedInner);
+                }
+                self.levels.pop();
+                continue;
+            }
+            let want = self.want(self.levels.last().expect("checked"), step);
+            let Level { input, zlib, out, ended } = self.levels.last_mut().expect("checked");
+            let produced = inflate_step(zlib, out, ended, input.as_deref().unwrap_or(payload), want)?;
+            if produced > self.left {
+                return Err(ProtocolError::InflatedTooLarge(self.limits.max_frame));
+            }
+            self.left -= produced;
+            return Ok(Inflated::More);
+        }
+    }
+}
+
+/// Inflates up to `want` more bytes of a zlib stream from `input` onto `out`; how many it
+/// inflated. `ended` is set once the stream's end marker came.
+fn inflate_step(
+    zlib: &mut flate2::Decompress,
+    out: &mut Vec<u8>,
+    ended: &mut bool,
+    input: &[u8],
+    want: usize,
+) -> Result<usize, ProtocolError> {
+    let start = out.len();
+    out.reserve_exact(want);
+    let target = start + want;
+    while out.len() < target {
+        let (read, wrote) = (zlib.total_in(), out.len());
+        let rest = &input[(read as usize).min(input.len())..];
+        let status = zlib
+            .decompress_vec(rest, out, flate2::FlushDecompress::None)
+            .map_err(|e| ProtocolError::Inflate(e.to_string()))?;
+        if status == flate2::Status::StreamEnd {
+            *ended = true;
+            break;
+        }
+        if zlib.total_in() == read && out.len() == wrote {
+            // No progress with room to write: the input ran out before the stream's end.
+            return Err(ProtocolError::Inflate("the zlib stream ends before its end marker".to_string()));
+        }
+    }
+    Ok(out.len() - start)
+}
+
+/// Inflates a whole compressed frame's payload at once, as [`Inflater`] does a step at a time:
+/// each run of data frames becomes an entry of `blocks` and their documents are appended to
+/// `out`, in order. Returns how many bytes it inflated (tests and fuzzing).
 pub fn expand_compressed(
     payload: &[u8],
     limits: &Limits,
     blocks: &mut Vec<Vec<u8>>,
     out: &mut Vec<DocAt>,
 ) -> Result<usize, ProtocolError> {
-    let mut left = limits.max_frame;
-    let inflated = inflate(payload, left, limits.max_frame)?;
-    left -= inflated.len();
-    blocks.push(inflated);
-    expand(blocks.len() - 1, limits, 1, &mut left, blocks, out)?;
-    Ok(limits.max_frame - left)
-}
-
-/// Walks the frames of the inflated block `blocks[block]`.
-fn expand(
-    block: usize,
-    limits: &Limits,
-    depth: usize,
-    left: &mut usize,
-    blocks: &mut Vec<Vec<u8>>,
-    out: &mut Vec<DocAt>,
-) -> Result<(), ProtocolError> {
-    let mut at = 0;
-    while at < blocks[block].len() {
-        let Some((frame, len)) = parse_frame(&blocks[block][at..], limits)? else {
-            return Err(ProtocolError::TruncatedInner);
-        };
-        match frame {
-            FrameAt::Window(_) => return Err(ProtocolError::WindowInCompressed),
-            FrameAt::Json { seq, payload } => {
-                out.push(DocAt { seq, block: Some(block), range: at + payload.start..at + payload.end })
+    let mut inflater = Inflater::new(limits);
+    let mut inflated = 0;
+    loop {
+        match inflater.next(payload, 64 << 10, out, blocks.len())? {
+            Inflated::Block(b) => {
+                inflated += b.len();
+                blocks.push(b);
             }
-            FrameAt::Compressed(payload) => {
-                if depth + 1 > MAX_NESTING {
-                    return Err(ProtocolError::TooDeep);
-                }
-                let inner = inflate(&blocks[block][at + payload.start..at + payload.end], *left, limits.max_frame)?;
-                *left -= inner.len();
-                blocks.push(inner);
-                expand(blocks.len() - 1, limits, depth + 1, left, blocks, out)?;
-            }
+            Inflated::More => {}
+            Inflated::Done => return Ok(inflated),
         }
-        at += len;
     }
-    Ok(())
-}
-
-/// Inflates a zlib stream, refusing to produce more than `left` bytes (`max` is for the message).
-fn inflate(payload: &[u8], left: usize, max: usize) -> Result<Vec<u8>, ProtocolError> {
-    let mut out = Vec::with_capacity((payload.len() * 4).min(left).min(1 << 20));
-    let mut decoder = flate2::read::ZlibDecoder::new(payload).take(left as u64 + 1);
-    decoder.read_to_end(&mut out).map_err(|e| ProtocolError::Inflate(e.to_string()))?;
-    if out.len() > left {
-        return Err(ProtocolError::InflatedTooLarge(max));
-    }
-    Ok(out)
 }
 
 /// The ACK frame for `seq`.

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use super::protocol::{Frame, Limits, ProtocolError, encode, expand_compressed, next_frame};
+use super::protocol::{Frame, Inflated, Inflater, Limits, ProtocolError, encode, expand_compressed, next_frame};
 use super::window::State;
 use super::*;
 use crate::codec::TAG_JSON_FAILURE;
@@ -129,11 +129,51 @@ fn oversized_windows_and_frames_are_refused_from_their_header() {
     let mut huge = vec![b'2', b'C'];
     huge.extend_from_slice(&(2u32 << 20).to_be_bytes());
     assert!(matches!(frames(&huge).unwrap_err(), ProtocolError::FrameTooLarge { kind: "compressed", .. }));
-    // A small block that inflates past the limit (a zlib bomb).
-    let bomb = encode::compressed(&vec![b'2'; 2 << 20]);
+    // A small block that inflates past the limit (a zlib bomb of valid frames).
+    let bomb = encode::compressed(&encode::json(1, b"{}").repeat((2 << 20) / 12));
     assert!(bomb.len() < 10_000);
     let Frame::Compressed(payload) = frames(&bomb).unwrap().remove(0) else { panic!() };
     assert_eq!(expand(&payload).map(|_| ()), Err(ProtocolError::InflatedTooLarge(LIMITS.max_frame)));
+}
+
+#[test]
+fn an_inflater_holds_a_step_or_one_frame_not_the_whole_block() {
+    let limits = Limits { max_frame: 64 << 20, max_window: 100_000 };
+    let step = 64 << 10;
+    // 40,000 documents of about 300 bytes (12 MB), with one of 1 MB among them.
+    let mut inner = Vec::new();
+    for seq in 1..=40_000u32 {
+        let pad = if seq == 20_000 { 1 << 20 } else { 280 };
+        inner.extend(encode::json(seq, format!("{{\"n\":{seq},\"p\":\"{}\"}}", "x".repeat(pad)).as_bytes()));
+    }
+    let frame = encode::compressed(&inner);
+    let Frame::Compressed(payload) = frames(&frame).unwrap().remove(0) else { panic!() };
+    let mut inflater = Inflater::new(&limits);
+    let (mut docs, mut seqs, mut most) = (Vec::new(), Vec::new(), 0);
+    loop {
+        let before = inflater.held();
+        let bound = inflater.next_needs(step);
+        let r = inflater.next(&payload, step, &mut docs, 0).unwrap();
+        let handed = match &r {
+            Inflated::Block(b) => b.len(),
+            _ => 0,
+        };
+        assert!(inflater.held() + handed <= before + bound, "took more than it said it would");
+        most = most.max(inflater.held() + handed);
+        match r {
+            Inflated::Done => break,
+            Inflated::More => {}
+            Inflated::Block(b) => {
+                for d in docs.drain(..) {
+                    let text = std::str::from_utf8(d.bytes(&[], std::slice::from_ref(&b))).unwrap();
+                    assert!(text.starts_with(&format!("{{\"n\":{}", d.seq)), "{}", &text[..20]);
+                    seqs.push(d.seq);
+                }
+            }
+        }
+    }
+    assert!(seqs.iter().copied().eq(1..=40_000), "every document, in order");
+    assert!(most < (1 << 20) + 2 * step, "held {most} bytes at most of a block of {}", inner.len());
 }
 
 #[test]
@@ -311,8 +351,17 @@ fn config_is_checked() {
     assert!(build(&spec("{type: beats, address: '127.0.0.1:5044'}")).is_ok());
     let c: BeatsConfig = spec("{type: beats, address: 'h:1'}").settings().unwrap();
     assert_eq!((c.max_frame_bytes.0, c.max_window_size, c.max_connections), (64 << 20, 65_536, 1024));
-    assert_eq!((c.idle_timeout.0.as_secs(), c.keepalive_interval.0.as_secs()), (60, 5));
-    for bad in ["max_window_size: 0", "max_connections: 0", "keepalive_interval: 0s", "max_frame_bytes: 10"] {
+    assert_eq!(
+        (c.idle_timeout.0.as_secs(), c.keepalive_interval.0.as_secs(), c.write_timeout.0.as_secs()),
+        (60, 5, 30)
+    );
+    for bad in [
+        "max_window_size: 0",
+        "max_connections: 0",
+        "keepalive_interval: 0s",
+        "max_frame_bytes: 10",
+        "write_timeout: 0s",
+    ] {
         let e = build(&spec(&format!("{{type: beats, address: 'h:1', {bad}}}"))).err().unwrap().to_string();
         assert!(e.contains(bad.split(':').next().unwrap()), "{e}");
     }
@@ -332,9 +381,14 @@ struct Running {
 }
 
 async fn start(yaml: &str) -> Running {
+    start_with_budget(yaml, 64 << 20).await
+}
+
+async fn start_with_budget(yaml: &str, budget: usize) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (ctx, rx) = context();
+    let (mut ctx, rx) = context();
+    ctx.memory = sluice_core::MemoryBudget::new(budget);
     let config: BeatsConfig = spec(yaml).settings().unwrap();
     let c = ctx.clone();
     let task = tokio::spawn(async move { serve(config, None, listener, c).await.unwrap() });
@@ -711,6 +765,141 @@ async fn decoding_waits_for_the_memory_budget_and_batches_carry_their_charge() {
     let ctx = input.ctx.clone();
     input.stop().await;
     assert_eq!(ctx.memory.used(), 0, "every charge given back");
+}
+
+#[tokio::test]
+async fn a_compressed_window_larger_than_the_budget_arrives_in_slices_within_it() {
+    // One window of 20,000 events in one compressed frame that inflates to about 8 MB, twice
+    // a budget of 4 MiB: decoded a slice at a time, each slice sent before the next is made.
+    let budget = 4 << 20;
+    let mut input = start_with_budget("{type: beats, address: 'x:0'}", budget).await;
+    let mut s = TcpStream::connect(input.addr).await.unwrap();
+    let n = 20_000u32;
+    let mut data = Vec::new();
+    for seq in 1..=n {
+        data.extend(encode::json(seq, format!("{{\"n\":{seq},\"pad\":\"{}\"}}", "x".repeat(400)).as_bytes()));
+    }
+    assert!(data.len() > 2 * budget);
+    let mut wire = encode::window(n);
+    wire.extend(encode::compressed(&data));
+    s.write_all(&wire).await.unwrap();
+    let (mut got, mut batches, mut most_used) = (Vec::new(), 0, 0);
+    while got.len() < n as usize {
+        let b = input.batch().await;
+        most_used = most_used.max(input.ctx.memory.used());
+        assert!(b.memory.bytes() <= budget / 2, "a batch of {} events charged {:?}", b.len(), b.memory);
+        got.extend(b.events.iter().map(|e| e.fields.get("n").cloned().unwrap()));
+        batches += 1;
+        b.complete();
+    }
+    assert!(got.into_iter().eq((1..=i64::from(n)).map(Value::Int)), "every event, in order");
+    assert!(batches > 2, "{batches} batches");
+    assert!(most_used <= budget, "{most_used} bytes used of a budget of {budget}");
+    let mut last = 0;
+    while last != n {
+        last = ack_within(&mut s, Duration::from_secs(5)).await.expect("the window's ACK");
+    }
+    drop(s);
+    let ctx = input.ctx.clone();
+    input.stop().await;
+    assert_eq!(ctx.memory.used(), 0, "every charge given back");
+}
+
+#[tokio::test]
+async fn connections_waiting_for_memory_hold_none_of_it() {
+    // Four connections, each with a window whose decoding needs well over half the budget:
+    // had each kept what it held while it waited for the rest, none would ever be served.
+    let budget = 4 << 20;
+    let mut input = start_with_budget("{type: beats, address: 'x:0'}", budget).await;
+    let mut clients = Vec::new();
+    for c in 0..4u32 {
+        let mut data = Vec::new();
+        for seq in 1..=2_000u32 {
+            let doc = format!("{{\"c\":{c},\"n\":{seq},\"pad\":\"{}\"}}", "y".repeat(600));
+            data.extend(encode::json(seq, doc.as_bytes()));
+        }
+        let mut wire = encode::window(2_000);
+        wire.extend(encode::compressed(&data));
+        let mut s = TcpStream::connect(input.addr).await.unwrap();
+        s.write_all(&wire).await.unwrap();
+        clients.push(s);
+    }
+    // Batches are completed only once received, as a pipeline would.
+    let mut per_client = [0usize; 4];
+    while per_client.iter().sum::<usize>() < 8_000 {
+        let b = input.batch().await;
+        for e in &b.events {
+            per_client[e.fields.get("c").and_then(Value::as_f64).unwrap() as usize] += 1;
+        }
+        b.complete();
+    }
+    assert_eq!(per_client, [2_000; 4]);
+    for s in &mut clients {
+        let mut last = 0;
+        while last != 2_000 {
+            last = ack_within(s, Duration::from_secs(5)).await.expect("the window's ACK");
+        }
+    }
+    drop(clients);
+    let ctx = input.ctx.clone();
+    input.stop().await;
+    assert_eq!(ctx.memory.used(), 0);
+}
+
+#[tokio::test]
+async fn a_frame_that_needs_more_than_the_whole_budget_is_refused_not_waited_for() {
+    let mut input = start_with_budget("{type: beats, address: 'x:0'}", 1 << 20).await;
+    let mut s = TcpStream::connect(input.addr).await.unwrap();
+    let big = format!("{{\"message\":\"{}\"}}", "m".repeat(700 << 10));
+    let mut wire = encode::window(1);
+    wire.extend(encode::json(1, big.as_bytes()));
+    s.write_all(&wire).await.unwrap();
+    assert!(closed_within(&mut s, Duration::from_secs(5)).await, "waited for memory that can never be free");
+    assert_eq!(input.figure("beats_protocol_errors_total"), 1);
+    assert_eq!(input.ctx.metrics.refused.get(), 1);
+    assert!(input.rx.try_recv().is_err());
+    assert_eq!(input.ctx.memory.used(), 0);
+    // The next client is served.
+    let mut s = TcpStream::connect(input.addr).await.unwrap();
+    s.write_all(&window_of(0, 3, true)).await.unwrap();
+    input.events(3).await.into_iter().for_each(Batch::complete);
+    assert_eq!(ack_within(&mut s, Duration::from_secs(5)).await, Some(3));
+    drop(s);
+    input.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_reads_no_further_while_too_many_windows_await_their_ack() {
+    let mut input = start("{type: beats, address: 'x:0'}").await;
+    let mut s = TcpStream::connect(input.addr).await.unwrap();
+    let windows = 3 * connection::MAX_AWAITING as u32;
+    let mut wire = Vec::new();
+    for w in 0..windows {
+        wire.extend(window_of(w, 1, false));
+    }
+    s.write_all(&wire).await.unwrap();
+    // Nothing is completed: the reader opens MAX_AWAITING windows, then waits.
+    let mut held = input.events(connection::MAX_AWAITING).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(input.rx.try_recv().is_err(), "read past {} windows awaiting their ACK", connection::MAX_AWAITING);
+    assert_eq!(input.figure("beats_windows_total"), connection::MAX_AWAITING as u64);
+    // As ACKs are written, it reads on, until every window is ACKed.
+    let mut acked = 0;
+    while acked < windows {
+        held.drain(..).for_each(Batch::complete);
+        while let Ok(b) = input.rx.try_recv() {
+            held.push(b);
+        }
+        if let Some(seq) = ack_within(&mut s, Duration::from_secs(5)).await {
+            assert_eq!(seq, 1);
+            acked += 1;
+        } else {
+            panic!("stuck after {acked} ACKs");
+        }
+    }
+    assert_eq!(input.figure("beats_windows_total"), u64::from(windows));
+    drop(s);
+    input.stop().await;
 }
 
 #[tokio::test]

@@ -19,7 +19,10 @@
 //!   client reads the next ACK as being about its oldest unacknowledged window, so repeating
 //!   the previous window's number would acknowledge the next window's first events.)
 //! - once any part is abandoned (dropped before the ack point: shutdown, a pipeline stopped),
-//!   nothing is ACKed any more on the connection: the client will send the window again.
+//!   nothing is ACKed any more on the connection: the client will send the window again;
+//! - a window counts as awaiting its ACK ([`Windows::awaiting`]) from when it opens until its
+//!   ACK is written to the client, not merely due: the reader bounds that number, so that a
+//!   client that does not read its ACKs cannot make the server keep ever more windows.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -38,6 +41,8 @@ pub type WindowId = u64;
 pub struct Windows {
     state: Mutex<State>,
     changed: Notify,
+    /// Wakes the reader when ACKs were written (fewer windows await theirs).
+    room: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -47,6 +52,8 @@ pub struct State {
     base: WindowId,
     /// A part was abandoned: no ACK may be sent any more.
     abandoned: bool,
+    /// Windows whose ACK [`State::due`] handed out and the writer has not yet written.
+    unwritten: usize,
 }
 
 #[derive(Debug)]
@@ -155,7 +162,18 @@ impl State {
             }
             break;
         }
+        self.unwritten += due.windows_done;
         due
+    }
+
+    /// The writer wrote the ACKs of `windows` windows that [`State::due`] handed out.
+    pub fn written(&mut self, windows: usize) {
+        self.unwritten = self.unwritten.saturating_sub(windows);
+    }
+
+    /// Windows opened whose ACK is not yet written to the client, whole or not.
+    pub fn awaiting(&self) -> usize {
+        self.windows.len() + self.unwritten
     }
 
     /// The sequence number a keep-alive repeats while a window is open (the last one ACKed for
@@ -219,6 +237,21 @@ impl Windows {
 
     pub fn open_windows(&self) -> usize {
         self.state.lock().open_windows()
+    }
+
+    pub fn awaiting(&self) -> usize {
+        self.state.lock().awaiting()
+    }
+
+    /// The ACKs of `windows` windows were written: the reader may go on.
+    pub fn written(&self, windows: usize) {
+        self.state.lock().written(windows);
+        self.room.notify_one();
+    }
+
+    /// Resolves after the next [`Windows::written`] (one made since the last wait included).
+    pub async fn room_made(&self) {
+        self.room.notified().await
     }
 
     pub fn abandoned(&self) -> bool {
