@@ -8,6 +8,38 @@ use sluice_core::{Event, Map, SharedText, Str, Value};
 
 pub const TAG_JSON_FAILURE: &str = "_jsonparsefailure";
 pub const TAG_TRUNCATED: &str = "_line_truncated";
+/// Tag of an event whose `@timestamp` was not an RFC 3339 date (kept in `_@timestamp`).
+pub const TAG_TIMESTAMP_FAILURE: &str = "_timestampparsefailure";
+
+/// `@timestamp` as the inputs that carry other systems' events read it (Beats, Kafka records a
+/// Logstash or a Beat wrote): RFC 3339 text, or already a timestamp. `None` for anything else.
+pub fn parse_timestamp(value: &Value) -> Option<i64> {
+    match value {
+        Value::String(s) => chrono::DateTime::parse_from_rfc3339(s).ok().and_then(|d| d.timestamp_nanos_opt()),
+        Value::Timestamp(ns) => Some(*ns),
+        _ => None,
+    }
+}
+
+/// Makes an event's own `@timestamp` a timestamp. One that is not a date is kept as
+/// `_@timestamp`, the event is stamped `now` and tagged [`TAG_TIMESTAMP_FAILURE`], as Logstash
+/// does, so that a time-based index or a `date` condition never sees text where a time belongs.
+pub fn read_own_timestamp(event: &mut Event, now: i64) {
+    let Some(value) = event.fields.get_mut(sluice_core::event::TIMESTAMP) else { return };
+    if let Value::Timestamp(_) = value {
+        return;
+    }
+    match parse_timestamp(value) {
+        Some(ns) => *value = Value::Timestamp(ns),
+        None => {
+            if let Some(original) = event.fields.remove(sluice_core::event::TIMESTAMP) {
+                event.fields.insert("_@timestamp", original);
+            }
+            event.set_timestamp_nanos(now);
+            event.add_tag(TAG_TIMESTAMP_FAILURE);
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]

@@ -55,8 +55,7 @@ mod protocol;
 mod tests;
 mod window;
 
-/// Tag of an event whose `@timestamp` was not an RFC 3339 date (kept in `_@timestamp`).
-pub const TAG_TIMESTAMP_FAILURE: &str = "_timestampparsefailure";
+pub use crate::codec::TAG_TIMESTAMP_FAILURE;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -319,7 +318,7 @@ pub(crate) fn decode_event(payload: &[u8], now: i64, peer: &PeerMetadata) -> (Ev
         }
         if key == TIMESTAMP {
             has_timestamp = true;
-            match parse_timestamp(value) {
+            match crate::codec::parse_timestamp(value) {
                 Some(ns) => *value = Value::Timestamp(ns),
                 None => bad_timestamp = true,
             }
@@ -350,15 +349,6 @@ pub(crate) fn decode_event(payload: &[u8], now: i64, peer: &PeerMetadata) -> (Ev
     (event, Decoded::Ok)
 }
 
-/// A Beat sends `@timestamp` as RFC 3339 text: made a timestamp, as the other inputs stamp
-/// theirs. `None` for anything else.
-fn parse_timestamp(value: &Value) -> Option<i64> {
-    match value {
-        Value::String(s) => chrono::DateTime::parse_from_rfc3339(s).ok().and_then(|d| d.timestamp_nanos_opt()),
-        Value::Timestamp(ns) => Some(*ns),
-        _ => None,
-    }
-}
 
 /// Decodes `bytes` as a client's stream the way a connection does (frames, compressed blocks,
 /// events), without a socket: for fuzz targets. The number of events and whether the stream

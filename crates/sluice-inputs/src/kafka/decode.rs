@@ -83,6 +83,10 @@ impl Fields {
     /// The event of `record`, stamped `now`.
     pub(super) fn decode(&self, codec: Codec, record: &Record, now: i64) -> (Event, Decoded) {
         let (mut event, decoded) = codec.decode(&record.value, false, now);
+        if codec == Codec::JsonLines && decoded == Decoded::Ok {
+            // A record a Logstash or a Beat wrote carries its time as RFC 3339 text.
+            crate::codec::read_own_timestamp(&mut event, now);
+        }
         let mut put = |path: &Option<FieldPath>, value: Value| {
             if let Some(path) = path {
                 // A field the value already holds as a scalar where an object is needed is
@@ -200,6 +204,24 @@ mod tests {
         assert_eq!(get(&e, "/kafka_topic"), Some(Value::from("logs")));
         assert_eq!(get(&e, "/@metadata"), None);
         assert_eq!(fields.estimate(Codec::Lines, 10, 100), admission::estimate(Codec::Lines, 100, 10) + 3200);
+    }
+
+    #[test]
+    fn a_records_own_timestamp_is_read_and_one_that_is_not_a_date_is_kept_and_tagged() {
+        let tag = crate::codec::TAG_TIMESTAMP_FAILURE;
+        let (e, _) =
+            defaults().decode(Codec::JsonLines, &record(br#"{"@timestamp":"2024-05-06T07:08:09.5Z","n":1}"#), 7);
+        assert_eq!(e.timestamp_nanos(), Some(1_714_979_289_500_000_000), "{}", e.to_json_string());
+        assert!(!e.has_tag(tag));
+        let (e, _) = defaults().decode(Codec::JsonLines, &record(br#"{"@timestamp":"yesterday","n":1}"#), 7);
+        assert_eq!(e.timestamp_nanos(), Some(7), "stamped with the time read");
+        assert_eq!(get(&e, "/_@timestamp"), Some(Value::from("yesterday")));
+        assert!(e.has_tag(tag), "{}", e.to_json_string());
+        let (e, _) = defaults().decode(Codec::JsonLines, &record(br#"{"@timestamp":12,"n":1}"#), 7);
+        assert_eq!((e.timestamp_nanos(), get(&e, "/_@timestamp")), (Some(7), Some(Value::Int(12))));
+        // Text is text: a `message` that looks like JSON with a bad time is not looked into.
+        let (e, _) = defaults().decode(Codec::Lines, &record(br#"{"@timestamp":"yesterday"}"#), 7);
+        assert!(!e.has_tag(tag));
     }
 
     #[test]
