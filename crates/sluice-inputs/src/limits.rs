@@ -789,6 +789,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::AsyncReadExt;
+
     use super::*;
 
     #[test]
@@ -826,6 +828,35 @@ mod tests {
         newcomer.body_received();
         assert!(slots.take_or_evict(&Activity::new(Duration::ZERO, Duration::ZERO)).is_none());
         assert_eq!(slots.open(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watched_connection_is_evicted_only_once_read_with_nothing_unread() {
+        use tokio::io::AsyncWriteExt;
+        let slots = ConnectionSlots::new(1);
+        let (mut client, server) = tokio::io::duplex(64);
+        let first = Activity::new(Duration::ZERO, Duration::ZERO);
+        let mut watched = WatchedIo::new(server, first.clone());
+        let _first_slot = slots.take_or_evict(&first).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Its reader has not run: whatever the client sent may be waiting unread.
+        let newcomer = || Activity::new(Duration::ZERO, Duration::ZERO);
+        assert!(slots.take_or_evict(&newcomer()).is_none());
+        client.write_all(b"line\n").await.unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(watched.read(&mut buf).await.unwrap(), 5);
+        first.request_finished();
+        assert!(slots.take_or_evict(&newcomer()).is_none(), "read, but not yet found empty");
+        // The reader finds the socket empty: now it may make room.
+        assert!(tokio::time::timeout(Duration::from_millis(10), watched.read(&mut buf)).await.is_err());
+        let _second_slot = slots.take_or_evict(&newcomer()).expect("the drained connection makes room");
+        assert!(first.was_evicted());
+        assert_eq!(slots.figures().evicted(), 1);
+        // The evicted one still holds its slot while it closes, and with `max` of them closing
+        // nobody else is evicted, however idle.
+        assert_eq!(slots.open(), 2);
+        let idle = Activity::new(Duration::ZERO, Duration::ZERO);
+        assert!(slots.take_or_evict(&idle).is_none());
     }
 
     #[tokio::test(start_paused = true)]

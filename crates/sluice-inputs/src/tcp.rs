@@ -263,7 +263,7 @@ pub(crate) mod tests {
     use sluice_core::bus::PipelineBus;
     use sluice_core::metrics::{ComponentKind, ComponentMetrics};
     use sluice_core::{Batch, Queue, QueueClosed, QueueStats};
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::mpsc;
     use tokio_util::sync::CancellationToken;
