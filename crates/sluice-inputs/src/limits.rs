@@ -208,7 +208,11 @@ impl ConnectionSlots {
 
     /// Like [`ConnectionSlots::take_or_evict`], but when nothing can be evicted, waits up to
     /// `wait` for a slot to be given back or a connection to become evictable.
-    pub async fn take_or_evict_within(self: &Arc<Self>, activity: &Arc<Activity>, wait: Duration) -> Option<ConnectionSlot> {
+    pub async fn take_or_evict_within(
+        self: &Arc<Self>,
+        activity: &Arc<Activity>,
+        wait: Duration,
+    ) -> Option<ConnectionSlot> {
         let deadline = Instant::now() + wait;
         loop {
             let freed = self.freed.notified();

@@ -15,16 +15,22 @@
 //!   is logged again when the connection closes.
 //! - With `codec: json_lines`, a line that is not a JSON object is kept in `message`, tagged
 //!   `_jsonparsefailure` and counted as failed.
-//! - With `max_connections` open, a new connection makes room by closing the one that has waited
-//!   for its client the longest (see [`crate::limits`]); only when every connection is busy
-//!   decoding and queueing what it read is the new one closed at once, with a warning naming the
-//!   peer. A connection that sends nothing for `idle_timeout` is closed.
+//! - With `max_connections` open, a new connection makes room by evicting the one that has waited
+//!   for its client the longest (see [`crate::limits`]): never one not yet read or with bytes
+//!   unread, and an evicted one reads what its client still sends until it closes or pauses
+//!   ([`crate::limits::StreamReader`]), so an eviction loses no byte already sent unless the
+//!   client keeps sending for [`crate::limits::EVICTION_LINGER`]. When none can be evicted, the
+//!   new one waits up to [`WAIT_FOR_ROOM`] for a place, then is closed with a warning naming the
+//!   peer. A connection that sends nothing for `idle_timeout` is closed. Evictions, bytes
+//!   discarded at them and connections reset by their client are counted at `/metrics`.
 //! - On shutdown the input stops accepting, and each connection pushes what it has already read
 //!   (an unterminated last line included) and closes. An unterminated line at end of stream is
 //!   also passed on.
 //! - With `tls:`, each connection's handshake runs in its own task, bounded by
 //!   [`crate::limits::TLS_HANDSHAKE_TIMEOUT`]; a failed one is logged with the peer and the
-//!   reason and counted as refused. Certificates are re-read on SIGHUP.
+//!   reason and counted as refused. Certificates are re-read on SIGHUP. The server sends no
+//!   session tickets, so a client that writes and closes without reading leaves nothing unread
+//!   and its close is no reset.
 //! - There are no acknowledgements: TCP clients cannot be told what was delivered.
 
 use std::net::SocketAddr;

@@ -180,10 +180,8 @@ impl TcpOutput {
                 // is over: wait for its verdict, or a refusal would pass for delivered batches.
                 let handshake = async {
                     let mut s = tls.connect(host, stream).await?;
-                    let window = sluice_tls::verdict_window(
-                        started.elapsed(),
-                        self.connect_timeout.min(SERVER_VERDICT_WAIT),
-                    );
+                    let window =
+                        sluice_tls::verdict_window(started.elapsed(), self.connect_timeout.min(SERVER_VERDICT_WAIT));
                     sluice_tls::confirm_accepted(&mut s, window).await?;
                     Ok::<_, std::io::Error>(s)
                 };

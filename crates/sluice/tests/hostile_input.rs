@@ -184,14 +184,17 @@ pipelines:
         .map(|(port, t)| {
             std::thread::spawn(move || {
                 for c in 0..connections {
-                    let line = |l: usize| format!("<13>Nov 26 07:16:16 host app: evict port={port} t={t} c={c} l={l}\n");
+                    let line =
+                        |l: usize| format!("<13>Nov 26 07:16:16 host app: evict port={port} t={t} c={c} l={l}\n");
                     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
                     let first: String = (0..half).map(line).collect();
                     stream.write_all(first.as_bytes()).unwrap();
                     std::thread::sleep(Duration::from_millis(20));
                     let rest: String = (half..2 * half).map(line).collect();
                     // A write into a connection the input closed fails or resets: the line is lost.
-                    stream.write_all(rest.as_bytes()).expect("the input closed a connection it had not read to its end");
+                    stream
+                        .write_all(rest.as_bytes())
+                        .expect("the input closed a connection it had not read to its end");
                 }
             })
         })
@@ -225,7 +228,9 @@ pipelines:
     for kind in ["tcp", "syslog"] {
         let evicted = metrics
             .lines()
-            .find(|l| l.starts_with("sluice_component_connections_evicted_total{") && l.contains(&format!("type=\"{kind}\"")))
+            .find(|l| {
+                l.starts_with("sluice_component_connections_evicted_total{") && l.contains(&format!("type=\"{kind}\""))
+            })
             .unwrap_or_else(|| panic!("no eviction count for {kind} at /metrics:\n{metrics}"));
         let evicted: f64 = evicted.rsplit(' ').next().unwrap().parse().unwrap();
         assert!(evicted >= 8.0, "{kind}: {evicted} evictions, and the 8 silent connections had to make room");

@@ -12,7 +12,9 @@
 //!   announces more than `max_message_bytes` closes the connection with an error naming the
 //!   peer (counted in `refused`): what follows it cannot be framed.
 //! - `max_connections` and `idle_timeout` work as for the `tcp` input ([`crate::limits`]):
-//!   a newcomer makes room by closing the connection idle the longest.
+//!   a newcomer makes room by evicting the connection idle the longest, never one not yet read
+//!   or with bytes unread, and the evicted one reads what its sender still sends until it
+//!   closes or pauses; when none can be evicted, the newcomer waits for a place a while.
 //! - With `tls:`, the handshake is bounded by [`crate::limits::TLS_HANDSHAKE_TIMEOUT`] and by the connection's
 //!   own limits; a failed one is logged with the peer and counted in `refused`. A client's
 //!   certificate subject, when it sent one, is in each event's `@metadata.tls_peer.subject`.
