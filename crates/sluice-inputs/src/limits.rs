@@ -63,6 +63,7 @@ pub struct ConnectionFigures {
     pub evicted_log: LogEvery,
     pub discarded_log: LogEvery,
     pub reset_log: LogEvery,
+    pub expired_log: LogEvery,
 }
 
 impl ConnectionFigures {
@@ -661,8 +662,10 @@ impl<'a> StreamReader<'a> {
                             continue;
                         }
                         ctx.metrics.refused.add(1);
-                        tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer,
-                            "{kind} input closed a connection that {why}");
+                        if let Some(held_back) = self.figures.expired_log.check() {
+                            tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, not_logged_since = held_back,
+                                "{kind} input closed a connection that {why} (logged once per 10 s)");
+                        }
                         return Step::End;
                     }
                 },
