@@ -234,6 +234,7 @@ pipelines:
 
     // `openssl s_client`, killed (not closed) once its lines are out: each round's lines are
     // one write, so the first of them arriving means all were sent.
+    const SHORT_LINES: usize = 80;
     for port in [tcp_port, syslog_port] {
         for r in 0..rounds {
             let mut client = std::process::Command::new("openssl")
@@ -244,9 +245,10 @@ pipelines:
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("openssl s_client runs");
-            let text: String = (0..100)
-                .map(|i| format!("<13>Nov 26 07:16:16 host app: s_client port={port} round={r} line={i}\n"))
-                .collect();
+            // Less than PIPE_BUF, so s_client reads it all at once.
+            let text: String =
+                (0..SHORT_LINES).map(|i| format!("<13>x: s_client port={port} round={r} line={i}\n")).collect();
+            assert!(text.len() < 4096);
             use std::io::Write;
             client.stdin.as_mut().unwrap().write_all(text.as_bytes()).unwrap();
             client.stdin.as_mut().unwrap().flush().unwrap();
@@ -256,8 +258,8 @@ pipelines:
             let _ = client.wait();
             assert!(sent, "s_client's first line to port {port} never arrived:\n{}", receiver.log());
             let needle = format!("s_client port={port} round={r} ");
-            let all = common::eventually(Duration::from_secs(20), || count(&needle) >= 100);
-            assert!(all, "port {port} round {r}: {} of 100 lines from s_client arrived", count(&needle));
+            let all = common::eventually(Duration::from_secs(20), || count(&needle) >= SHORT_LINES);
+            assert!(all, "port {port} round {r}: {} of {SHORT_LINES} lines from s_client arrived", count(&needle));
         }
     }
 
@@ -292,6 +294,7 @@ pipelines:
             .sum::<f64>()
     };
     assert!(common::eventually(Duration::from_secs(10), || resets() >= 1.0), "the reset is not counted");
+    assert_eq!(resets(), 1.0, "no other connection ended with a reset");
     let (status, log) = receiver.stop();
     assert!(status.success(), "{log}");
     assert!(log.contains("tcp connection reset by the client"), "the reset is logged above debug:\n{log}");
