@@ -8,7 +8,9 @@
 //!   waiting on the pipeline for its answer is never chosen. A connection read through
 //!   [`WatchedIo`] is chosen only once its reader has found its socket empty (it has been read
 //!   at least once, and nothing it sent waits unread), so no eviction throws away bytes already
-//!   received. Evictions are counted in [`ConnectionFigures`]. At most `max_connections` more
+//!   received; for `tcp` and `syslog` only once it has sent nothing for [`EVICTION_QUIET`]
+//!   ([`FIRST_BYTES_GRACE`] before its first bytes). Evictions are counted in
+//!   [`ConnectionFigures`]. At most `max_connections` more
 //!   may still be closing (see [`StreamReader`]); beyond that nobody is evicted. When nothing can
 //!   be evicted, the new one is refused (the input decides how: closed, or answered "busy"
 //!   first), or, for the inputs that ask for it, waited for a while ([`serve_connections`]).
@@ -139,15 +141,33 @@ pub struct ConnectionSlots {
     figures: Arc<ConnectionFigures>,
     /// Told when a slot is given back.
     freed: Notify,
+    /// How long a connection must have waited on its client before it may be evicted.
+    min_idle: Duration,
+    /// The same for a connection whose client has sent nothing yet.
+    min_idle_before_first_bytes: Duration,
 }
 
 impl ConnectionSlots {
     pub fn new(max: usize) -> Arc<ConnectionSlots> {
-        ConnectionSlots::counted_in(max, Arc::new(ConnectionFigures::default()))
+        ConnectionSlots::with(max, Arc::new(ConnectionFigures::default()), Duration::ZERO, Duration::ZERO)
     }
 
-    /// Slots whose evictions are counted in `figures`.
+    /// Slots for an input without acknowledgements, whose evictions are counted in `figures`:
+    /// only a connection that has sent nothing for [`EVICTION_QUIET`] may be evicted, so that a
+    /// client pausing between two writes is not cut off in the middle, and one that has sent
+    /// nothing at all only after [`FIRST_BYTES_GRACE`], so that a client slow to write after
+    /// connecting is not taken for one that stalls (a newcomer waits instead, see
+    /// [`serve_connections`]).
     pub fn counted_in(max: usize, figures: Arc<ConnectionFigures>) -> Arc<ConnectionSlots> {
+        ConnectionSlots::with(max, figures, EVICTION_QUIET, FIRST_BYTES_GRACE)
+    }
+
+    fn with(
+        max: usize,
+        figures: Arc<ConnectionFigures>,
+        min_idle: Duration,
+        min_idle_before_first_bytes: Duration,
+    ) -> Arc<ConnectionSlots> {
         Arc::new(ConnectionSlots {
             open: AtomicUsize::new(0),
             max: max.max(1),
@@ -155,6 +175,8 @@ impl ConnectionSlots {
             next_id: AtomicU64::new(0),
             figures,
             freed: Notify::new(),
+            min_idle,
+            min_idle_before_first_bytes,
         })
     }
 
@@ -193,6 +215,14 @@ impl ConnectionSlots {
                     let live = self.live.lock();
                     live.values()
                         .filter_map(|a| a.evictable_since().map(|since| (since, a.clone())))
+                        .filter(|(since, a)| {
+                            let needed = if a.received_any.load(Ordering::Acquire) {
+                                self.min_idle
+                            } else {
+                                self.min_idle_before_first_bytes
+                            };
+                            since.elapsed() >= needed
+                        })
                         .min_by_key(|(since, _)| *since)
                 };
                 let (_, victim) = victim?;
@@ -311,6 +341,8 @@ pub struct Activity {
     watched: AtomicBool,
     /// The last read found the socket empty: nothing the client sent waits unread.
     drained: AtomicBool,
+    /// The client has sent something.
+    received_any: AtomicBool,
 }
 
 impl Activity {
@@ -324,6 +356,7 @@ impl Activity {
             evicted: AtomicBool::new(false),
             watched: AtomicBool::new(false),
             drained: AtomicBool::new(false),
+            received_any: AtomicBool::new(false),
         })
     }
 
@@ -357,6 +390,7 @@ impl Activity {
     /// Bytes arrived: an idle connection starts a request's head.
     fn received(&self) {
         self.drained.store(false, Ordering::Release);
+        self.received_any.store(true, Ordering::Release);
         let mut phase = self.phase.lock();
         if let Phase::Idle(_) = *phase {
             *phase = Phase::Head(Instant::now());
@@ -591,6 +625,12 @@ async fn accept_loop<F, Fut>(
 /// arrives well within it.
 pub const EVICTION_QUIET: Duration = Duration::from_millis(500);
 
+/// How long a connection of an input without acknowledgements whose client has sent nothing
+/// yet is safe from eviction: a client slow to write after connecting is not taken for one
+/// that stalls. Well under [`serve_connections`]' wait for room, so that connections that
+/// never send cannot make a newcomer wait long enough to be refused.
+pub const FIRST_BYTES_GRACE: Duration = Duration::from_secs(2);
+
 /// The longest an evicted connection keeps reading, however much its client still sends.
 pub const EVICTION_LINGER: Duration = Duration::from_secs(5);
 
@@ -674,8 +714,17 @@ impl<'a> StreamReader<'a> {
                     _ = ctx.shutdown.cancelled() => return Step::End,
                     r = stream.read_buf(buf) => r,
                     _ = tokio::time::sleep_until(closing.quiet_until.min(closing.until)) => {
-                        self.discard_unread(stream).await;
-                        return Step::End;
+                        if Instant::now() >= closing.until {
+                            self.discard_unread(stream).await;
+                            return Step::End;
+                        }
+                        // Bytes that arrived as the pause ran out may not have been reported
+                        // yet: let the runtime look, then read what is there, if anything.
+                        tokio::task::yield_now().await;
+                        match tokio::time::timeout(Duration::ZERO, stream.read_buf(buf)).await {
+                            Ok(r) => r,
+                            Err(_) => return Step::End,
+                        }
                     }
                 },
             };
