@@ -536,9 +536,9 @@ pub async fn accept_connections<F, Fut>(
 /// [`accept_connections`] for an input that reads each connection through a [`WatchedIo`]
 /// (and a [`StreamReader`]), over `slots`, which count its evictions. A connection can be
 /// evicted only once its reader has found its socket empty. When nothing can be evicted, a new
-/// connection waits up to `wait_for_room` for a slot before it is refused. Meanwhile no other
-/// connection is accepted: they wait in the listen backlog, where their bytes are safe, rather
-/// than be closed unread.
+/// connection waits unread, up to `wait_for_room`, for a slot before it is refused: up to
+/// `max_connections` of them in tasks of their own, so the listen queue keeps being emptied,
+/// and beyond that in the accept loop, the others then waiting in the listen queue.
 pub async fn serve_connections<F, Fut>(
     listener: tokio::net::TcpListener,
     slots: &Arc<ConnectionSlots>,
@@ -569,7 +569,9 @@ async fn accept_loop<F, Fut>(
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let mut tasks = tokio::task::JoinSet::new();
-    let refused_log = LogEvery::default();
+    let refused_log = Arc::new(LogEvery::default());
+    // Accepted connections waiting for a place, at most `max_connections`.
+    let waiting = Arc::new(AtomicUsize::new(0));
     loop {
         let accepted = tokio::select! {
             biased;
@@ -590,9 +592,45 @@ async fn accept_loop<F, Fut>(
         let activity = Activity::new(idle_timeout, Duration::ZERO);
         // Not evictable before its task has read it once: that task may not have run yet.
         activity.watched.store(watched, Ordering::Release);
-        let slot = match slots.take_or_evict(&activity) {
+        let slot = slots.take_or_evict(&activity);
+        if slot.is_none() && !wait_for_room.is_zero() && waiting.load(Ordering::Acquire) < slots.max() {
+            // Accepted, and waiting for a place unread: a listen queue left to overflow loses
+            // connections whose clients believe them open (with SYN cookies, their bytes too).
+            waiting.fetch_add(1, Ordering::AcqRel);
+            let connection = handle(stream, peer, activity.clone());
+            let (slots, waiting, refused_log) = (slots.clone(), waiting.clone(), refused_log.clone());
+            let (metrics, shutdown) = (ctx.metrics.clone(), ctx.shutdown.clone());
+            let (pipeline, input) = (ctx.pipeline.clone(), ctx.id.clone());
+            tasks.spawn(async move {
+                let slot = tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => None,
+                    slot = slots.take_or_evict_within(&activity, wait_for_room) => slot,
+                };
+                waiting.fetch_sub(1, Ordering::AcqRel);
+                match slot {
+                    Some(slot) => {
+                        connection.await;
+                        drop(slot);
+                    }
+                    None if shutdown.is_cancelled() => {}
+                    None => {
+                        metrics.refused.add(1);
+                        if let Some(held_back) = refused_log.check() {
+                            tracing::warn!(pipeline = %pipeline, input = %input, peer = %peer, max_connections = slots.max(),
+                                waited = ?wait_for_room, not_logged_since = held_back,
+                                "{kind} input refused a connection: max_connections reached and none of them could make \
+                                 room (logged once per 10 s)");
+                        }
+                    }
+                }
+            });
+            continue;
+        }
+        let slot = match slot {
             Some(slot) => Some(slot),
             None if wait_for_room.is_zero() => None,
+            // As many waiting as there are places: these wait in the listen queue.
             None => tokio::select! {
                 biased;
                 _ = ctx.shutdown.cancelled() => break,
