@@ -5,53 +5,183 @@
 //!   connection that has waited on its client the longest (idle, or sending one head or one
 //!   body) is closed to make room ([`ConnectionSlots::take_or_evict`]), so clients that open
 //!   connections and then stall cannot lock out one that sends a request at once; a connection
-//!   waiting on the pipeline for its answer is never chosen. When every connection waits on the
-//!   pipeline, the new one is refused at once (the input decides how: closed, or answered
-//!   "busy" first).
+//!   waiting on the pipeline for its answer is never chosen. A connection read through
+//!   [`WatchedIo`] is chosen only once its reader has found its socket empty (it has been read
+//!   at least once, and nothing it sent waits unread), so no eviction throws away bytes already
+//!   received; for `tcp` and `syslog` only once it has sent nothing for [`EVICTION_QUIET`]
+//!   ([`FIRST_BYTES_GRACE`] before its first bytes). Evictions are counted in
+//!   [`ConnectionFigures`]. At most `max_connections` more
+//!   may still be closing (see [`StreamReader`]); beyond that nobody is evicted. When nothing can
+//!   be evicted, the new one is refused (the input decides how: closed, or answered "busy"
+//!   first), or, for the inputs that ask for it, waited for a while ([`serve_connections`]).
 //! - [`Activity`]: what a connection is doing — idle between requests, receiving a request's
 //!   head, or busy with a request — and when it entered that state, fed by [`WatchedIo`] (any
-//!   byte received) and by the input (a request started or finished).
-//!   [`Activity::expired`] tells when the connection has been idle longer than `idle_timeout`
-//!   or has been sending one head for longer than `header_timeout`, so that a client that
-//!   sends half a request and then nothing is closed, while one waiting for its answer is not.
-//!   A body's own timeout belongs to whoever reads the body.
-//! - [`accept_connections`]: the accept loop of the stream inputs (`tcp`, `syslog`, `beats`):
-//!   each connection in a task of its own holding a slot, accept errors (out of file
-//!   descriptors) logged and retried without spinning, and the tasks waited for at shutdown.
+//!   byte received, and the socket found empty) and by the input (a request started or
+//!   finished). [`Activity::expired`] tells when the connection has been idle longer than
+//!   `idle_timeout` or has been sending one head for longer than `header_timeout`, so that a
+//!   client that sends half a request and then nothing is closed, while one waiting for its
+//!   answer is not. A body's own timeout belongs to whoever reads the body.
+//! - [`accept_connections`] and [`serve_connections`]: the accept loop of the stream inputs
+//!   (`tcp`, `syslog`, `beats`): each connection in a task of its own holding a slot, accept
+//!   errors (out of file descriptors) logged and retried without spinning, and the tasks waited
+//!   for at shutdown.
+//! - [`StreamReader`]: the reads of an input without acknowledgements (`tcp`, `syslog`). An
+//!   evicted connection is not dropped with what its client is still sending: it keeps reading
+//!   (and queueing) until the client closes, pauses for [`EVICTION_QUIET`], or
+//!   [`EVICTION_LINGER`] has passed; only what is then still unread is discarded, and counted.
+//!   A connection reset by its client (what it sent and the input had not read is lost in the
+//!   kernel) is logged at warn and counted. Every line a peer can trigger per connection is
+//!   rate-limited ([`LogEvery`]).
 //! - [`tls_handshake`]: the TLS handshake of an accepted connection, bounded by
 //!   [`TLS_HANDSHAKE_TIMEOUT`] and by the connection's own timeouts, so that a client that
-//!   connects and never finishes its handshake holds its slot no longer than an idle one.
+//!   connects and never finishes its handshake holds its slot no longer than an idle one; one
+//!   evicted while its client is still handshaking gets [`EVICTION_QUIET`] to finish, so that
+//!   what it sends right after is read.
 
 use std::collections::HashMap;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::BufMut;
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use sluice_core::metrics::{ComponentState, StateFigure};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// What the stream inputs count about their connections, at `/metrics` and `/stats` with the
+/// input's other figures.
+#[derive(Debug, Default)]
+pub struct ConnectionFigures {
+    evicted: AtomicU64,
+    evicted_bytes_discarded: AtomicU64,
+    reset: AtomicU64,
+    /// Lines a peer can cause once per connection, each logged at most once per [`LOG_EVERY`].
+    pub evicted_log: LogEvery,
+    pub discarded_log: LogEvery,
+    pub reset_log: LogEvery,
+    pub expired_log: LogEvery,
+}
+
+impl ConnectionFigures {
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    pub fn evicted_bytes_discarded(&self) -> u64 {
+        self.evicted_bytes_discarded.load(Ordering::Relaxed)
+    }
+
+    pub fn reset(&self) -> u64 {
+        self.reset.load(Ordering::Relaxed)
+    }
+}
+
+impl ComponentState for ConnectionFigures {
+    fn figures(&self) -> Vec<StateFigure> {
+        vec![
+            StateFigure {
+                name: "connections_evicted_total",
+                help: "Connections closed to make room for a new one when max_connections were open.",
+                counter: true,
+                value: self.evicted(),
+            },
+            StateFigure {
+                name: "evicted_bytes_discarded_total",
+                help: "Bytes an evicted connection's client sent that were still unread when it was closed.",
+                counter: true,
+                value: self.evicted_bytes_discarded(),
+            },
+            StateFigure {
+                name: "connections_reset_total",
+                help: "Connections reset by their client: what it sent that was not yet read is lost.",
+                counter: true,
+                value: self.reset(),
+            },
+        ]
+    }
+}
+
+/// How often at most a line that peers can cause per connection is logged.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Lets a log line through at most once per [`LOG_EVERY`], saying how many were held back.
+#[derive(Debug, Default)]
+pub struct LogEvery {
+    last: Mutex<Option<Instant>>,
+    held_back: AtomicU64,
+}
+
+impl LogEvery {
+    /// `Some(lines held back since the last one)` when this one is to be logged.
+    pub fn check(&self) -> Option<u64> {
+        let mut last = self.last.lock();
+        if last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *last = Some(Instant::now());
+        Some(self.held_back.swap(0, Ordering::Relaxed))
+    }
+}
 
 /// Counts open connections against `max_connections`, and knows each one's activity.
 #[derive(Debug)]
 pub struct ConnectionSlots {
+    /// Connections holding a slot, those being closed after an eviction included.
     open: AtomicUsize,
     max: usize,
     live: Mutex<HashMap<u64, Arc<Activity>>>,
     next_id: AtomicU64,
+    figures: Arc<ConnectionFigures>,
+    /// Told when a slot is given back.
+    freed: Notify,
+    /// How long a connection must have waited on its client before it may be evicted.
+    min_idle: Duration,
+    /// The same for a connection whose client has sent nothing yet.
+    min_idle_before_first_bytes: Duration,
 }
 
 impl ConnectionSlots {
     pub fn new(max: usize) -> Arc<ConnectionSlots> {
+        ConnectionSlots::with(max, Arc::new(ConnectionFigures::default()), Duration::ZERO, Duration::ZERO)
+    }
+
+    /// Slots for an input without acknowledgements, whose evictions are counted in `figures`:
+    /// only a connection that has sent nothing for [`EVICTION_QUIET`] may be evicted, so that a
+    /// client pausing between two writes is not cut off in the middle, and one that has sent
+    /// nothing at all only after [`FIRST_BYTES_GRACE`], so that a client slow to write after
+    /// connecting is not taken for one that stalls (a newcomer waits instead, see
+    /// [`serve_connections`]).
+    pub fn counted_in(max: usize, figures: Arc<ConnectionFigures>) -> Arc<ConnectionSlots> {
+        ConnectionSlots::with(max, figures, EVICTION_QUIET, FIRST_BYTES_GRACE)
+    }
+
+    fn with(
+        max: usize,
+        figures: Arc<ConnectionFigures>,
+        min_idle: Duration,
+        min_idle_before_first_bytes: Duration,
+    ) -> Arc<ConnectionSlots> {
         Arc::new(ConnectionSlots {
             open: AtomicUsize::new(0),
             max: max.max(1),
             live: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            figures,
+            freed: Notify::new(),
+            min_idle,
+            min_idle_before_first_bytes,
         })
+    }
+
+    pub fn figures(&self) -> &Arc<ConnectionFigures> {
+        &self.figures
     }
 
     /// A slot, if fewer than `max` are taken; it is given back when dropped.
@@ -69,20 +199,35 @@ impl ConnectionSlots {
     }
 
     /// A slot for a new connection whose activity is `activity`: a free one, or the one of the
-    /// connection idle (or in one head) the longest, which is told to close. `None` when every
-    /// open connection is busy with a request.
+    /// connection idle (or in one head) the longest, which is told to close. `None` when no
+    /// open connection can be evicted (each busy with a request, not yet read, or with bytes
+    /// unread), or when `max_connections` evicted ones are still closing.
     pub fn take_or_evict(self: &Arc<Self>, activity: &Arc<Activity>) -> Option<ConnectionSlot> {
         let slot = match self.try_take() {
             Some(slot) => slot,
             None => {
+                // An evicted connection keeps its slot while it reads its client's last bytes:
+                // the slots beyond `max` are those, and there are at most `max` of them.
+                if self.open.load(Ordering::Acquire) >= self.max * 2 {
+                    return None;
+                }
                 let victim = {
                     let live = self.live.lock();
                     live.values()
                         .filter_map(|a| a.evictable_since().map(|since| (since, a.clone())))
+                        .filter(|(since, a)| {
+                            let needed = if a.received_any.load(Ordering::Acquire) {
+                                self.min_idle
+                            } else {
+                                self.min_idle_before_first_bytes
+                            };
+                            since.elapsed() >= needed
+                        })
                         .min_by_key(|(since, _)| *since)
                 };
                 let (_, victim) = victim?;
                 victim.evict();
+                self.figures.evicted.fetch_add(1, Ordering::Relaxed);
                 // The evicted connection gives its slot back as it closes, a moment later.
                 self.open.fetch_add(1, Ordering::AcqRel);
                 self.slot()
@@ -90,6 +235,35 @@ impl ConnectionSlots {
         };
         self.live.lock().insert(slot.id, activity.clone());
         Some(slot)
+    }
+
+    /// Like [`ConnectionSlots::take_or_evict`], but when nothing can be evicted, waits up to
+    /// `wait` for a slot to be given back or a connection to become evictable.
+    pub async fn take_or_evict_within(
+        self: &Arc<Self>,
+        activity: &Arc<Activity>,
+        wait: Duration,
+    ) -> Option<ConnectionSlot> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(slot) = self.take_or_evict(activity) {
+                return Some(slot);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            // A connection becomes evictable without telling anyone (its reader finds its socket
+            // empty), so look again now and then as well.
+            let look_again = deadline.min(now + Duration::from_millis(20));
+            tokio::select! {
+                _ = &mut freed => {}
+                _ = tokio::time::sleep_until(look_again) => {}
+            }
+        }
     }
 
     fn slot(self: &Arc<Self>) -> ConnectionSlot {
@@ -117,6 +291,7 @@ impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         self.slots.live.lock().remove(&self.id);
         self.slots.open.fetch_sub(1, Ordering::AcqRel);
+        self.slots.freed.notify_waiters();
     }
 }
 
@@ -162,6 +337,12 @@ pub struct Activity {
     idle_timeout: Duration,
     header_timeout: Duration,
     evicted: AtomicBool,
+    /// Read through a [`WatchedIo`], which keeps `drained` up to date.
+    watched: AtomicBool,
+    /// The last read found the socket empty: nothing the client sent waits unread.
+    drained: AtomicBool,
+    /// The client has sent something.
+    received_any: AtomicBool,
 }
 
 impl Activity {
@@ -173,19 +354,31 @@ impl Activity {
             idle_timeout,
             header_timeout,
             evicted: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
+            drained: AtomicBool::new(false),
+            received_any: AtomicBool::new(false),
         })
     }
 
     /// Since when the connection waits on its client (idle, in a head or in a body); `None`
-    /// while it waits on the pipeline (or was evicted).
+    /// while it waits on the pipeline (or was evicted), and for a watched connection until its
+    /// reader has found the socket empty, so that no eviction drops bytes already received.
     fn evictable_since(&self) -> Option<Instant> {
         if self.evicted.load(Ordering::Relaxed) {
+            return None;
+        }
+        if self.watched.load(Ordering::Acquire) && !self.drained.load(Ordering::Acquire) {
             return None;
         }
         match *self.phase.lock() {
             Phase::Idle(since) | Phase::Head(since) | Phase::Body(since) => Some(since),
             Phase::Busy => None,
         }
+    }
+
+    /// Whether the connection was asked to close to make room.
+    pub fn was_evicted(&self) -> bool {
+        self.evicted.load(Ordering::Acquire)
     }
 
     /// Asks the connection to close (see [`Activity::expired`]).
@@ -196,6 +389,8 @@ impl Activity {
 
     /// Bytes arrived: an idle connection starts a request's head.
     fn received(&self) {
+        self.drained.store(false, Ordering::Release);
+        self.received_any.store(true, Ordering::Release);
         let mut phase = self.phase.lock();
         if let Phase::Idle(_) = *phase {
             *phase = Phase::Head(Instant::now());
@@ -268,8 +463,14 @@ pub struct WatchedIo<S> {
 }
 
 impl<S> WatchedIo<S> {
+    /// From now on the connection can be evicted only while its reader finds `inner` empty.
     pub fn new(inner: S, activity: Arc<Activity>) -> WatchedIo<S> {
+        activity.watched.store(true, Ordering::Release);
         WatchedIo { inner, activity }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
     }
 }
 
@@ -277,8 +478,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for WatchedIo<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.received();
+        match &r {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => self.activity.received(),
+            Poll::Pending => self.activity.drained.store(true, Ordering::Release),
+            _ => {}
         }
         r
     }
@@ -313,7 +516,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedIo<S> {
 /// Accepts connections on `listener` until shutdown, each handled by `handle(stream, peer,
 /// activity)` in a task of its own that holds one of `max_connections` slots; then waits for
 /// those tasks. With every slot taken, the connection idle the longest makes room (see
-/// [`ConnectionSlots::take_or_evict`]); when none is idle the new one is closed at once, counted
+/// [`ConnectionSlots::take_or_evict`]); when none can, the new one is closed at once, counted
 /// in `refused` and logged with the peer. `kind` names the input in logs (`tcp`, `beats`).
 pub async fn accept_connections<F, Fut>(
     listener: tokio::net::TcpListener,
@@ -321,13 +524,54 @@ pub async fn accept_connections<F, Fut>(
     idle_timeout: Duration,
     ctx: &crate::InputContext,
     kind: &'static str,
-    mut handle: F,
+    handle: F,
 ) where
     F: FnMut(tokio::net::TcpStream, std::net::SocketAddr, Arc<Activity>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let slots = ConnectionSlots::new(max_connections);
+    accept_loop(listener, &slots, idle_timeout, Duration::ZERO, false, ctx, kind, handle).await;
+}
+
+/// [`accept_connections`] for an input that reads each connection through a [`WatchedIo`]
+/// (and a [`StreamReader`]), over `slots`, which count its evictions. A connection can be
+/// evicted only once its reader has found its socket empty. When nothing can be evicted, a new
+/// connection waits unread, up to `wait_for_room`, for a slot before it is refused: up to
+/// `max_connections` of them in tasks of their own, so the listen queue keeps being emptied,
+/// and beyond that in the accept loop, the others then waiting in the listen queue.
+pub async fn serve_connections<F, Fut>(
+    listener: tokio::net::TcpListener,
+    slots: &Arc<ConnectionSlots>,
+    idle_timeout: Duration,
+    wait_for_room: Duration,
+    ctx: &crate::InputContext,
+    kind: &'static str,
+    handle: F,
+) where
+    F: FnMut(tokio::net::TcpStream, std::net::SocketAddr, Arc<Activity>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    accept_loop(listener, slots, idle_timeout, wait_for_room, true, ctx, kind, handle).await;
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn accept_loop<F, Fut>(
+    listener: tokio::net::TcpListener,
+    slots: &Arc<ConnectionSlots>,
+    idle_timeout: Duration,
+    wait_for_room: Duration,
+    watched: bool,
+    ctx: &crate::InputContext,
+    kind: &'static str,
+    mut handle: F,
+) where
+    F: FnMut(tokio::net::TcpStream, std::net::SocketAddr, Arc<Activity>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let mut tasks = tokio::task::JoinSet::new();
+    let refused_log = Arc::new(LogEvery::default());
+    // Accepted connections waiting for a place, at most `max_connections`.
+    let waiting = Arc::new(AtomicUsize::new(0));
     loop {
         let accepted = tokio::select! {
             biased;
@@ -346,10 +590,61 @@ pub async fn accept_connections<F, Fut>(
             }
         };
         let activity = Activity::new(idle_timeout, Duration::ZERO);
-        let Some(slot) = slots.take_or_evict(&activity) else {
+        // Not evictable before its task has read it once: that task may not have run yet.
+        activity.watched.store(watched, Ordering::Release);
+        let slot = slots.take_or_evict(&activity);
+        if slot.is_none() && !wait_for_room.is_zero() && waiting.load(Ordering::Acquire) < slots.max() {
+            // Accepted, and waiting for a place unread: a listen queue left to overflow loses
+            // connections whose clients believe them open (with SYN cookies, their bytes too).
+            waiting.fetch_add(1, Ordering::AcqRel);
+            let connection = handle(stream, peer, activity.clone());
+            let (slots, waiting, refused_log) = (slots.clone(), waiting.clone(), refused_log.clone());
+            let (metrics, shutdown) = (ctx.metrics.clone(), ctx.shutdown.clone());
+            let (pipeline, input) = (ctx.pipeline.clone(), ctx.id.clone());
+            tasks.spawn(async move {
+                let slot = tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => None,
+                    slot = slots.take_or_evict_within(&activity, wait_for_room) => slot,
+                };
+                waiting.fetch_sub(1, Ordering::AcqRel);
+                match slot {
+                    Some(slot) => {
+                        connection.await;
+                        drop(slot);
+                    }
+                    None if shutdown.is_cancelled() => {}
+                    None => {
+                        metrics.refused.add(1);
+                        if let Some(held_back) = refused_log.check() {
+                            tracing::warn!(pipeline = %pipeline, input = %input, peer = %peer, max_connections = slots.max(),
+                                waited = ?wait_for_room, not_logged_since = held_back,
+                                "{kind} input refused a connection: max_connections reached and none of them could make \
+                                 room (logged once per 10 s)");
+                        }
+                    }
+                }
+            });
+            continue;
+        }
+        let slot = match slot {
+            Some(slot) => Some(slot),
+            None if wait_for_room.is_zero() => None,
+            // As many waiting as there are places: these wait in the listen queue.
+            None => tokio::select! {
+                biased;
+                _ = ctx.shutdown.cancelled() => break,
+                slot = slots.take_or_evict_within(&activity, wait_for_room) => slot,
+            },
+        };
+        let Some(slot) = slot else {
             ctx.metrics.refused.add(1);
-            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections = slots.max(),
-                "{kind} input refused a connection: max_connections reached and none of them idle");
+            if let Some(held_back) = refused_log.check() {
+                tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, max_connections = slots.max(),
+                    waited = ?wait_for_room, not_logged_since = held_back,
+                    "{kind} input refused a connection: max_connections reached and none of them could make room \
+                     (logged once per 10 s)");
+            }
             drop(stream);
             continue;
         };
@@ -361,6 +656,185 @@ pub async fn accept_connections<F, Fut>(
     }
     drop(listener);
     while tasks.join_next().await.is_some() {}
+}
+
+/// How long an evicted connection of an input without acknowledgements keeps reading once its
+/// client pauses: what a client that just connected, or is in the middle of a write, sends
+/// arrives well within it.
+pub const EVICTION_QUIET: Duration = Duration::from_millis(500);
+
+/// How long a connection of an input without acknowledgements whose client has sent nothing
+/// yet is safe from eviction: a client slow to write after connecting is not taken for one
+/// that stalls. Well under [`serve_connections`]' wait for room, so that connections that
+/// never send cannot make a newcomer wait long enough to be refused.
+pub const FIRST_BYTES_GRACE: Duration = Duration::from_secs(2);
+
+/// The longest an evicted connection keeps reading, however much its client still sends.
+pub const EVICTION_LINGER: Duration = Duration::from_secs(5);
+
+/// The most counted of what is left unread when an evicted connection closes (more is not
+/// worth reading only to count it).
+const DISCARD_COUNT_LIMIT: usize = 4 << 20;
+
+/// What [`StreamReader::read`] got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// This many bytes were added to the buffer.
+    Read(usize),
+    /// The connection is over: the client closed it, it failed, ran out of a timeout, finished
+    /// closing after an eviction, or the input is shutting down. Logged and counted already.
+    End,
+}
+
+/// Reads one connection of an input without acknowledgements (`tcp`, `syslog`): idle and
+/// eviction handling, and the logging and counting of how a connection ends.
+pub struct StreamReader<'a> {
+    ctx: &'a crate::InputContext,
+    kind: &'static str,
+    peer: SocketAddr,
+    activity: &'a Activity,
+    figures: &'a ConnectionFigures,
+    /// Set once evicted: when to stop reading.
+    closing: Option<Closing>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Closing {
+    /// Reads end when nothing arrives before this.
+    quiet_until: Instant,
+    /// Reads end at this, whatever arrives.
+    until: Instant,
+}
+
+impl<'a> StreamReader<'a> {
+    pub fn new(
+        ctx: &'a crate::InputContext,
+        kind: &'static str,
+        peer: SocketAddr,
+        activity: &'a Activity,
+        figures: &'a ConnectionFigures,
+    ) -> StreamReader<'a> {
+        StreamReader { ctx, kind, peer, activity, figures, closing: None }
+    }
+
+    /// Reads what the client sends next into `buf` (at least one byte unless it is the end).
+    /// While it waits, the connection counts as idle (its timeout runs, and it may be evicted).
+    pub async fn read<S, B>(&mut self, stream: &mut S, buf: &mut B) -> Step
+    where
+        S: AsyncRead + Unpin,
+        B: BufMut,
+    {
+        let (ctx, kind, peer) = (self.ctx, self.kind, self.peer);
+        self.activity.request_finished();
+        loop {
+            let r = match self.closing {
+                None => tokio::select! {
+                    biased;
+                    // Shutdown first: a client that never pauses must not keep the input running.
+                    _ = ctx.shutdown.cancelled() => return Step::End,
+                    // Reads before the timeouts: what has arrived is taken before any closing.
+                    r = stream.read_buf(buf) => r,
+                    why = self.activity.expired() => {
+                        if why == Expired::Evicted {
+                            self.start_closing();
+                            continue;
+                        }
+                        ctx.metrics.refused.add(1);
+                        if let Some(held_back) = self.figures.expired_log.check() {
+                            tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, not_logged_since = held_back,
+                                "{kind} input closed a connection that {why} (logged once per 10 s)");
+                        }
+                        return Step::End;
+                    }
+                },
+                Some(closing) => tokio::select! {
+                    biased;
+                    _ = ctx.shutdown.cancelled() => return Step::End,
+                    r = stream.read_buf(buf) => r,
+                    _ = tokio::time::sleep_until(closing.quiet_until.min(closing.until)) => {
+                        if Instant::now() >= closing.until {
+                            self.discard_unread(stream).await;
+                            return Step::End;
+                        }
+                        // Bytes that arrived as the pause ran out may not have been reported
+                        // yet: let the runtime look, then read what is there, if anything.
+                        tokio::task::yield_now().await;
+                        match tokio::time::timeout(Duration::ZERO, stream.read_buf(buf)).await {
+                            Ok(r) => r,
+                            Err(_) => return Step::End,
+                        }
+                    }
+                },
+            };
+            return match r {
+                Ok(0) => Step::End,
+                Ok(n) => {
+                    if let Some(closing) = &mut self.closing {
+                        closing.quiet_until = Instant::now() + EVICTION_QUIET;
+                    }
+                    self.activity.body_received();
+                    Step::Read(n)
+                }
+                Err(e) => {
+                    self.failed(&e);
+                    Step::End
+                }
+            };
+        }
+    }
+
+    fn start_closing(&mut self) {
+        let (ctx, kind, peer) = (self.ctx, self.kind, self.peer);
+        ctx.metrics.refused.add(1);
+        let now = Instant::now();
+        self.closing = Some(Closing { quiet_until: now + EVICTION_QUIET, until: now + EVICTION_LINGER });
+        if let Some(held_back) = self.figures.evicted_log.check() {
+            tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, evicted_total = self.figures.evicted(),
+                not_logged_since = held_back,
+                "{kind} input is closing a connection that {}; it reads what the client still sends until it \
+                 pauses for {EVICTION_QUIET:?} (at most {EVICTION_LINGER:?}) (logged once per 10 s)",
+                Expired::Evicted);
+        }
+    }
+
+    /// Counts what the client sent that is still unread as the evicted connection closes.
+    async fn discard_unread<S: AsyncRead + Unpin>(&mut self, stream: &mut S) {
+        let mut scratch = vec![0u8; 64 << 10];
+        let mut discarded = 0usize;
+        while discarded < DISCARD_COUNT_LIMIT {
+            // Only what is there now: a zero timeout polls the read once.
+            match tokio::time::timeout(Duration::ZERO, stream.read(&mut scratch)).await {
+                Ok(Ok(n)) if n > 0 => discarded += n,
+                _ => break,
+            }
+        }
+        if discarded == 0 {
+            return;
+        }
+        self.figures.evicted_bytes_discarded.fetch_add(discarded as u64, Ordering::Relaxed);
+        let (ctx, kind, peer) = (self.ctx, self.kind, self.peer);
+        if let Some(held_back) = self.figures.discarded_log.check() {
+            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, bytes = discarded,
+                discarded_total = self.figures.evicted_bytes_discarded(), not_logged_since = held_back,
+                "{kind} input closed an evicted connection whose client kept sending for {EVICTION_LINGER:?}; \
+                 what it had sent and was not read is discarded (logged once per 10 s)");
+        }
+    }
+
+    fn failed(&self, e: &io::Error) {
+        let (ctx, kind, peer) = (self.ctx, self.kind, self.peer);
+        if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted) {
+            self.figures.reset.fetch_add(1, Ordering::Relaxed);
+            if let Some(held_back) = self.figures.reset_log.check() {
+                tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, error = %e,
+                    reset_total = self.figures.reset(), not_logged_since = held_back,
+                    "{kind} connection reset by the client: what it sent that was not yet read is lost \
+                     (logged once per 10 s)");
+            }
+        } else {
+            tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, error = %e, "{kind} connection read failed");
+        }
+    }
 }
 
 /// How long a client has to complete its TLS handshake once connected.
@@ -381,23 +855,36 @@ where
     if tls.is_none() {
         return Ok(sluice_tls::ServerStream::Plain(stream));
     }
+    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, sluice_tls::ServerStream::accept(tls, stream));
+    tokio::pin!(handshake);
+    let done = |r: Result<io::Result<sluice_tls::ServerStream<S>>, tokio::time::error::Elapsed>| match r {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(e)) => Err(format!("TLS handshake failed: {}", sluice_tls::describe_handshake_error(&e))),
+        Err(_) => Err(format!("TLS handshake not completed within {}s", TLS_HANDSHAKE_TIMEOUT.as_secs())),
+    };
+    let why = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => return Err("the input is shutting down".to_string()),
+        why = activity.expired() => why,
+        r = &mut handshake => return done(r),
+    };
+    if why != Expired::Evicted {
+        return Err(format!("closed during the TLS handshake: the connection {why}"));
+    }
+    // A client in the middle of its handshake sends its first data right after it: let it
+    // finish, and the input read that before the connection closes.
     tokio::select! {
         biased;
         _ = shutdown.cancelled() => Err("the input is shutting down".to_string()),
-        why = activity.expired() => Err(format!("closed during the TLS handshake: the connection {why}")),
-        r = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, sluice_tls::ServerStream::accept(tls, stream)) => match r {
-            Ok(Ok(stream)) => Ok(stream),
-            Ok(Err(e)) => Err(format!("TLS handshake failed: {}", sluice_tls::describe_handshake_error(&e))),
-            Err(_) => Err(format!(
-                "TLS handshake not completed within {}s",
-                TLS_HANDSHAKE_TIMEOUT.as_secs()
-            )),
-        },
+        _ = tokio::time::sleep(EVICTION_QUIET) => Err(format!("closed during the TLS handshake: the connection {why}")),
+        r = &mut handshake => done(r),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::AsyncReadExt;
+
     use super::*;
 
     #[test]
@@ -435,6 +922,35 @@ mod tests {
         newcomer.body_received();
         assert!(slots.take_or_evict(&Activity::new(Duration::ZERO, Duration::ZERO)).is_none());
         assert_eq!(slots.open(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watched_connection_is_evicted_only_once_read_with_nothing_unread() {
+        use tokio::io::AsyncWriteExt;
+        let slots = ConnectionSlots::new(1);
+        let (mut client, server) = tokio::io::duplex(64);
+        let first = Activity::new(Duration::ZERO, Duration::ZERO);
+        let mut watched = WatchedIo::new(server, first.clone());
+        let _first_slot = slots.take_or_evict(&first).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Its reader has not run: whatever the client sent may be waiting unread.
+        let newcomer = || Activity::new(Duration::ZERO, Duration::ZERO);
+        assert!(slots.take_or_evict(&newcomer()).is_none());
+        client.write_all(b"line\n").await.unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(watched.read(&mut buf).await.unwrap(), 5);
+        first.request_finished();
+        assert!(slots.take_or_evict(&newcomer()).is_none(), "read, but not yet found empty");
+        // The reader finds the socket empty: now it may make room.
+        assert!(tokio::time::timeout(Duration::from_millis(10), watched.read(&mut buf)).await.is_err());
+        let _second_slot = slots.take_or_evict(&newcomer()).expect("the drained connection makes room");
+        assert!(first.was_evicted());
+        assert_eq!(slots.figures().evicted(), 1);
+        // The evicted one still holds its slot while it closes, and with `max` of them closing
+        // nobody else is evicted, however idle.
+        assert_eq!(slots.open(), 2);
+        let idle = Activity::new(Duration::ZERO, Duration::ZERO);
+        assert!(slots.take_or_evict(&idle).is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -15,16 +15,22 @@
 //!   is logged again when the connection closes.
 //! - With `codec: json_lines`, a line that is not a JSON object is kept in `message`, tagged
 //!   `_jsonparsefailure` and counted as failed.
-//! - With `max_connections` open, a new connection makes room by closing the one that has waited
-//!   for its client the longest (see [`crate::limits`]); only when every connection is busy
-//!   decoding and queueing what it read is the new one closed at once, with a warning naming the
-//!   peer. A connection that sends nothing for `idle_timeout` is closed.
+//! - With `max_connections` open, a new connection makes room by evicting the one that has waited
+//!   for its client the longest (see [`crate::limits`]): never one not yet read or with bytes
+//!   unread, and an evicted one reads what its client still sends until it closes or pauses
+//!   ([`crate::limits::StreamReader`]), so an eviction loses no byte already sent unless the
+//!   client keeps sending for [`crate::limits::EVICTION_LINGER`]. When none can be evicted, the
+//!   new one waits up to [`WAIT_FOR_ROOM`] for a place, then is closed with a warning naming the
+//!   peer. A connection that sends nothing for `idle_timeout` is closed. Evictions, bytes
+//!   discarded at them and connections reset by their client are counted at `/metrics`.
 //! - On shutdown the input stops accepting, and each connection pushes what it has already read
 //!   (an unterminated last line included) and closes. An unterminated line at end of stream is
 //!   also passed on.
 //! - With `tls:`, each connection's handshake runs in its own task, bounded by
 //!   [`crate::limits::TLS_HANDSHAKE_TIMEOUT`]; a failed one is logged with the peer and the
-//!   reason and counted as refused. Certificates are re-read on SIGHUP.
+//!   reason and counted as refused. Certificates are re-read on SIGHUP. The server sends no
+//!   session tickets, so a client that writes and closes without reading leaves nothing unread
+//!   and its close is no reset.
 //! - There are no acknowledgements: TCP clients cannot be told what was delivered.
 
 use std::net::SocketAddr;
@@ -39,13 +45,14 @@ use sluice_config::{ByteSize, ConfigError, HumanDuration};
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, Event, FieldPath, SharedText, Str, TextPool, Value};
 use sluice_tls::ServerTls;
-use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::admission;
 use crate::codec::{Codec, Decoded};
 use crate::framing::{Line, LineFramer};
-use crate::limits::{Activity, accept_connections, tls_handshake};
+use crate::limits::{
+    Activity, ConnectionFigures, ConnectionSlots, Step, StreamReader, WatchedIo, serve_connections, tls_handshake,
+};
 use crate::{Input, InputContext, InputError};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -132,12 +139,18 @@ struct Shared {
     ctx: InputContext,
     /// Read buffers, back once the events sharing them are finished.
     texts: Arc<TextPool>,
+    figures: Arc<ConnectionFigures>,
 }
 
 /// Read buffers the input keeps for reuse, whatever the number of connections: about a full
 /// memory queue's worth at the default `read_buffer`. A buffer is kept only up to twice
 /// `read_buffer`.
 const TEXTS_KEPT: usize = 64;
+
+/// How long a new connection waits for a slot when every open one is busy queueing what it
+/// read (or still has bytes unread), before it is closed: meanwhile the others wait in the
+/// listen backlog with their bytes.
+pub(crate) const WAIT_FOR_ROOM: Duration = Duration::from_secs(5);
 
 /// Accepts connections on `listener` until shutdown, then waits for the connection tasks.
 async fn serve(
@@ -150,8 +163,11 @@ async fn serve(
     tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, tls = tls.is_some(), "tcp input listening");
     let (max_connections, idle_timeout) = (config.max_connections, config.idle_timeout.0);
     let texts = TextPool::new(TEXTS_KEPT, config.read_buffer.as_usize() * 2);
-    let shared = Arc::new(Shared { config, tls, ctx: ctx.clone(), texts });
-    accept_connections(listener, max_connections, idle_timeout, &ctx, "tcp", |stream, peer, activity| {
+    let figures = Arc::new(ConnectionFigures::default());
+    let _ = ctx.metrics.state.set(figures.clone());
+    let slots = ConnectionSlots::counted_in(max_connections, figures.clone());
+    let shared = Arc::new(Shared { config, tls, ctx: ctx.clone(), texts, figures });
+    serve_connections(listener, &slots, idle_timeout, WAIT_FOR_ROOM, &ctx, "tcp", |stream, peer, activity| {
         let shared = shared.clone();
         async move { connection(&shared, stream, peer, &activity).await }
     })
@@ -160,8 +176,9 @@ async fn serve(
 }
 
 /// Reads one client until it closes, fails, or shutdown is asked.
-async fn connection(shared: &Shared, stream: TcpStream, peer: SocketAddr, activity: &Activity) {
+async fn connection(shared: &Shared, stream: TcpStream, peer: SocketAddr, activity: &Arc<Activity>) {
     let ctx = &shared.ctx;
+    let stream = WatchedIo::new(stream, activity.clone());
     let mut stream = match tls_handshake(shared.tls.as_ref(), stream, activity, &ctx.shutdown).await {
         Ok(stream) => stream,
         Err(why) => {
@@ -178,34 +195,16 @@ async fn connection(shared: &Shared, stream: TcpStream, peer: SocketAddr, activi
     let mut truncated = 0u64;
     // Sizes the next batch's vector like the last one, so it is allocated once per read.
     let mut expect = 64usize;
-    let shutdown = ctx.shutdown.cancelled();
-    tokio::pin!(shutdown);
+    let mut reader = StreamReader::new(ctx, "tcp", peer, activity, &shared.figures);
     tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "tcp connection opened");
     loop {
         // Room for exactly `read_buffer` bytes, so that a read never grows the buffer.
         let mut buf = shared.texts.take(read_buffer);
         let mut room = (&mut buf).limit(read_buffer);
-        // Waiting on the client from now: idle time counts, and a full house may close it.
-        activity.request_finished();
-        let (n, end) = tokio::select! {
-            biased;
-            // Shutdown first: a client that never pauses must not keep the input running.
-            _ = &mut shutdown => (0, true),
-            r = stream.read_buf(&mut room) => match r {
-                Ok(0) => (0, true),
-                Ok(n) => (n, false),
-                Err(e) => {
-                    tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, error = %e, "tcp connection read failed");
-                    (0, true)
-                }
-            },
-            why = activity.expired() => {
-                ctx.metrics.refused.add(1);
-                tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "tcp input closed a connection that {why}");
-                (0, true)
-            }
+        let (n, end) = match reader.read(&mut stream, &mut room).await {
+            Step::Read(n) => (n, false),
+            Step::End => (0, true),
         };
-        activity.body_received();
         // Room in the memory budget before decoding: the read's bytes and an event per line.
         let estimate = admission::estimate(codec, n, admission::count_lines(&buf[..n]));
         let Some(mut charge) = ctx.reserve(estimate).await else {
@@ -272,7 +271,7 @@ pub(crate) mod tests {
     use sluice_core::bus::PipelineBus;
     use sluice_core::metrics::{ComponentKind, ComponentMetrics};
     use sluice_core::{Batch, Queue, QueueClosed, QueueStats};
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::mpsc;
     use tokio_util::sync::CancellationToken;

@@ -57,8 +57,8 @@ struct TcpConfig {
     tls: Option<sluice_tls::TlsConfig>,
 }
 
-/// The longest a TLS 1.3 connection waits for the server's verdict on our certificate when the
-/// server sends no session tickets (see [`sluice_tls::confirm_accepted`]).
+/// The longest a TLS 1.3 connection watches for the server's verdict on our certificate (see
+/// [`sluice_tls::confirm_accepted`]); it is a few handshake times, from 250 ms.
 const SERVER_VERDICT_WAIT: Duration = Duration::from_secs(1);
 
 fn default_connect_timeout() -> HumanDuration {
@@ -163,6 +163,7 @@ impl TcpOutput {
     }
 
     async fn connect(&self) -> Result<Connection, String> {
+        let started = tokio::time::Instant::now();
         let stream = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(format!("cannot connect to {}: {e}", self.address)),
@@ -179,7 +180,9 @@ impl TcpOutput {
                 // is over: wait for its verdict, or a refusal would pass for delivered batches.
                 let handshake = async {
                     let mut s = tls.connect(host, stream).await?;
-                    sluice_tls::confirm_accepted(&mut s, self.connect_timeout.min(SERVER_VERDICT_WAIT)).await?;
+                    let window =
+                        sluice_tls::verdict_window(started.elapsed(), self.connect_timeout.min(SERVER_VERDICT_WAIT));
+                    sluice_tls::confirm_accepted(&mut s, window).await?;
                     Ok::<_, std::io::Error>(s)
                 };
                 match tokio::time::timeout(self.connect_timeout, handshake).await {

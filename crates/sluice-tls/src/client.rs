@@ -127,20 +127,24 @@ impl std::fmt::Debug for TlsConnector {
     }
 }
 
-/// Waits, up to `wait`, for the server's verdict on a client's certificate after a TLS 1.3
-/// handshake, and fails with the server's alert when it refused it.
+/// Watches the connection for `window` after a TLS 1.3 handshake for the server's verdict on
+/// the client's certificate, and fails with the server's alert when it refused it.
 ///
 /// In TLS 1.3 the client's handshake is over before the server has checked the client's
 /// certificate (or noticed there is none): a server that refuses it says so with an alert that
 /// the client sees only at its next read. A client that only writes, such as the `tcp` output,
 /// would otherwise take its writes into a session the server already dropped for delivered.
-/// A server that accepted the client sends its session tickets right away (rustls, OpenSSL
-/// and Go do by default), which ends the wait at once. `Ok` when the server says nothing
-/// within `wait`, and at once over TLS 1.2, whose handshake ends with the server's `Finished`,
-/// sent after it checked the client's certificate. Data the server sends meanwhile is read and
-/// thrown away: call it only for a client that expects none. The error goes through
-/// [`crate::describe_handshake_error`] like a failed handshake's.
-pub async fn confirm_accepted<S>(stream: &mut tokio_rustls::client::TlsStream<S>, wait: Duration) -> io::Result<()>
+/// A server that accepts says nothing (a sluice input sends no session tickets, see
+/// [`TlsConfig::server_config`]), so silence for `window` counts as accepted; session tickets
+/// (OpenSSL and Go servers send them by default) end the wait at once. Its limit: a server that
+/// takes longer than `window` to refuse (a slow revocation check, a window shorter than the
+/// round trip) is taken as accepting, and the refusal shows at the client's next check of the
+/// connection. Use a few round trips (see [`verdict_window`]). `Ok` at once over TLS 1.2, whose
+/// handshake ends with the server's `Finished`, sent after it checked the client's certificate.
+/// Data the server sends meanwhile is read and thrown away: call it only for a client that
+/// expects none. The error goes through [`crate::describe_handshake_error`] like a failed
+/// handshake's.
+pub async fn confirm_accepted<S>(stream: &mut tokio_rustls::client::TlsStream<S>, window: Duration) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -169,7 +173,18 @@ where
             }
         }
     });
-    tokio::time::timeout(wait, verdict).await.unwrap_or(Ok(()))
+    tokio::time::timeout(window, verdict).await.unwrap_or(Ok(()))
+}
+
+/// The shortest window [`verdict_window`] gives: a refusal is one round trip away, plus the
+/// server's own delays on a busy machine.
+pub const MIN_VERDICT_WINDOW: Duration = Duration::from_millis(250);
+
+/// How long to watch for the server's verdict ([`confirm_accepted`]) after a handshake that
+/// took `handshake` from connecting: four times that (it spans about two round trips, the
+/// refusal comes one after), at least [`MIN_VERDICT_WINDOW`] and at most `at_most`.
+pub fn verdict_window(handshake: Duration, at_most: Duration) -> Duration {
+    (handshake * 4).max(MIN_VERDICT_WINDOW).min(at_most)
 }
 
 /// `verify: false`: any server certificate is accepted; handshake signatures are still checked,

@@ -38,7 +38,7 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use client::{TlsConnector, confirm_accepted};
+pub use client::{MIN_VERDICT_WINDOW, TlsConnector, confirm_accepted, verdict_window};
 pub use config::{ClientAuth, TlsConfig, TlsVersion};
 pub use describe::{describe_handshake_error, peer_certificate_subject};
 pub use error::TlsError;

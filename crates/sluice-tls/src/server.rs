@@ -1,4 +1,8 @@
 //! The server end: a rustls `ServerConfig` and a tokio acceptor from a [`TlsConfig`].
+//!
+//! The server sends nothing its client did not ask for (no session tickets): a client that only
+//! writes and then closes leaves nothing unread, so its close is a clean one and every byte it
+//! wrote is read.
 
 use std::sync::Arc;
 
@@ -12,7 +16,8 @@ use crate::load;
 
 impl TlsConfig {
     /// The rustls server configuration: `cert` and `key` (required, checked to match),
-    /// client certificates per `client_auth` verified against `ca`, TLS from `min_version` up.
+    /// client certificates per `client_auth` verified against `ca`, TLS from `min_version` up,
+    /// and no TLS 1.3 session tickets.
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
         self.check_enabled()?;
         let Some((cert, key)) = self.identity_paths()? else {
@@ -24,12 +29,16 @@ impl TlsConfig {
         let provider = provider();
         let identity = load::identity(cert, key, &provider)?;
         let verifier = self.client_verifier(&provider)?;
-        let config = ServerConfig::builder_with_provider(provider)
+        let mut config = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(self.protocol_versions())
             .map_err(|e| TlsError::config("min_version", format!("`min_version` cannot be used: {e}")))?
             .with_client_cert_verifier(verifier)
             .with_single_cert(identity.chain, identity.key)
             .map_err(|e| load::unusable_cert(cert, e))?;
+        // A log shipper that only writes never reads the tickets sent after the handshake, so
+        // its close becomes a reset and the kernel throws away what this end had not read yet.
+        // Our clients keep one connection open and do not resume sessions: tickets buy nothing.
+        config.send_tls13_tickets = 0;
         Ok(Arc::new(config))
     }
 

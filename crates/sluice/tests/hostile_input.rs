@@ -149,3 +149,105 @@ fn slow_clients_are_closed_and_a_normal_client_gets_through() {
     drop(held);
     s.stop();
 }
+
+/// Many short-lived senders against `max_connections: 8` on the `tcp` and `syslog` inputs,
+/// which have no acknowledgements: each connects, writes half its lines, pauses (so it is the
+/// idle one a newcomer evicts), writes the rest and closes; the house starts full of
+/// connections that send nothing. A connection is evicted only once it has been read and has
+/// nothing unread, and an evicted one reads until its client closes: every line arrives, once.
+/// The evictions are counted at `/metrics`, and their log line is rate-limited.
+#[test]
+fn evicted_connections_of_short_lived_senders_lose_no_line() {
+    let (tcp_port, syslog_port) = (free_port(), free_port());
+    let mut s = Sluice::start(&format!(
+        "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  p:
+    inputs:
+      - {{type: tcp, address: '127.0.0.1:{tcp_port}', max_connections: 8}}
+      - {{type: syslog, mode: tcp, address: '127.0.0.1:{syslog_port}', max_connections: 8}}
+    outputs: [{{type: file, path: '{{dir}}/out.log'}}]
+"
+    ));
+    s.wait_port(tcp_port);
+    s.wait_port(syslog_port);
+    let api = s.api();
+    let started = Instant::now();
+    let silent: Vec<_> = [tcp_port, syslog_port]
+        .iter()
+        .flat_map(|&port| (0..8).map(move |_| TcpStream::connect(("127.0.0.1", port)).unwrap()))
+        .collect();
+    let (threads, connections, half) = (24, 20, 5);
+    let senders: Vec<_> = [tcp_port, syslog_port]
+        .into_iter()
+        .flat_map(|port| (0..threads).map(move |t| (port, t)))
+        .map(|(port, t)| {
+            std::thread::spawn(move || {
+                for c in 0..connections {
+                    let line =
+                        |l: usize| format!("<13>Nov 26 07:16:16 host app: evict port={port} t={t} c={c} l={l}\n");
+                    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                    let first: String = (0..half).map(line).collect();
+                    stream.write_all(first.as_bytes()).unwrap();
+                    std::thread::sleep(Duration::from_millis(20));
+                    let rest: String = (half..2 * half).map(line).collect();
+                    // A write into a connection the input closed fails or resets: the line is lost.
+                    stream
+                        .write_all(rest.as_bytes())
+                        .expect("the input closed a connection it had not read to its end");
+                }
+            })
+        })
+        .collect();
+    for sender in senders {
+        sender.join().unwrap();
+    }
+    let per_port = threads * connections * 2 * half;
+    let out = s.path("out.log");
+    let keys = || {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        let mut seen = std::collections::HashMap::<String, u32>::new();
+        for line in text.lines() {
+            if let Some(at) = line.find("evict port=") {
+                *seen.entry(line[at..].split('"').next().unwrap().to_string()).or_default() += 1;
+            }
+        }
+        seen
+    };
+    let all = common::eventually(Duration::from_secs(30), || keys().len() >= 2 * per_port);
+    let seen = keys();
+    for port in [tcp_port, syslog_port] {
+        let got = seen.keys().filter(|k| k.starts_with(&format!("evict port={port} "))).count();
+        assert_eq!(got, per_port, "port {port}: {got} of {per_port} lines arrived:\n{}", s.log());
+    }
+    assert!(all);
+    assert!(seen.values().all(|&n| n == 1), "a line arrived twice");
+    drop(silent);
+
+    let metrics = common::http(&api, "GET", "/metrics", &[], b"").1;
+    for kind in ["tcp", "syslog"] {
+        let evicted = metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("sluice_component_connections_evicted_total{") && l.contains(&format!("type=\"{kind}\""))
+            })
+            .unwrap_or_else(|| panic!("no eviction count for {kind} at /metrics:\n{metrics}"));
+        let evicted: f64 = evicted.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(evicted >= 8.0, "{kind}: {evicted} evictions, and the 8 silent connections had to make room");
+        assert!(
+            metrics.lines().any(|l| l.starts_with("sluice_component_evicted_bytes_discarded_total{")
+                && l.contains(&format!("type=\"{kind}\""))
+                && l.ends_with(" 0")),
+            "{kind}: bytes discarded at eviction:\n{metrics}"
+        );
+    }
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+    // Once per 10 s per input at most, however many evictions.
+    let allowed = 1 + started.elapsed().as_secs() as usize / 10;
+    for kind in ["tcp", "syslog"] {
+        let lines = log.lines().filter(|l| l.contains(&format!("{kind} input is closing a connection"))).count();
+        assert!((1..=allowed).contains(&lines), "{lines} eviction lines for {kind}, at most {allowed} allowed:\n{log}");
+    }
+    assert!(!log.contains("refused a connection"), "{log}");
+}

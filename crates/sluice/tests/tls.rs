@@ -156,3 +156,147 @@ fn validate_names_a_missing_file_and_a_key_that_is_not_the_certificates() {
     assert!(!ok, "{text}");
     assert!(text.contains("pipelines.main.outputs[0].tls.ca") && text.contains("nope.crt"), "{text}");
 }
+
+/// Sends `rounds` connections of `lines` lines each over TLS 1.3 to each port, as a client
+/// that only writes: Python's `ssl`, which closes without reading (and without
+/// `close_notify`).
+const WRITE_ONLY_CLIENT: &str = r#"
+import socket, ssl, struct, sys
+ca, rounds, lines = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ports = [int(p) for p in sys.argv[4:]]
+context = ssl.create_default_context(cafile=ca)
+context.minimum_version = ssl.TLSVersion.TLSv1_3
+for port in ports:
+    for r in range(rounds):
+        s = context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="localhost")
+        for i in range(lines):
+            s.sendall(("<13>Nov 26 07:16:16 host app: python port=%d round=%d line=%d\n" % (port, r, i)).encode())
+        s.close()
+"#;
+
+/// Sends one line over TLS 1.3, waits for a line on stdin, and ends the connection with a
+/// reset (`SO_LINGER` 0).
+const RESETTING_CLIENT: &str = r#"
+import socket, ssl, struct, sys
+context = ssl.create_default_context(cafile=sys.argv[1])
+s = context.wrap_socket(socket.create_connection(("127.0.0.1", int(sys.argv[2]))), server_hostname="localhost")
+s.sendall(b"<13>Nov 26 07:16:16 host app: about to reset\n")
+sys.stdin.readline()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+s.close()
+"#;
+
+/// The `tcp` and `syslog` inputs over TLS lose nothing of a client that only writes and closes
+/// without reading: the server sends it nothing unasked (no session tickets), which the
+/// client's kernel would answer with a reset that throws away what the input had not read yet.
+/// Python's `ssl` closes without reading; `openssl s_client` is killed once it has written.
+/// A connection that does end with a reset is logged at warn and counted.
+#[test]
+fn a_tls_client_that_only_writes_and_closes_loses_nothing() {
+    let certs_dir = tempfile::tempdir().unwrap();
+    let certs = CertSet::generate(certs_dir.path(), &["receiver"]);
+    let (tcp_port, syslog_port) = (free_port(), free_port());
+    let tls = format!("{{cert: '{}', key: '{}'}}", p(&certs.cert("receiver")), p(&certs.key("receiver")));
+    let mut receiver = Sluice::start(&format!(
+        "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  main:
+    inputs:
+      - {{type: tcp, address: '127.0.0.1:{tcp_port}', tls: {tls}}}
+      - {{type: syslog, mode: tcp, address: '127.0.0.1:{syslog_port}', tls: {tls}}}
+    outputs:
+      - {{type: file, path: '{{dir}}/received.log'}}
+"
+    ));
+    receiver.wait_port(tcp_port);
+    receiver.wait_port(syslog_port);
+    let api = receiver.api();
+    let received = receiver.path("received.log");
+    let count = |needle: &str| {
+        std::fs::read_to_string(&received).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
+    };
+
+    let (rounds, per_round) = (5, 200);
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(WRITE_ONLY_CLIENT)
+        .args([p(&certs.ca_cert), rounds.to_string(), per_round.to_string()])
+        .args([tcp_port.to_string(), syslog_port.to_string()])
+        .output()
+        .expect("python3 runs the write-only client");
+    assert!(out.status.success(), "the python client failed: {}", String::from_utf8_lossy(&out.stderr));
+    for port in [tcp_port, syslog_port] {
+        let needle = format!("python port={port} ");
+        let want = rounds * per_round;
+        let all = common::eventually(Duration::from_secs(20), || count(&needle) >= want);
+        assert!(all, "port {port}: {} of {want} lines arrived:\n{}", count(&needle), receiver.log());
+    }
+
+    // `openssl s_client`, killed (not closed) once its lines are out: each round's lines are
+    // one write, so the first of them arriving means all were sent.
+    const SHORT_LINES: usize = 80;
+    for port in [tcp_port, syslog_port] {
+        for r in 0..rounds {
+            let mut client = std::process::Command::new("openssl")
+                .args(["s_client", "-quiet", "-tls1_3", "-connect", &format!("127.0.0.1:{port}")])
+                .args(["-CAfile", &p(&certs.ca_cert), "-servername", "localhost"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("openssl s_client runs");
+            // Less than PIPE_BUF, so s_client reads it all at once.
+            let text: String =
+                (0..SHORT_LINES).map(|i| format!("<13>x: s_client port={port} round={r} line={i}\n")).collect();
+            assert!(text.len() < 4096);
+            use std::io::Write;
+            client.stdin.as_mut().unwrap().write_all(text.as_bytes()).unwrap();
+            client.stdin.as_mut().unwrap().flush().unwrap();
+            let first = format!("s_client port={port} round={r} line=0\"");
+            let sent = common::eventually(Duration::from_secs(20), || count(&first) > 0);
+            let _ = client.kill();
+            let _ = client.wait();
+            assert!(sent, "s_client's first line to port {port} never arrived:\n{}", receiver.log());
+            let needle = format!("s_client port={port} round={r} ");
+            let all = common::eventually(Duration::from_secs(20), || count(&needle) >= SHORT_LINES);
+            assert!(all, "port {port} round {r}: {} of {SHORT_LINES} lines from s_client arrived", count(&needle));
+        }
+    }
+
+    // Nothing twice, and the one reset connection logged and counted.
+    let text = std::fs::read_to_string(&received).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for line in text.lines().filter(|l| l.contains("port=")) {
+        let at = line.find("port=").unwrap();
+        let key = (line.contains("s_client port="), line[at..].split('"').next().unwrap().to_string());
+        assert!(seen.insert(key.clone()), "twice: {key:?}");
+    }
+    // A reset once its line is in: the connection's read fails with it.
+    let mut resetting = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(RESETTING_CLIENT)
+        .args([p(&certs.ca_cert), tcp_port.to_string()])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("python3 runs the resetting client");
+    wait_until("the resetting client's line", Duration::from_secs(20), || count("about to reset") > 0);
+    {
+        use std::io::Write;
+        resetting.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    }
+    assert!(resetting.wait().unwrap().success());
+    let resets = || {
+        let metrics = common::http(&api, "GET", "/metrics", &[], b"").1;
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("sluice_component_connections_reset_total{") && l.contains("type=\"tcp\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert!(common::eventually(Duration::from_secs(10), || resets() >= 1.0), "the reset is not counted");
+    assert_eq!(resets(), 1.0, "no other connection ended with a reset");
+    let (status, log) = receiver.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("tcp connection reset by the client"), "the reset is logged above debug:\n{log}");
+    assert!(!log.contains("syslog connection reset"), "no syslog connection was reset:\n{log}");
+}

@@ -12,7 +12,9 @@
 //!   announces more than `max_message_bytes` closes the connection with an error naming the
 //!   peer (counted in `refused`): what follows it cannot be framed.
 //! - `max_connections` and `idle_timeout` work as for the `tcp` input ([`crate::limits`]):
-//!   a newcomer makes room by closing the connection idle the longest.
+//!   a newcomer makes room by evicting the connection idle the longest, never one not yet read
+//!   or with bytes unread, and the evicted one reads what its sender still sends until it
+//!   closes or pauses; when none can be evicted, the newcomer waits for a place a while.
 //! - With `tls:`, the handshake is bounded by [`crate::limits::TLS_HANDSHAKE_TIMEOUT`] and by the connection's
 //!   own limits; a failed one is logged with the peer and counted in `refused`. A client's
 //!   certificate subject, when it sent one, is in each event's `@metadata.tls_peer.subject`.
@@ -25,12 +27,14 @@ use std::sync::Arc;
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, Event, Str};
 use sluice_tls::{ServerStream, ServerTls};
-use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::frame::{Frame, SyslogFramer};
 use super::{Sender, Settings};
-use crate::limits::{Activity, accept_connections, tls_handshake};
+use crate::limits::{
+    Activity, ConnectionFigures, ConnectionSlots, Step, StreamReader, WatchedIo, serve_connections, tls_handshake,
+};
+use crate::tcp::WAIT_FOR_ROOM;
 use crate::{InputContext, InputError};
 
 /// The most read (and turned into one batch) at once per connection.
@@ -40,6 +44,7 @@ struct Shared {
     settings: Settings,
     tls: Option<Arc<ServerTls>>,
     ctx: InputContext,
+    figures: Arc<ConnectionFigures>,
 }
 
 /// Accepts connections on `listener` until shutdown, then waits for the connection tasks.
@@ -53,8 +58,11 @@ pub(super) async fn serve(
     tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, tls = tls.is_some(),
         max_connections = settings.max_connections, "syslog input listening on tcp");
     let (max_connections, idle_timeout) = (settings.max_connections, settings.idle_timeout);
-    let shared = Arc::new(Shared { settings, tls, ctx: ctx.clone() });
-    accept_connections(listener, max_connections, idle_timeout, &ctx, "syslog", |stream, peer, activity| {
+    let figures = Arc::new(ConnectionFigures::default());
+    let _ = ctx.metrics.state.set(figures.clone());
+    let slots = ConnectionSlots::counted_in(max_connections, figures.clone());
+    let shared = Arc::new(Shared { settings, tls, ctx: ctx.clone(), figures });
+    serve_connections(listener, &slots, idle_timeout, WAIT_FOR_ROOM, &ctx, "syslog", |stream, peer, activity| {
         let shared = shared.clone();
         async move {
             if let Some(stream) = handshake(&shared, stream, peer, &activity).await {
@@ -72,9 +80,10 @@ async fn handshake(
     shared: &Shared,
     stream: TcpStream,
     peer: SocketAddr,
-    activity: &Activity,
-) -> Option<ServerStream<TcpStream>> {
+    activity: &Arc<Activity>,
+) -> Option<ServerStream<WatchedIo<TcpStream>>> {
     let ctx = &shared.ctx;
+    let stream = WatchedIo::new(stream, activity.clone());
     match tls_handshake(shared.tls.as_ref(), stream, activity, &ctx.shutdown).await {
         Ok(stream) => Some(stream),
         Err(_) if ctx.shutdown.is_cancelled() => None,
@@ -87,7 +96,12 @@ async fn handshake(
 }
 
 /// Reads one sender until it closes, fails, breaks the framing, or shutdown is asked.
-async fn connection(shared: &Shared, mut stream: ServerStream<TcpStream>, peer: SocketAddr, activity: &Activity) {
+async fn connection(
+    shared: &Shared,
+    mut stream: ServerStream<WatchedIo<TcpStream>>,
+    peer: SocketAddr,
+    activity: &Activity,
+) {
     let ctx = &shared.ctx;
     let settings = &shared.settings;
     let sender = Sender {
@@ -98,30 +112,14 @@ async fn connection(shared: &Shared, mut stream: ServerStream<TcpStream>, peer: 
     let mut buf = Vec::with_capacity(READ_BUFFER);
     let mut truncated = 0u64;
     let mut expect = 16usize;
-    let shutdown = ctx.shutdown.cancelled();
-    tokio::pin!(shutdown);
+    let mut reader = StreamReader::new(ctx, "syslog", peer, activity, &shared.figures);
     tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "syslog connection opened");
     loop {
         buf.clear();
-        activity.request_finished();
-        let (n, end) = tokio::select! {
-            biased;
-            _ = &mut shutdown => (0, true),
-            r = stream.read_buf(&mut buf) => match r {
-                Ok(0) => (0, true),
-                Ok(n) => (n, false),
-                Err(e) => {
-                    tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, error = %e, "syslog connection read failed");
-                    (0, true)
-                }
-            },
-            why = activity.expired() => {
-                ctx.metrics.refused.add(1);
-                tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "syslog input closed a connection that {why}");
-                (0, true)
-            }
+        let (n, end) = match reader.read(&mut stream, &mut buf).await {
+            Step::Read(n) => (n, false),
+            Step::End => (0, true),
         };
-        activity.body_received();
         let data = &buf[..n];
         let messages = memchr::memchr_iter(b'\n', data).count() + 1 + n / 256;
         let Some(mut charge) = ctx.reserve(Settings::estimate(n + framer.pending(), messages)).await else {
