@@ -1033,6 +1033,7 @@ mod tests {
         let out = p.component("es", ComponentKind::Output, "elasticsearch");
         out.events_out.add(4);
         out.duration.observe(Duration::from_millis(20));
+        out.output.retrying("connection refused");
         let own = Refusals(Default::default());
         own.0.observe(Duration::from_millis(7));
         let _ = out.state.set(Arc::new(own));
@@ -1129,6 +1130,8 @@ mod tests {
             "sluice_queue_shard_events",
             "sluice_dlq_entries",
             "sluice_component_requests_in_flight",
+            "sluice_component_output_state",
+            "sluice_component_last_error_timestamp_seconds",
             "sluice_memory_budget_bytes",
             "sluice_registry_lag_seconds",
             "sluice_build_info",
@@ -1157,6 +1160,13 @@ mod tests {
         assert_eq!(value(&parsed, "sluice_component_events_out", &component(odd, "gen", "input", "generator")), 3.0);
         assert_eq!(value(&parsed, "sluice_component_refused", &component("web", "http_in", "input", "http")), 1.0);
         let es = component("web", "es", "output", "elasticsearch");
+        let es_state = |state: &'static str| {
+            let mut labels = es.clone();
+            labels.push(("state", state));
+            value(&parsed, "sluice_component_output_state", &labels)
+        };
+        assert_eq!((es_state("up"), es_state("retrying"), es_state("down")), (0.0, 1.0, 0.0));
+        assert!(value(&parsed, "sluice_component_last_error_timestamp_seconds", &es) > 1.0e9);
         let refused = |reason: &str| {
             let labels: Vec<(&str, &str)> =
                 es.iter().copied().chain([("status", "400"), ("error_type", reason)]).collect();
