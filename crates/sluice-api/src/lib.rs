@@ -33,8 +33,8 @@ use sluice_core::QueueStats;
 use sluice_core::exposition::{self, DescriptorEncoder, Labels, counter, gauge, histogram, histogram_snapshots};
 use sluice_core::health::Lifecycle;
 use sluice_core::metrics::{
-    ComponentKind, ComponentMetrics, ComponentState, Counter, DeadLetterStats, MetricsRegistry, NodeFigures, PipelineMetrics,
-    OutputState, RegistryMetrics, StateFigure, StateHistogram,
+    ComponentKind, ComponentMetrics, ComponentState, Counter, DeadLetterStats, MetricsRegistry, NodeFigures,
+    OutputState, PipelineMetrics, RegistryMetrics, StateFigure, StateHistogram,
 };
 use tokio_util::sync::CancellationToken;
 

@@ -59,7 +59,13 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
 
 fn build_with(spec: &ComponentSpec, ctx: OutputContext, sink: Sink) -> Result<Stdout, ConfigError> {
     let c: StdoutConfig = spec.settings()?;
-    Ok(Stdout { codec: c.codec, retry: c.retry, out: tokio::sync::Mutex::new(sink), stall: StallLog::for_output(&ctx.metrics), ctx })
+    Ok(Stdout {
+        codec: c.codec,
+        retry: c.retry,
+        out: tokio::sync::Mutex::new(sink),
+        stall: StallLog::for_output(&ctx.metrics),
+        ctx,
+    })
 }
 
 impl Stdout {
