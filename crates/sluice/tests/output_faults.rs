@@ -2,7 +2,9 @@
 //! letter queue with the reason while the events behind it are delivered and their client is
 //! answered; a file output on a file system that fills holds its clients back and resumes
 //! without a broken or repeated line; `sluice validate` warns about a file output whose events
-//! choose the directory.
+//! choose the directory; an output to a port where nothing listens is `retrying` with the
+//! connection error, and `up` once a server appears, while the file input it holds back shows
+//! its lag, which drains to 0.
 
 mod common;
 
