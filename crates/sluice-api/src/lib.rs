@@ -33,8 +33,8 @@ use sluice_core::QueueStats;
 use sluice_core::exposition::{self, DescriptorEncoder, Labels, counter, gauge, histogram, histogram_snapshots};
 use sluice_core::health::Lifecycle;
 use sluice_core::metrics::{
-    ComponentMetrics, ComponentState, Counter, DeadLetterStats, MetricsRegistry, NodeFigures, PipelineMetrics,
-    RegistryMetrics, StateFigure, StateHistogram,
+    ComponentKind, ComponentMetrics, ComponentState, Counter, DeadLetterStats, MetricsRegistry, NodeFigures,
+    OutputState, PipelineMetrics, RegistryMetrics, StateFigure, StateHistogram,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -488,6 +488,29 @@ fn encode_families(registry: &MetricsRegistry, uptime: Duration, out: &mut Descr
     for (name, help, pick) in component_counters {
         counter(out, name, help, comps.iter().map(|(l, c)| (l.clone(), pick(c))))?;
     }
+    let outputs: Vec<&(Labels, Arc<ComponentMetrics>)> =
+        comps.iter().filter(|(_, c)| c.kind == ComponentKind::Output).collect();
+    let mut states = Vec::with_capacity(outputs.len() * OutputState::ALL.len());
+    for (labels, c) in &outputs {
+        let now = c.output.state();
+        for state in OutputState::ALL {
+            let mut labels = labels.clone();
+            labels.push(("state", state.as_str().to_string()));
+            states.push((labels, u64::from(state == now)));
+        }
+    }
+    gauge(
+        out,
+        "sluice_component_output_state",
+        "An output's state, 1 for the current one: up, retrying (attempts fail and are retried), down (failing for 60 s or more, or gave up).",
+        states,
+    )?;
+    gauge(
+        out,
+        "sluice_component_last_error_timestamp_seconds",
+        "When an output last failed an attempt, in seconds since the Unix epoch (0: never).",
+        outputs.iter().map(|(l, c)| (l.clone(), c.output.last_error().map_or(0.0, |e| e.at))),
+    )?;
     // Components' own state figures (a stateful processor's groups), one family per name.
     let states: Vec<(&Labels, Arc<dyn ComponentState>)> =
         comps.iter().filter_map(|(l, c)| c.state.get().map(|s| (l, s.clone()))).collect();
@@ -677,7 +700,7 @@ pub fn render_stats(state: &ApiState) -> Json {
             .read()
             .iter()
             .map(|c| {
-                json!({
+                let mut component = json!({
                     "id": c.id, "kind": c.kind, "type": c.type_name,
                     "events": {"in": c.events_in.get(), "out": c.events_out.get(), "dropped": c.dropped.get(), "failed": c.failed.get()},
                     "retries": c.retries.get(),
@@ -697,9 +720,17 @@ pub fn render_stats(state: &ApiState) -> Json {
                             let (_, sum, count) = h.histogram.snapshot();
                             state.insert(h.name.trim_end_matches("_seconds").to_string(), json!({"count": count, "sum_seconds": sum}));
                         }
+                        if let Some((key, detail)) = s.stats() {
+                            state.insert(key.to_string(), detail);
+                        }
                         state
                     }),
-                })
+                });
+                if c.kind == ComponentKind::Output {
+                    component["output_state"] = json!(c.output.state());
+                    component["last_error"] = json!(c.output.last_error());
+                }
+                component
             })
             .collect();
         let (m1, m5) = (r1.get(&p.name).copied().unwrap_or_default(), r5.get(&p.name).copied().unwrap_or_default());
@@ -1017,6 +1048,7 @@ mod tests {
         let out = p.component("es", ComponentKind::Output, "elasticsearch");
         out.events_out.add(4);
         out.duration.observe(Duration::from_millis(20));
+        out.output.retrying("connection refused");
         let own = Refusals(Default::default());
         own.0.observe(Duration::from_millis(7));
         let _ = out.state.set(Arc::new(own));
@@ -1113,6 +1145,8 @@ mod tests {
             "sluice_queue_shard_events",
             "sluice_dlq_entries",
             "sluice_component_requests_in_flight",
+            "sluice_component_output_state",
+            "sluice_component_last_error_timestamp_seconds",
             "sluice_memory_budget_bytes",
             "sluice_registry_lag_seconds",
             "sluice_build_info",
@@ -1141,6 +1175,13 @@ mod tests {
         assert_eq!(value(&parsed, "sluice_component_events_out", &component(odd, "gen", "input", "generator")), 3.0);
         assert_eq!(value(&parsed, "sluice_component_refused", &component("web", "http_in", "input", "http")), 1.0);
         let es = component("web", "es", "output", "elasticsearch");
+        let es_state = |state: &'static str| {
+            let mut labels = es.clone();
+            labels.push(("state", state));
+            value(&parsed, "sluice_component_output_state", &labels)
+        };
+        assert_eq!((es_state("up"), es_state("retrying"), es_state("down")), (0.0, 1.0, 0.0));
+        assert!(value(&parsed, "sluice_component_last_error_timestamp_seconds", &es) > 1.0e9);
         let refused = |reason: &str| {
             let labels: Vec<(&str, &str)> =
                 es.iter().copied().chain([("status", "400"), ("error_type", reason)]).collect();

@@ -106,6 +106,131 @@ pub struct ComponentMetrics {
     pub state: OnceLock<Arc<dyn ComponentState>>,
     /// Starting, running, stopped or failed (with the reason): what `/health` reports.
     pub health: crate::health::Health,
+    /// Outputs: whether delivery works, is being retried or is down, and the last error.
+    pub output: OutputStatus,
+}
+
+/// Where an output stands, from the last outcome of its attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputState {
+    /// The last attempt succeeded, or nothing has failed yet.
+    Up,
+    /// Attempts fail for a reason outside the events and are being retried (the pipeline waits).
+    Retrying,
+    /// Failing for [`OUTPUT_DOWN_AFTER`] or longer, or the last batch was given up.
+    Down,
+}
+
+impl OutputState {
+    pub const ALL: [OutputState; 3] = [OutputState::Up, OutputState::Retrying, OutputState::Down];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputState::Up => "up",
+            OutputState::Retrying => "retrying",
+            OutputState::Down => "down",
+        }
+    }
+}
+
+/// How long an output retries before it counts as `down`.
+pub const OUTPUT_DOWN_AFTER: Duration = Duration::from_secs(60);
+
+/// The longest error message kept: a peer's answer can be long, and it is shown as is.
+pub const MAX_ERROR_MESSAGE: usize = 512;
+
+/// An output's last error: what it said and when (seconds since the Unix epoch).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LastError {
+    pub message: String,
+    pub at: f64,
+}
+
+/// An output's state and last error, kept by its retry loop: a failed attempt that is retried
+/// makes it `retrying`, one that is given up `down`, a delivered batch `up` again. `down` also
+/// comes by itself once failures have lasted [`OUTPUT_DOWN_AFTER`] with no success between,
+/// whatever the retry loop is doing. The last error stays after recovery, with its time.
+#[derive(Debug, Default)]
+pub struct OutputStatus {
+    /// False while up: a delivered batch then costs one load, not a lock.
+    failing: std::sync::atomic::AtomicBool,
+    inner: parking_lot::Mutex<OutputStatusInner>,
+}
+
+#[derive(Debug, Default)]
+struct OutputStatusInner {
+    /// The first failure since the last success.
+    failing_since: Option<Instant>,
+    gave_up: bool,
+    last_error: Option<LastError>,
+}
+
+impl OutputStatus {
+    /// An attempt failed for a reason outside the events and will be tried again.
+    pub fn retrying(&self, message: &str) {
+        self.failed(message, false, Instant::now());
+    }
+
+    /// An attempt failed and its events were given up (the retry limit was spent).
+    pub fn gave_up(&self, message: &str) {
+        self.failed(message, true, Instant::now());
+    }
+
+    /// An error worth showing that does not by itself change the state (a client library's
+    /// report while nothing is being sent).
+    pub fn note_error(&self, message: &str) {
+        self.inner.lock().last_error = Some(last_error(message));
+    }
+
+    /// A batch (or part of one) was delivered: up again.
+    pub fn delivered(&self) {
+        if !self.failing.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut s = self.inner.lock();
+        s.failing_since = None;
+        s.gave_up = false;
+        self.failing.store(false, Ordering::Relaxed);
+    }
+
+    pub fn state(&self) -> OutputState {
+        self.state_at(Instant::now())
+    }
+
+    pub fn last_error(&self) -> Option<LastError> {
+        self.inner.lock().last_error.clone()
+    }
+
+    fn failed(&self, message: &str, gave_up: bool, now: Instant) {
+        let mut s = self.inner.lock();
+        s.failing_since.get_or_insert(now);
+        s.gave_up = gave_up;
+        s.last_error = Some(last_error(message));
+        self.failing.store(true, Ordering::Relaxed);
+    }
+
+    fn state_at(&self, now: Instant) -> OutputState {
+        if !self.failing.load(Ordering::Relaxed) {
+            return OutputState::Up;
+        }
+        let s = self.inner.lock();
+        match s.failing_since {
+            None => OutputState::Up,
+            Some(_) if s.gave_up => OutputState::Down,
+            Some(since) if now.saturating_duration_since(since) >= OUTPUT_DOWN_AFTER => OutputState::Down,
+            Some(_) => OutputState::Retrying,
+        }
+    }
+}
+
+fn last_error(message: &str) -> LastError {
+    let mut end = message.len().min(MAX_ERROR_MESSAGE);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+    LastError { message: message[..end].to_string(), at }
 }
 
 /// A component that reports figures of its own state, rendered at `/metrics` as
@@ -122,6 +247,12 @@ pub trait ComponentState: Send + Sync {
     /// Histograms of the component's own, such as an output's request latency.
     fn histograms(&self) -> Vec<StateHistogram<'_>> {
         Vec::new()
+    }
+
+    /// More detail for `/stats` only, under the key given in the component's `state` (a list
+    /// too varied for metric labels, such as the files furthest behind).
+    fn stats(&self) -> Option<(&'static str, serde_json::Value)> {
+        None
     }
 }
 
@@ -171,6 +302,7 @@ impl ComponentMetrics {
             duration: Histogram::default(),
             state: OnceLock::new(),
             health: crate::health::Health::default(),
+            output: OutputStatus::default(),
         }
     }
 }
@@ -468,5 +600,60 @@ mod tests {
         assert_eq!(b[6], 2);
         assert_eq!(*b.last().unwrap(), 3);
         assert!((sum - 10.00301).abs() < 1e-6);
+    }
+
+    #[test]
+    fn output_state_goes_retrying_then_down_and_back_up() {
+        let s = OutputStatus::default();
+        assert_eq!(s.state(), OutputState::Up, "nothing failed yet");
+        assert_eq!(s.last_error(), None);
+        s.delivered();
+        assert_eq!(s.state(), OutputState::Up);
+
+        let t0 = Instant::now();
+        s.failed("connection refused", false, t0);
+        assert_eq!(s.state_at(t0), OutputState::Retrying);
+        assert_eq!(s.last_error().unwrap().message, "connection refused");
+        // Later failures keep the time of the first: failing long enough is down.
+        s.failed("timed out", false, t0 + Duration::from_secs(30));
+        assert_eq!(s.state_at(t0 + Duration::from_secs(59)), OutputState::Retrying);
+        assert_eq!(s.state_at(t0 + OUTPUT_DOWN_AFTER), OutputState::Down);
+        assert_eq!(s.last_error().unwrap().message, "timed out");
+
+        s.delivered();
+        assert_eq!(s.state_at(t0 + Duration::from_secs(120)), OutputState::Up);
+        assert_eq!(s.last_error().unwrap().message, "timed out", "the last error stays after recovery");
+
+        // A new stall starts its own clock.
+        let t1 = t0 + Duration::from_secs(200);
+        s.failed("HTTP 503", false, t1);
+        assert_eq!(s.state_at(t1 + Duration::from_secs(1)), OutputState::Retrying);
+    }
+
+    #[test]
+    fn giving_up_is_down_until_a_delivery() {
+        let s = OutputStatus::default();
+        let t0 = Instant::now();
+        s.failed("HTTP 500", true, t0);
+        assert_eq!(s.state_at(t0), OutputState::Down);
+        // The next batch failing again is retried: retrying, on the first failure's clock.
+        s.failed("HTTP 500", false, t0 + Duration::from_secs(1));
+        assert_eq!(s.state_at(t0 + Duration::from_secs(2)), OutputState::Retrying);
+        assert_eq!(s.state_at(t0 + OUTPUT_DOWN_AFTER), OutputState::Down);
+        s.delivered();
+        assert_eq!(s.state(), OutputState::Up);
+    }
+
+    #[test]
+    fn a_noted_error_leaves_the_state_and_long_messages_are_cut() {
+        let s = OutputStatus::default();
+        s.note_error("all brokers down");
+        assert_eq!(s.state(), OutputState::Up);
+        assert_eq!(s.last_error().unwrap().message, "all brokers down");
+        let long = "é".repeat(MAX_ERROR_MESSAGE);
+        s.retrying(&long);
+        let kept = s.last_error().unwrap().message;
+        assert!(kept.len() <= MAX_ERROR_MESSAGE && long.starts_with(&kept), "{} bytes kept", kept.len());
+        assert!(s.last_error().unwrap().at > 1.0e9, "a time since the epoch");
     }
 }

@@ -270,7 +270,7 @@ fn build_file(spec: &ComponentSpec, ctx: OutputContext) -> Result<FileOutput, Co
             #[cfg(test)]
             injected: Mutex::new(std::collections::VecDeque::new()),
         }),
-        stall: StallLog::default(),
+        stall: StallLog::for_output(&ctx.metrics),
         ctx,
     })
 }
@@ -743,7 +743,10 @@ impl Output for FileOutput {
             if !backoff.exhausted_after_this() {
                 self.ctx.metrics.retries.add(1);
             }
-            if let Some(held_back) = self.stall.failed() {
+            let first = &pending[0];
+            let error = first.error.as_ref().map(|e| describe(&e.error)).unwrap_or_default();
+            let status = format!("cannot write `{}`: {error}", first.path.display());
+            if let Some(held_back) = self.stall.retrying(&status) {
                 for g in &pending {
                     let e = g.error.as_ref().expect("only failed groups are pending");
                     tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, path = %g.path.display(),
@@ -752,6 +755,7 @@ impl Output for FileOutput {
                 }
             }
             if !backoff.retry(&self.ctx.abort).await? {
+                self.stall.gave_up(&status);
                 for g in pending.drain(..) {
                     let error = g.error.as_ref().map(|e| describe(&e.error)).unwrap_or_default();
                     let reason = format!("cannot write `{}`: {error}", g.path.display());

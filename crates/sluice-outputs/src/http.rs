@@ -173,7 +173,7 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
         batch_max_events: c.batch_max_events,
         retry: c.retry,
         isolate_refused: c.isolate_refused,
-        stall: StallLog::default(),
+        stall: StallLog::for_output(&ctx.metrics),
         ctx,
     }))
 }
@@ -306,7 +306,7 @@ impl HttpOutput {
                         backoff.retry_after(pause);
                     }
                     // The last attempt is not said to be retried: the give-up line follows.
-                    if let Some(held_back) = self.stall.failed()
+                    if let Some(held_back) = self.stall.retrying(&reason)
                         && !last
                     {
                         tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
@@ -314,6 +314,7 @@ impl HttpOutput {
                             "http request failed; retrying (the pipeline waits)");
                     }
                     if !backoff.retry(&self.ctx.abort).await? {
+                        self.stall.gave_up(&reason);
                         tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
                             events = events.len(), attempts = backoff.failures(), error = %reason,
                             "http output gave up after max_retries; the events are rejected");

@@ -13,7 +13,8 @@
 //! - The **environment's fault** (a full disk, a permission, a peer down or overloaded: timeouts,
 //!   refused connections, HTTP 429 and 5xx): retried inside the output with exponential backoff,
 //!   which holds the pipeline back (backpressure), counted in the component's `retries` and
-//!   logged at warn at most once per interval ([`retry::StallLog`]); delivery resumes by itself
+//!   logged at warn at most once per interval ([`retry::StallLog`], which also keeps the
+//!   output's state, `retrying` then `down`, and its last error); delivery resumes by itself
 //!   when the failure clears. Only with a `retry.max_retries` limit does the output *give up*:
 //!   those events are counted as failed and never go to the dead letter queue, since they are
 //!   not at fault.

@@ -48,7 +48,7 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
     if send_to.is_empty() || send_to.iter().any(String::is_empty) {
         return Err(spec.key_error("send_to", "needs at least one address, and no empty ones"));
     }
-    Ok(Arc::new(PipelineOutput { send_to, stall: StallLog::default(), ctx }))
+    Ok(Arc::new(PipelineOutput { send_to, stall: StallLog::for_output(&ctx.metrics), ctx }))
 }
 
 impl PipelineOutput {
@@ -59,7 +59,8 @@ impl PipelineOutput {
                 if !waited {
                     waited = true;
                     self.ctx.metrics.retries.add(1);
-                    if let Some(held_back) = self.stall.failed() {
+                    let error = format!("no running pipeline serves the address `{address}`");
+                    if let Some(held_back) = self.stall.retrying(&error) {
                         tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address,
                             also_failed_since_last_log = held_back,
                             "no running pipeline serves this address; waiting for it (the pipeline waits)");
@@ -96,7 +97,7 @@ impl PipelineOutput {
             }
             // The receiver stopped before handling the batch (reload): send it again.
             self.ctx.metrics.retries.add(1);
-            self.stall.failed();
+            self.stall.retrying(&format!("the pipeline at `{address}` stopped before handling the batch"));
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 _ = self.ctx.abort.cancelled() => return Err(Aborted),
@@ -124,7 +125,8 @@ mod tests {
     async fn a_receiver_not_running_holds_the_batch_counting_a_retry_until_shutdown_aborts() {
         let ctx = crate::test_support::context("up", "pipeline");
         let (metrics, abort) = (ctx.metrics.clone(), ctx.abort.clone());
-        let out = PipelineOutput { send_to: vec!["down".into()], stall: StallLog::default(), ctx };
+        let stall = StallLog::for_output(&ctx.metrics);
+        let out = PipelineOutput { send_to: vec!["down".into()], stall, ctx };
         let event = Event::from_message_at("x", 0);
         let sending = tokio::spawn(async move { out.send(&[&event]).await });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -135,6 +137,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!sending.is_finished(), "it waits for the receiver");
         assert_eq!(metrics.retries.get(), 1, "one wait, counted once");
+        assert_eq!(metrics.output.state(), sluice_core::metrics::OutputState::Retrying);
+        assert!(metrics.output.last_error().unwrap().message.contains("`down`"));
         abort.cancel();
         assert_eq!(sending.await.unwrap(), Err(Aborted));
     }

@@ -9,13 +9,19 @@
 //! clears, which holds the pipeline back. [`StallLog`] keeps that from flooding the log: one warn
 //! line per [`STALL_LOG_INTERVAL`] per output (with the count of attempts held back since the
 //! last one), and one info line when delivery resumes.
+//!
+//! An output's own [`StallLog`] ([`StallLog::for_output`]) also keeps the output's state and
+//! last error on its metrics ([`sluice_core::metrics::OutputStatus`]): every retry loop already
+//! reports its failures and recoveries here, so each output's state follows from them.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use serde::Deserialize;
 use sluice_config::HumanDuration;
+use sluice_core::metrics::ComponentMetrics;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Aborted, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX};
@@ -106,6 +112,8 @@ pub const STALL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 #[derive(Debug, Default)]
 pub struct StallLog {
     state: Mutex<StallState>,
+    /// The output whose state this log keeps, for an output's main retry loop.
+    output: Option<Arc<ComponentMetrics>>,
 }
 
 #[derive(Debug, Default)]
@@ -117,6 +125,28 @@ struct StallState {
 }
 
 impl StallLog {
+    /// The log of an output's retry loop, which also keeps the output's state and last error.
+    pub fn for_output(metrics: &Arc<ComponentMetrics>) -> StallLog {
+        StallLog { state: Mutex::default(), output: Some(metrics.clone()) }
+    }
+
+    /// After a failed attempt that is retried: records the error (the output is `retrying`),
+    /// then as [`StallLog::failed`].
+    pub fn retrying(&self, error: &str) -> Option<u64> {
+        if let Some(m) = &self.output {
+            m.output.retrying(error);
+        }
+        self.failed()
+    }
+
+    /// After the retries ran out and the events were given up: the output is `down` until
+    /// something is delivered.
+    pub fn gave_up(&self, error: &str) {
+        if let Some(m) = &self.output {
+            m.output.gave_up(error);
+        }
+    }
+
     /// After a failed attempt: `Some(held back)` when a warn line is due (the first failure,
     /// then at most once per [`STALL_LOG_INTERVAL`]), with the failures not logged since the
     /// last line; `None` when this one should stay quiet.
@@ -136,6 +166,9 @@ impl StallLog {
     /// After a successful attempt: the failures since the last success when there were any
     /// (delivery resumed: worth one info line), else `None`.
     pub fn succeeded(&self) -> Option<u64> {
+        if let Some(m) = &self.output {
+            m.output.delivered();
+        }
         let mut s = self.state.lock();
         if s.failures == 0 {
             return None;
@@ -162,6 +195,20 @@ mod tests {
         assert_eq!(log.succeeded(), None);
         // A new stall is logged at once again.
         assert_eq!(log.failed(), Some(0));
+    }
+
+    #[test]
+    fn an_outputs_log_keeps_its_state() {
+        use sluice_core::metrics::{ComponentKind, OutputState};
+        let metrics = Arc::new(ComponentMetrics::new("out", ComponentKind::Output, "http"));
+        let log = StallLog::for_output(&metrics);
+        assert_eq!(log.retrying("connection refused"), Some(0));
+        assert_eq!(metrics.output.state(), OutputState::Retrying);
+        assert_eq!(metrics.output.last_error().unwrap().message, "connection refused");
+        log.gave_up("connection refused");
+        assert_eq!(metrics.output.state(), OutputState::Down);
+        assert_eq!(log.succeeded(), Some(1));
+        assert_eq!(metrics.output.state(), OutputState::Up);
     }
 
     /// Pauses double up to the cap, each with up to as much again at random, and the attempts

@@ -59,7 +59,13 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
 
 fn build_with(spec: &ComponentSpec, ctx: OutputContext, sink: Sink) -> Result<Stdout, ConfigError> {
     let c: StdoutConfig = spec.settings()?;
-    Ok(Stdout { codec: c.codec, retry: c.retry, out: tokio::sync::Mutex::new(sink), stall: StallLog::default(), ctx })
+    Ok(Stdout {
+        codec: c.codec,
+        retry: c.retry,
+        out: tokio::sync::Mutex::new(sink),
+        stall: StallLog::for_output(&ctx.metrics),
+        ctx,
+    })
 }
 
 impl Stdout {
@@ -108,12 +114,13 @@ impl Output for Stdout {
             let reason = format!("cannot write to stdout: {e}");
             let gone = e.kind() == std::io::ErrorKind::BrokenPipe;
             if gone || backoff.exhausted_after_this() {
+                self.stall.gave_up(&reason);
                 tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, events = events.len(), error = %e,
                     "cannot write to stdout; the events are given up");
                 return Ok(Delivery::all_gave_up(events.len(), &reason, backoff.failures() + 1));
             }
             self.ctx.metrics.retries.add(1);
-            if let Some(held_back) = self.stall.failed() {
+            if let Some(held_back) = self.stall.retrying(&reason) {
                 tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, error = %e,
                     attempt = backoff.failures() + 1, also_failed_since_last_log = held_back,
                     "cannot write to stdout; retrying (the pipeline waits)");

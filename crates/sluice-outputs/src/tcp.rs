@@ -95,7 +95,7 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
         retry: c.retry,
         tls,
         conn: tokio::sync::Mutex::new(None),
-        stall: StallLog::default(),
+        stall: StallLog::for_output(&ctx.metrics),
         ctx,
     }))
 }
@@ -255,12 +255,13 @@ impl Output for TcpOutput {
             if !backoff.exhausted_after_this() {
                 self.ctx.metrics.retries.add(1);
             }
-            if let Some(held_back) = self.stall.failed() {
+            if let Some(held_back) = self.stall.retrying(&reason) {
                 tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address = %self.address,
                     attempt = backoff.failures() + 1, error = %reason, also_failed_since_last_log = held_back,
                     "tcp output failed; reconnecting and sending the batch again (the pipeline waits)");
             }
             if !backoff.retry(&self.ctx.abort).await? {
+                self.stall.gave_up(&reason);
                 tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, events = events.len(),
                     error = %reason, "tcp output gave up after max_retries; the events are rejected");
                 return Ok(Delivery::all_gave_up(events.len(), &reason, backoff.failures()));

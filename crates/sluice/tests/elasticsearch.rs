@@ -292,6 +292,10 @@ pipelines:
         "{component}"
     );
     assert!(component["retries"].as_u64().unwrap() > 0, "{component}");
+    // Every answer holds documents sent again: the output stays retrying, with their error.
+    assert_eq!(component["output_state"], "retrying", "{component}");
+    let error = component["last_error"]["message"].as_str().unwrap_or_default();
+    assert!(error.contains("cluster_block_exception"), "{component}");
     let (status, body) = os.request("PUT", "/held/_settings", r#"{"index.blocks.write": null}"#);
     assert_eq!(status, 200, "{body}");
     let blocked_for = started.elapsed();

@@ -3,7 +3,8 @@
 //! broker refuses (too large, unknown topic with auto-creation off) in the dead letter queue
 //! with the broker's reason; several batches of a worker in flight at once, each record still
 //! once and each key in order; the broker stopped and started mid-load with nothing lost that a
-//! client was acknowledged for. A test that cannot start the broker fails and says why.
+//! client was acknowledged for; with no broker at all, records waiting make the output
+//! `retrying` at /stats. A test that cannot start the broker fails and says why.
 
 mod common;
 
@@ -248,4 +249,42 @@ pipelines:
     // `out` counts events handed to the outputs, rejected ones included.
     assert_eq!((summary["in"], summary["failed"]), (5, 5), "{log}");
     assert!(log.contains("kept in no dead letter queue events=5"), "{log}");
+}
+
+/// librdkafka retries inside, so a batch waiting on a broker that is not there fails no attempt
+/// of ours: the producer's error reports are what make the output `retrying`, with the error.
+/// No broker listens on the address.
+#[test]
+fn records_waiting_on_a_broker_that_is_not_there_make_the_output_retrying() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("in")).unwrap();
+    std::fs::write(dir.path().join("in/app.log"), "one\ntwo\n").unwrap();
+    let mut s = Sluice::start_in(
+        dir,
+        &format!(
+            "data_dir: '{{dir}}/data'
+api: {{address: '127.0.0.1:0'}}
+pipelines:
+  main:
+    inputs: [{{type: file, include: ['{{dir}}/in/*.log']}}]
+    outputs: [{{type: kafka, id: bus, bootstrap_servers: '127.0.0.1:{}', topic: logs}}]
+",
+            free_port()
+        ),
+        std::process::Stdio::null(),
+    );
+    let api = s.api();
+    let mut bus = Value::Null;
+    common::wait_until("the kafka output to be retrying", Duration::from_secs(30), || {
+        let stats = common::get_json(&api, "/stats");
+        bus = stats["pipelines"]["main"]["components"]
+            .as_array()
+            .and_then(|all| all.iter().find(|c| c["id"] == "bus"))
+            .cloned()
+            .unwrap_or_default();
+        bus["output_state"] == "retrying"
+    });
+    assert!(bus["last_error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{bus}");
+    assert_eq!(bus["events"]["out"], 0, "{bus}");
+    drop(s);
 }

@@ -2,7 +2,9 @@
 //! letter queue with the reason while the events behind it are delivered and their client is
 //! answered; a file output on a file system that fills holds its clients back and resumes
 //! without a broken or repeated line; `sluice validate` warns about a file output whose events
-//! choose the directory.
+//! choose the directory; an output to a port where nothing listens is `retrying` with the
+//! connection error, and `up` once a server appears, while the file input it holds back shows
+//! its lag, which drains to 0.
 
 mod common;
 
@@ -149,4 +151,85 @@ pipelines:
         "none twice: {:?}",
         seen.iter().filter(|(_, c)| **c > 1).collect::<Vec<_>>()
     );
+}
+
+/// An output's state and a file input's lag, as an operator sees them: an http output to a port
+/// where nothing listens is `retrying` with the connection error at /stats and /metrics, and the
+/// file input it holds back is behind its file; once a server appears the output is `up` again
+/// and the lag drains to 0.
+#[test]
+fn an_output_to_a_dead_port_is_retrying_with_its_error_then_up_and_the_file_lag_drains() {
+    let lines = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("in")).unwrap();
+    let text: String = (0..lines).map(|i| format!("line {i:06} {}\n", "x".repeat(80))).collect();
+    std::fs::write(dir.path().join("in/app.log"), &text).unwrap();
+    // Taken now, served later: nothing listens on it until the server appears.
+    let port = free_port();
+    let mut s = Sluice::start_in(
+        dir,
+        &format!(
+            "data_dir: '{{dir}}/data'
+api: {{address: '127.0.0.1:0'}}
+pipelines:
+  p:
+    queue: {{type: memory, max_events: 500}}
+    inputs: [{{type: file, id: logs, include: ['{{dir}}/in/*.log']}}]
+    outputs: [{{type: http, id: web, url: 'http://127.0.0.1:{port}/', retry: {{initial_backoff: 10ms, max_backoff: 100ms}}}}]
+"
+        ),
+        std::process::Stdio::null(),
+    );
+    let api = s.api();
+    let component = |stats: &Value, id: &str| -> Value {
+        stats["pipelines"]["p"]["components"]
+            .as_array()
+            .and_then(|all| all.iter().find(|c| c["id"] == id))
+            .cloned()
+            .unwrap_or_else(|| panic!("no component {id} in {stats}"))
+    };
+    let out_labels = "{pipeline=\"p\",component=\"web\",kind=\"output\",type=\"http\"";
+    let lag_series = "sluice_component_file_lag_bytes{pipeline=\"p\",component=\"logs\",kind=\"input\",type=\"file\"}";
+
+    let mut web = Value::Null;
+    wait_until("the output to be retrying", Duration::from_secs(30), || {
+        web = component(&common::get_json(&api, "/stats"), "web");
+        web["output_state"] == "retrying"
+    });
+    let message = web["last_error"]["message"].as_str().unwrap_or_default().to_lowercase();
+    assert!(message.contains("connect"), "the connection error: {web}");
+    assert!(web["last_error"]["at"].as_f64().is_some_and(|at| at > 1.0e9), "{web}");
+    let metrics = http(&api, "GET", "/metrics", &[], b"").1;
+    assert_eq!(metric(&metrics, &format!("sluice_component_output_state{out_labels},state=\"retrying\"}}")), 1.0);
+    assert_eq!(metric(&metrics, &format!("sluice_component_output_state{out_labels},state=\"up\"}}")), 0.0);
+    assert_eq!(metric(&metrics, &format!("sluice_component_output_state{out_labels},state=\"down\"}}")), 0.0);
+    assert!(metric(&metrics, &format!("sluice_component_last_error_timestamp_seconds{out_labels}}}")) > 1.0e9);
+
+    // The pipeline holds the reader back: the file is far from read.
+    let mut logs = Value::Null;
+    wait_until("the file input to report its lag", Duration::from_secs(30), || {
+        logs = component(&common::get_json(&api, "/stats"), "logs");
+        logs["state"]["file_lag_bytes"].as_u64().is_some_and(|lag| lag > 0)
+    });
+    let files = logs["state"]["file_lag_largest"].as_array().cloned().unwrap_or_default();
+    assert_eq!(files.len(), 1, "{logs}");
+    assert!(files[0]["path"].as_str().unwrap().ends_with("in/app.log"), "{logs}");
+    assert_eq!(files[0]["lag_bytes"], logs["state"]["file_lag_bytes"], "{logs}");
+    assert!(metric(&http(&api, "GET", "/metrics", &[], b"").1, lag_series) > 0.0);
+
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    common::serve_http_on(listener, |_| "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_string());
+    wait_until("every line delivered, the output up and the lag gone", Duration::from_secs(60), || {
+        let stats = common::get_json(&api, "/stats");
+        let (web, logs) = (component(&stats, "web"), component(&stats, "logs"));
+        web["events"]["out"] == lines && web["output_state"] == "up" && logs["state"]["file_lag_bytes"] == 0
+    });
+    let web = component(&common::get_json(&api, "/stats"), "web");
+    assert!(web["last_error"]["message"].as_str().is_some(), "the last error stays after recovery: {web}");
+    let metrics = http(&api, "GET", "/metrics", &[], b"").1;
+    assert_eq!(metric(&metrics, &format!("sluice_component_output_state{out_labels},state=\"up\"}}")), 1.0);
+    assert_eq!(metric(&metrics, &format!("sluice_component_output_state{out_labels},state=\"retrying\"}}")), 0.0);
+    assert_eq!(metric(&metrics, lag_series), 0.0);
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
 }

@@ -27,6 +27,7 @@ mod build;
 mod decode;
 mod discovery;
 mod identity;
+mod lag;
 mod multiline;
 mod reader;
 
@@ -328,6 +329,9 @@ struct Harvester {
     /// Threads that make the events of plain lines; none with `multiline` (joining lines
     /// needs them in order) or on one core.
     builders: Option<Builders>,
+    lag: Arc<lag::FileLag>,
+    /// When the lag was last published.
+    lag_published: Instant,
 }
 
 enum Stop {
@@ -351,6 +355,8 @@ impl Harvester {
             },
         };
         let batch = BatchBuilder { deferred: builders.is_some(), ..BatchBuilder::default() };
+        let lag = Arc::new(lag::FileLag::default());
+        let _ = ctx.metrics.state.set(lag.clone());
         Harvester {
             s,
             ctx,
@@ -369,7 +375,25 @@ impl Harvester {
             buf,
             batch,
             builders,
+            lag,
+            lag_published: Instant::now() - lag::PUBLISH_EVERY,
         }
+    }
+
+    /// Publishes each started plain file's bytes behind its end (see [`lag`]) when
+    /// [`lag::PUBLISH_EVERY`] has passed, or at once with `now_anyway`: before each push, since
+    /// a push the pipeline holds back keeps this thread from publishing until it is let in, and
+    /// the figure must not then stay as it was before the stall. (Sizes are not looked at
+    /// again until the reader reads on, so while held back it shows the lag it had then.) A
+    /// walk over the files per batch of up to [`BATCH_EVENTS`] events is small beside making
+    /// them.
+    fn publish_lag(&mut self, now: Instant, now_anyway: bool) {
+        if !now_anyway && now.duration_since(self.lag_published) < lag::PUBLISH_EVERY {
+            return;
+        }
+        self.lag_published = now;
+        let files = self.files.values().filter(|t| t.started && !t.gzip);
+        self.lag.publish(files.map(|t| (t.path.as_path(), t.size.saturating_sub(t.pos))));
     }
 
     fn run(mut self) -> Result<(), InputError> {
@@ -410,6 +434,7 @@ impl Harvester {
                 }
                 last_poll = now;
             }
+            self.publish_lag(now, false);
             self.open_wanted(now);
             let read = match self.pass(now) {
                 Ok(n) => n,
@@ -629,6 +654,7 @@ impl Harvester {
                     let size =
                         t.source.as_ref().and_then(Source::plain).and_then(|f| f.metadata().ok()).map(|m| m.len());
                     t.ready = size.is_some_and(|s| s != t.pos);
+                    t.size = size.unwrap_or(t.size);
                     t.source = None;
                     self.open -= 1;
                 }
@@ -668,6 +694,7 @@ impl Harvester {
         }
         self.warned.remove(&t.path);
         let size = meta.len();
+        t.size = size;
         if !t.started {
             if !start(t, &file, size, &self.positions, pipeline, input) {
                 return;
@@ -718,6 +745,7 @@ impl Harvester {
                 Ok(Turn::Data(n)) => {
                     total += n;
                     t.at_end = false;
+                    t.size = t.size.max(t.pos);
                     if t.fingerprint != fingerprint
                         && let Some(c) = &t.cursor
                     {
@@ -805,6 +833,7 @@ impl Harvester {
         if self.batch.len() == 0 {
             return Ok(());
         }
+        self.publish_lag(Instant::now(), true);
         let deferred = self.batch.deferred;
         let b = std::mem::replace(&mut self.batch, BatchBuilder { deferred, ..BatchBuilder::default() });
         if b.failed > 0 {
@@ -895,6 +924,7 @@ fn check_growth(t: &mut Tracked, ctx: &InputContext) -> bool {
     let Some(file) = t.source.as_ref().and_then(Source::plain) else { return true };
     let Ok(meta) = file.metadata() else { return true };
     let size = meta.len();
+    t.size = size;
     if size == t.pos {
         t.ready = false;
         return false;

@@ -264,6 +264,9 @@ pub(crate) struct Tracked {
     pub started: bool,
     /// Offset of the next byte to read (decompressed offset for gzip).
     pub pos: u64,
+    /// The file's size at the last look (or as far as it was read, if further): its lag is
+    /// this less `pos`.
+    pub size: u64,
     pub partial: Partial,
     pub pending: multiline::Pending,
     pub fingerprint: Fingerprint,
@@ -294,6 +297,7 @@ impl Tracked {
             gzip,
             started: false,
             pos: 0,
+            size: 0,
             partial: Partial::default(),
             pending: multiline::Pending::default(),
             fingerprint: Fingerprint::default(),

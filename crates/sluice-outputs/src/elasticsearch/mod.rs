@@ -162,7 +162,7 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<E
         template,
         template_installed: tokio::sync::OnceCell::new(),
         figures,
-        stall: StallLog::default(),
+        stall: StallLog::for_output(&ctx.metrics),
         refused_log: StallLog::default(),
         retried_log: StallLog::default(),
         ctx,
@@ -340,7 +340,6 @@ impl ElasticsearchOutput {
                             continue;
                         }
                     };
-                    self.stall_cleared();
                     let mut again = Vec::new();
                     let mut retry_reason = String::new();
                     let sent = pending.len();
@@ -369,7 +368,11 @@ impl ElasticsearchOutput {
                             }
                         }
                     }
-                    if !again.is_empty() {
+                    // Documents sent again keep the output retrying (and its clock running):
+                    // only an answer with none of them clears the stall.
+                    if again.is_empty() {
+                        self.stall_cleared();
+                    } else {
                         let reason = format!("{} of {} documents were answered {retry_reason}", again.len(), sent);
                         self.retry_or_give_up(
                             &mut parts,
@@ -438,7 +441,7 @@ impl ElasticsearchOutput {
         }
         match failed {
             Failed::Request => {
-                if let Some(held_back) = self.stall.failed()
+                if let Some(held_back) = self.stall.retrying(&reason)
                     && !last
                 {
                     tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, documents = pending.len(),
@@ -447,6 +450,7 @@ impl ElasticsearchOutput {
                 }
             }
             Failed::Documents => {
+                self.ctx.metrics.output.retrying(&reason);
                 if let Some(held_back) = self.retried_log.failed()
                     && !last
                 {
@@ -461,6 +465,7 @@ impl ElasticsearchOutput {
         if backoff.retry(&self.ctx.abort).await? {
             parts.push((pending, backoff));
         } else {
+            self.stall.gave_up(&reason);
             tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, documents = pending.len(),
                 attempts = backoff.failures(), error = %reason,
                 "elasticsearch output gave up after retry.max_retries; the events are rejected");
@@ -506,7 +511,8 @@ impl ElasticsearchOutput {
                             return Ok(());
                         }
                         Err(e) => {
-                            if let Some(held_back) = self.stall.failed() {
+                            let error = format!("cannot install the index template: {e}");
+                            if let Some(held_back) = self.stall.retrying(&error) {
                                 tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, template = %install.name(),
                                     error = %e, also_failed_since_last_log = held_back,
                                     "cannot install the index template; trying again before any event is sent");

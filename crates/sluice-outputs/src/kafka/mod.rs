@@ -29,7 +29,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -66,6 +66,8 @@ pub(crate) struct KafkaOutput {
     figures: Arc<Figures>,
     bootstrap: String,
     batches_in_flight: usize,
+    /// Shared with the producer's [`ProducerLog`].
+    sending: Arc<AtomicUsize>,
     ctx: OutputContext,
 }
 
@@ -88,6 +90,7 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<K
         headers.push((name.clone(), template("headers", value)?));
     }
     let client = config::producer_config(spec, &c)?;
+    let sending = Arc::new(AtomicUsize::new(0));
     let log = ProducerLog {
         pipeline: ctx.pipeline.clone(),
         id: ctx.id.clone(),
@@ -95,6 +98,8 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<K
         logs: StallLog::default(),
         refusals: StallLog::default(),
         errors: StallLog::default(),
+        metrics: ctx.metrics.clone(),
+        sending: sending.clone(),
     };
     let producer: FutureProducer<ProducerLog> =
         client.create_with_context(log).map_err(|e| spec.error(format!("cannot create the Kafka producer: {e}")))?;
@@ -107,11 +112,12 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<K
         headers,
         codec: c.codec,
         retry: c.retry,
-        stall: StallLog::default(),
+        stall: StallLog::for_output(&ctx.metrics),
         refused_log: StallLog::default(),
         figures,
         bootstrap: c.bootstrap_servers.clone(),
         batches_in_flight: c.batches_in_flight,
+        sending,
         ctx,
     })
 }
@@ -126,6 +132,28 @@ pub(crate) struct ProducerLog {
     logs: StallLog,
     refusals: StallLog,
     errors: StallLog,
+    /// The output's metrics, for its state: librdkafka retries inside, so its error reports
+    /// are the only sign of a broker down while a batch waits.
+    metrics: Arc<sluice_core::metrics::ComponentMetrics>,
+    /// Batches in `send`: an error then holds records back (`retrying`); with none, it is only
+    /// noted as the last error.
+    sending: Arc<AtomicUsize>,
+}
+
+/// Counts a batch in `send` for as long as it is there (a cancelled send included).
+struct Sending<'a>(&'a AtomicUsize);
+
+impl<'a> Sending<'a> {
+    fn new(count: &'a AtomicUsize) -> Sending<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Sending(count)
+    }
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl ClientContext for ProducerLog {
@@ -147,6 +175,12 @@ impl ClientContext for ProducerLog {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        let message = format!("{error}: {reason}");
+        if self.sending.load(Ordering::Relaxed) > 0 {
+            self.metrics.output.retrying(&message);
+        } else {
+            self.metrics.output.note_error(&message);
+        }
         if let Some(refusal) = sluice_kafka::refusal(&error, reason) {
             if let Some(held) = self.refusals.failed() {
                 tracing::error!(pipeline = %self.pipeline, output = %self.id, error = %error, held_back = held,
@@ -261,6 +295,7 @@ impl KafkaOutput {
 #[async_trait]
 impl Output for KafkaOutput {
     async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
+        let _sending = Sending::new(&self.sending);
         let mut rejected = Vec::new();
         let mut pending: Vec<Record<'_>> = Vec::with_capacity(events.len());
         for (i, e) in events.iter().enumerate() {
@@ -337,7 +372,7 @@ impl Output for KafkaOutput {
                 self.ctx.metrics.retries.add(1);
                 self.figures.retried.fetch_add(again.len() as u64, Ordering::Relaxed);
             }
-            if let Some(held_back) = self.stall.failed()
+            if let Some(held_back) = self.stall.retrying(&last_error)
                 && !last
             {
                 tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, brokers = %self.bootstrap,
@@ -345,6 +380,7 @@ impl Output for KafkaOutput {
                     "kafka records not acknowledged; sending them again (the pipeline waits)");
             }
             if !backoff.retry(&self.ctx.abort).await? {
+                self.stall.gave_up(&last_error);
                 tracing::error!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, records = again.len(),
                     error = %last_error, "kafka output gave up after retry.max_retries; the events are rejected");
                 rejected.extend(again.iter().map(|r| Rejected::gave_up(r.event, &last_error, r.attempts)));

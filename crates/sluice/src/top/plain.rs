@@ -98,7 +98,7 @@ pub fn write_rows(out: &mut impl Write, stamp: String, rows: &Rows) -> std::io::
             writeln!(
                 out,
                 "{stamp} pipeline={} component={} kind={} type={} state={} in_per_sec={} out_per_sec={} failed={} \
-                 dropped={} retries={} refused={}{}",
+                 dropped={} retries={} refused={}{}{}",
                 v(&p.name),
                 v(&c.id),
                 opt(&c.kind),
@@ -110,6 +110,7 @@ pub fn write_rows(out: &mut impl Write, stamp: String, rows: &Rows) -> std::io::
                 fmt_count(c.dropped),
                 fmt_count(c.retries),
                 fmt_count(c.refused),
+                c.output_state.as_deref().map_or_else(String::new, |s| format!(" output_state={}", v(s))),
                 c.reason.as_deref().map_or_else(String::new, |r| format!(" reason={}", v(r))),
             )?;
         }
@@ -155,5 +156,20 @@ mod tests {
         assert!(lines[0].starts_with("T pipeline=\"web app\" in_per_sec=- "), "{text}");
         assert!(lines[1].contains(" component=gen kind=input type=generator "), "{text}");
         assert!(lines[2].starts_with("T peer=b state=up "), "{text}");
+    }
+
+    #[test]
+    fn an_outputs_state_is_on_its_line() {
+        let doc = json!({"pipelines": {"p": {"components": [
+            {"id": "gen", "kind": "input", "type": "generator", "health": {"state": "running"}},
+            {"id": "out", "kind": "output", "type": "http", "health": {"state": "running"}, "output_state": "retrying"},
+        ]}}});
+        let snap = Snapshot::parse(&doc, Instant::now(), SystemTime::now()).unwrap();
+        let mut out = Vec::new();
+        write_rows(&mut out, "T".to_string(), &rows(None, &snap)).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(!lines[1].contains("output_state="), "an input has none: {text}");
+        assert!(lines[2].contains(" state=running ") && lines[2].contains(" output_state=retrying"), "{text}");
     }
 }

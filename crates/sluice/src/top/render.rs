@@ -219,10 +219,12 @@ fn pipeline_cells(tracker: &Tracker) -> Vec<(bool, Vec<String>)> {
                     fmt_count(c.failed),
                     fmt_count(c.dropped),
                     fmt_count(c.retries),
-                    match c.state.as_deref() {
-                        Some("failed") => "FAILED".to_string(),
-                        Some(state) => state.to_string(),
-                        None => "-".to_string(),
+                    match (c.state.as_deref(), c.output_state.as_deref()) {
+                        (Some("failed"), _) => "FAILED".to_string(),
+                        // An output that cannot deliver says so rather than `running`.
+                        (_, Some(output)) if output != "up" => output.to_string(),
+                        (Some(state), _) => state.to_string(),
+                        (None, _) => "-".to_string(),
                     },
                     empty(),
                     empty(),
@@ -331,8 +333,12 @@ fn draw(frame: &mut Frame, tracker: &Tracker, address: &str, interval: Duration,
         .map(|(pipeline, cells)| {
             let style = if pipeline { Style::new().add_modifier(Modifier::BOLD) } else { Style::new() };
             // A failed component stands out: it is why the node answers 503 at /health.
-            let failed = cells.get(STATE_COLUMN).is_some_and(|c| c == "FAILED");
-            (if failed { style.fg(Color::Red) } else { style }, cells)
+            let style = match cells.get(STATE_COLUMN).map(String::as_str) {
+                Some("FAILED" | "down") => style.fg(Color::Red),
+                Some("retrying") => style.fg(Color::Yellow),
+                _ => style,
+            };
+            (style, cells)
         })
         .collect();
     let title = format!(" pipelines ({}) ", tracker.rows.pipelines.len());
@@ -360,4 +366,29 @@ fn draw(frame: &mut Frame, tracker: &Tracker, address: &str, interval: Duration,
         foot,
     );
     let _: Rect = foot;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Instant, SystemTime};
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::top::stats::Snapshot;
+
+    /// The STATE column: an output that cannot deliver shows that rather than `running`; a
+    /// failed component still shows FAILED.
+    #[test]
+    fn the_state_column_shows_an_outputs_trouble() {
+        let doc = json!({"pipelines": {"p": {"components": [
+            {"id": "ok", "kind": "output", "type": "http", "health": {"state": "running"}, "output_state": "up"},
+            {"id": "slow", "kind": "output", "type": "http", "health": {"state": "running"}, "output_state": "retrying"},
+            {"id": "gone", "kind": "output", "type": "http", "health": {"state": "failed"}, "output_state": "down"},
+        ]}}});
+        let tracker = Tracker::new(Snapshot::parse(&doc, Instant::now(), SystemTime::now()).unwrap());
+        let states: Vec<String> =
+            pipeline_cells(&tracker).into_iter().skip(1).map(|(_, cells)| cells[STATE_COLUMN].clone()).collect();
+        assert_eq!(states, ["running", "retrying", "FAILED"]);
+    }
 }

@@ -73,6 +73,8 @@ pub struct ComponentSnap {
     pub state: Option<String>,
     /// Why it failed.
     pub reason: Option<String>,
+    /// Outputs: `up`, `retrying` or `down` (`/stats`' `output_state`).
+    pub output_state: Option<String>,
 }
 
 pub struct PeerSnap {
@@ -179,6 +181,7 @@ impl PipelineSnap {
                         refused: count(c, &["refused"]),
                         state: text(c, &["health", "state"]),
                         reason: text(c, &["health", "reason"]),
+                        output_state: text(c, &["output_state"]),
                     })
                     .collect()
             })
@@ -235,6 +238,8 @@ pub struct ComponentRow {
     pub state: Option<String>,
     /// Why it failed.
     pub reason: Option<String>,
+    /// Outputs: `up`, `retrying` or `down` (`/stats`' `output_state`).
+    pub output_state: Option<String>,
 }
 
 pub struct PeerRow {
@@ -305,6 +310,7 @@ pub fn rows(prev: Option<&Snapshot>, cur: &Snapshot) -> Rows {
                         refused: c.refused,
                         state: c.state.clone(),
                         reason: c.reason.clone(),
+                        output_state: c.output_state.clone(),
                     }
                 })
                 .collect();

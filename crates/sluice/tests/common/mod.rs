@@ -278,8 +278,15 @@ pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 /// connection (kept alive) is read whole, its body sized by Content-Length, and answered with the
 /// full response text `respond` returns for that body. Returns the server's address.
 pub fn serve_http(respond: impl Fn(&[u8]) -> String + Send + Sync + 'static) -> String {
+    serve_http_on(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), respond)
+}
+
+/// [`serve_http`] on a listener of the caller's (a port chosen before the server appears).
+pub fn serve_http_on(
+    listener: std::net::TcpListener,
+    respond: impl Fn(&[u8]) -> String + Send + Sync + 'static,
+) -> String {
     use std::io::{BufRead, BufReader};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let respond = std::sync::Arc::new(respond);
     std::thread::spawn(move || {
