@@ -349,7 +349,6 @@ pub(crate) fn decode_event(payload: &[u8], now: i64, peer: &PeerMetadata) -> (Ev
     (event, Decoded::Ok)
 }
 
-
 /// Decodes `bytes` as a client's stream the way a connection does (frames, compressed blocks,
 /// events), without a socket: for fuzz targets. The number of events and whether the stream
 /// was refused. Never panics, and allocates nothing a frame header announced before checking it.
