@@ -27,8 +27,12 @@ use tokio_util::sync::CancellationToken;
 
 sluice_alloc::install!();
 
-// Ordered (one worker): lines typed or piped in come out in the order they went in.
+// Ordered (one worker): lines typed or piped in come out in the order they went in. A filter
+// between two pipes needs no monitoring API, and one on the default port would stop it from
+// starting wherever another sluice runs.
 const DEFAULT_CONFIG: &str = "\
+api:
+  enabled: false
 pipelines:
   main:
     ordered: true

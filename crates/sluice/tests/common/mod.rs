@@ -37,7 +37,7 @@ impl Sluice {
 
     /// Starts in a given directory (kept across restarts by handing it back with `into_dir`).
     pub fn start_in(dir: tempfile::TempDir, config: &str, stdin: Stdio) -> Sluice {
-        let text = config.replace("{dir}", dir.path().to_str().unwrap());
+        let text = without_default_api(&config.replace("{dir}", dir.path().to_str().unwrap()));
         let path = dir.path().join("sluice.yml");
         std::fs::write(&path, text).unwrap();
         let stderr = dir.path().join("stderr.log");
@@ -148,6 +148,16 @@ impl Drop for Sluice {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A config that says nothing of `api` gets it disabled: the default address is one port for
+/// every test running at once, and a node whose API cannot listen does not start.
+fn without_default_api(config: &str) -> String {
+    if config.lines().any(|l| l.starts_with("api:")) {
+        config.to_string()
+    } else {
+        format!("api: {{enabled: false}}\n{config}")
     }
 }
 
@@ -368,7 +378,7 @@ impl Sluice {
     /// Starts `sluice run` under a wrapper command that execs the binary (such as
     /// `ip netns exec NAME`), so that signals sent to the child reach `sluice` itself.
     pub fn start_wrapped(dir: tempfile::TempDir, config: &str, wrapper: &[&str]) -> Sluice {
-        let text = config.replace("{dir}", dir.path().to_str().unwrap());
+        let text = without_default_api(&config.replace("{dir}", dir.path().to_str().unwrap()));
         let path = dir.path().join("sluice.yml");
         std::fs::write(&path, text).unwrap();
         let stderr = dir.path().join("stderr.log");
