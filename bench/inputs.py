@@ -68,8 +68,8 @@ from harness import (ROOT, BenchError, LineSender, Sluice, build_release, die, f
 PIPELINE = "bench"
 RATE_SCENARIOS = ["tcp", "beats", "beats-2", "tcp-tls"]
 ALL = RATE_SCENARIOS + ["syslog-udp"]
-RATIOS = [("beats / tcp", "beats", "tcp", 0.8), ("beats-2 / tcp", "beats-2", "tcp", None),
-          ("tcp-tls / tcp", "tcp-tls", "tcp", 0.8)]
+RATIOS = [("beats / tcp", "beats", "tcp", 0.8), ("beats-2 / tcp", "beats-2", "tcp", 0.8),
+          ("beats-2 / beats", "beats-2", "beats", None), ("tcp-tls / tcp", "tcp-tls", "tcp", 0.8)]
 FILEBEAT_PIPELINING = 2  # Filebeat's default `pipelining` for output.logstash
 LINE_BYTES = 250  # with the newline; the beats documents are the 249 bytes before it
 CLIENT_DIR = os.path.join(ROOT, "bench", "beats-load")

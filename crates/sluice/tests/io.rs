@@ -135,6 +135,35 @@ pipelines:
     assert!(status.success(), "{log}");
 }
 
+/// An http client waits for its answer before it sends more, so its request is not held for a
+/// fuller batch: with `batch.delay: 20s` a lone small request is answered at once, not after
+/// the delay (its acknowledgement well under the 2.5 s bucket).
+#[test]
+fn an_http_request_is_not_held_for_batch_delay() {
+    let port = free_port();
+    let mut s = Sluice::start(&format!(
+        "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  h:
+    batch: {{size: 1000, delay: 20s}}
+    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
+    outputs: [{{type: blackhole}}]
+"
+    ));
+    let api = s.api();
+    s.wait_port(port);
+    let addr = format!("127.0.0.1:{port}");
+    for n in 0..2 {
+        let (code, body) = http(&addr, "POST", "/", &[], format!("{{\"n\":{n}}}\n").as_bytes());
+        assert_eq!(code, 200, "{body}");
+    }
+    let ack = &get_json(&api, "/stats")["pipelines"]["h"]["ack_latency"];
+    assert_eq!(ack["count"], 2, "{ack}");
+    assert!(ack["p99_seconds"].as_f64().unwrap() < 2.5, "held for batch.delay: {ack}");
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+}
+
 /// A tiny HTTP server: answers every request with `status` after `delay`, counting requests.
 fn http_server(status: u16, delay: Duration) -> (String, Arc<AtomicUsize>) {
     let count = Arc::new(AtomicUsize::new(0));
