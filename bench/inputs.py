@@ -12,9 +12,9 @@ and a `blackhole` output, fed the same ~250-byte JSON events (10,000 distinct on
   (`--beats-inflight`), uncompressed JSON frames; the documents are the tcp lines without their
   newline, sent as they are (the client encodes nothing per event).
 - `beats-2`: the same with 2 windows in flight, Filebeat's default (`pipelining: 2`). A window is
-  ACKed once its last events are through the workers, and a worker waits up to `batch.delay`
-  (50 ms by default) for a batch to fill: with few windows in flight the client often has
-  nothing more to send while it waits, so this one measures that latency as much as the input.
+  ACKed once its last events are through the workers: with few windows in flight the client
+  has nothing more to send while it waits, so this one measures the acknowledgement latency
+  (its p50/p99 are printed per run, from /metrics) as much as the input.
 - `tcp-tls`: the `tcp` input with `tls: {cert, key}` (a self-signed certificate made with
   `openssl req -x509` in a temp dir); one connection written by a Python `ssl` sender thread
   (`sendall` of 256 KiB pieces of the same block). Before the TLS rounds, the script measures
@@ -68,8 +68,8 @@ from harness import (ROOT, BenchError, LineSender, Sluice, build_release, die, f
 PIPELINE = "bench"
 RATE_SCENARIOS = ["tcp", "beats", "beats-2", "tcp-tls"]
 ALL = RATE_SCENARIOS + ["syslog-udp"]
-RATIOS = [("beats / tcp", "beats", "tcp", 0.8), ("beats-2 / tcp", "beats-2", "tcp", None),
-          ("tcp-tls / tcp", "tcp-tls", "tcp", 0.8)]
+RATIOS = [("beats / tcp", "beats", "tcp", 0.8), ("beats-2 / tcp", "beats-2", "tcp", 0.8),
+          ("beats-2 / beats", "beats-2", "beats", None), ("tcp-tls / tcp", "tcp-tls", "tcp", 0.8)]
 FILEBEAT_PIPELINING = 2  # Filebeat's default `pipelining` for output.logstash
 LINE_BYTES = 250  # with the newline; the beats documents are the 249 bytes before it
 CLIENT_DIR = os.path.join(ROOT, "bench", "beats-load")
@@ -126,6 +126,56 @@ def metrics(api):
         except ValueError:
             pass
     return out
+
+
+def ack_buckets(api):
+    """The pipeline's `sluice_pipeline_ack_latency_seconds` buckets at /metrics, as sorted
+    [(upper bound, cumulative count)]; empty from a build without it."""
+    with urllib.request.urlopen(f"http://{api}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    prefix = "sluice_pipeline_ack_latency_seconds_bucket{"
+    out = []
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels, _, value = line[len(prefix):].rpartition("} ")
+        fields = dict(kv.split("=", 1) for kv in labels.split(","))
+        if fields.get("pipeline") != f'"{PIPELINE}"':
+            continue
+        le = fields["le"].strip('"')
+        out.append((math.inf if le == "+Inf" else float(le), float(value)))
+    return sorted(out)
+
+
+def ack_quantiles(before, after, qs=(0.5, 0.99)):
+    """The acknowledgements between two `ack_buckets` readings: (count, {q: seconds}), each
+    quantile interpolated within its bucket as Prometheus' histogram_quantile does (one in the
+    +Inf bucket is given as the highest finite bound)."""
+    if not after:
+        return 0, {}
+    prev = dict(before)
+    counts = [(le, c - prev.get(le, 0.0)) for le, c in after]
+    total = counts[-1][1]
+    if total <= 0:
+        return 0, {}
+    res = {}
+    for q in qs:
+        rank = q * total
+        lower, below = 0.0, 0.0
+        for le, c in counts:
+            if c >= rank:
+                if math.isinf(le):
+                    res[q] = lower
+                else:
+                    within = c - below
+                    res[q] = lower + (le - lower) * ((rank - below) / within if within > 0 else 1.0)
+                break
+            lower, below = le, c
+    return int(total), res
+
+
+def fmt_ms(seconds):
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
 def out_events(api):
@@ -297,10 +347,13 @@ def run_rate(args, binary, tmp, scenario, block, lines_file, client, cert, key):
         load_before = load_average()[0]
         t0 = time.monotonic()
         samples = []  # (time, out, sluice CPU, sender CPU)
+        acks_before = None
         end = t0 + args.warmup + args.window
         while True:
             now = time.monotonic()
             if now >= t0 + args.warmup:
+                if acks_before is None:
+                    acks_before = ack_buckets(api)
                 samples.append((now, out_events(api), cpu_seconds(node.pid), cpu_seconds(sender_pid)))
             if now >= end:
                 break
@@ -311,6 +364,7 @@ def run_rate(args, binary, tmp, scenario, block, lines_file, client, cert, key):
             if sender is not None and sender.error:
                 raise BenchError(f"the {scenario} sender failed: {sender.error}")
             time.sleep(min(0.25, max(0.0, end - time.monotonic())))
+        acked, quantiles = ack_quantiles(acks_before, ack_buckets(api))
         first, last = samples[0], samples[-1]
         secs = last[0] - first[0]
         events = last[1] - first[1]
@@ -318,7 +372,8 @@ def run_rate(args, binary, tmp, scenario, block, lines_file, client, cert, key):
                "sluice_cpu_s_per_m": (last[2] - first[2]) / (events / 1e6) if events else None,
                "sluice_cores": (last[2] - first[2]) / secs,
                "sender_cores": (last[3] - first[3]) / secs,
-               "load": round(load_before, 2)}
+               "load": round(load_before, 2),
+               "acked_batches": acked, "ack_p50_s": quantiles.get(0.5), "ack_p99_s": quantiles.get(0.99)}
         if proc is not None:
             proc.terminate()
             try:
@@ -623,7 +678,8 @@ def main():
                 rows.append(row)
                 print(f"  round {rep + 1} {sc:<8} {row['events_per_s']:>11,.0f} events/s   sluice "
                       f"{row['sluice_cpu_s_per_m']:.2f} CPU s/M ({row['sluice_cores']:.2f} cores), sender "
-                      f"{row['sender_cores']:.2f} cores, load {row['load']}", flush=True)
+                      f"{row['sender_cores']:.2f} cores, ack p50/p99 {fmt_ms(row['ack_p50_s'])}/"
+                      f"{fmt_ms(row['ack_p99_s'])} ms of {row['acked_batches']:,}, load {row['load']}", flush=True)
         if "syslog-udp" in only:
             datagrams = syslog_datagrams(5_000)
             held = datagrams_held(len(datagrams[0]), parse_size(args.receive_buffer))
@@ -646,7 +702,8 @@ def main():
     print()
     print(f"load average at the end: {load_average()}")
     if scenarios:
-        print(f"{'scenario':<18} {'median events/s':>15}   {'sluice CPU s/M':>14}   {'sender cores':>12}   rounds")
+        print(f"{'scenario':<18} {'median events/s':>15}   {'sluice CPU s/M':>14}   {'sender cores':>12}   "
+              f"{'ack p50 ms':>10}   {'ack p99 ms':>10}   rounds")
         medians = {}
         for sc in (["tls-sender-alone"] if "tcp-tls" in scenarios else []) + scenarios:
             rs = [r for r in rows if r["scenario"] == sc]
@@ -654,8 +711,12 @@ def main():
             medians[sc] = med
             cpu = [r["sluice_cpu_s_per_m"] for r in rs if r.get("sluice_cpu_s_per_m")]
             snd = [r.get("sender_cores", r.get("sender_core")) for r in rs]
+            p50 = [r["ack_p50_s"] for r in rs if r.get("ack_p50_s") is not None]
+            p99 = [r["ack_p99_s"] for r in rs if r.get("ack_p99_s") is not None]
             print(f"{sc:<18} {med:>15,.0f}   {statistics.median(cpu) if cpu else float('nan'):>14.2f}   "
-                  f"{statistics.median(snd):>12.2f}   " + ", ".join(f"{r['events_per_s']:,.0f}" for r in rs))
+                  f"{statistics.median(snd):>12.2f}   {fmt_ms(statistics.median(p50) if p50 else None):>10}   "
+                  f"{fmt_ms(statistics.median(p99) if p99 else None):>10}   "
+                  + ", ".join(f"{r['events_per_s']:,.0f}" for r in rs))
         for label, num, den, goal in RATIOS:
             if num in scenarios and den in scenarios:
                 per = []

@@ -292,6 +292,12 @@ fn encode_families(registry: &MetricsRegistry, uptime: Duration, out: &mut Descr
         "Time a worker spent on one batch, processors and outputs.",
         pipelines.iter().map(|p| (pl(p), &p.batch_duration)),
     )?;
+    histogram(
+        out,
+        "sluice_pipeline_ack_latency_seconds",
+        "Time from an input batch's push towards the queue to its acknowledgement, once per acknowledged batch.",
+        pipelines.iter().map(|p| (pl(p), p.ack_latency.as_ref())),
+    )?;
     gauge(
         out,
         "sluice_pipeline_workers",
@@ -752,6 +758,11 @@ pub fn render_stats(state: &ApiState) -> Json {
                     v["write_retries"] = json!(p.dead_letter_write_retries.get());
                     v
                 }),
+                "ack_latency": {
+                    "count": p.ack_latency.snapshot().2,
+                    "p50_seconds": p.ack_latency.quantile(0.5),
+                    "p99_seconds": p.ack_latency.quantile(0.99),
+                },
                 "workers": p.workers,
                 "worker_utilization": utilisation(&p),
                 "uptime_seconds": p.started.elapsed().as_secs_f64(),
@@ -1042,6 +1053,7 @@ mod tests {
         p.events_taken.add(5);
         p.events_out.add(4);
         p.batch_duration.observe(Duration::from_millis(1));
+        p.ack_latency.observe(Duration::from_millis(15));
         let proc = p.component("json", ComponentKind::Processor, "json");
         proc.events_in.add(5);
         proc.duration.observe(Duration::from_micros(30));
@@ -1116,7 +1128,11 @@ mod tests {
             } else {
                 assert!(!family.ends_with("_total"), "{family} is a {kind:?} named like a counter");
             }
-            if family.ends_with("_seconds") && !family.ends_with("_duration_seconds") {
+            // Seconds in a histogram are the lengths of something: a duration or a latency.
+            if family.ends_with("_seconds")
+                && !family.ends_with("_duration_seconds")
+                && !family.ends_with("_latency_seconds")
+            {
                 assert_ne!(kind, OpenMetricsType::Histogram, "{family}");
             }
         }
@@ -1159,6 +1175,7 @@ mod tests {
         }
         for f in [
             "sluice_pipeline_batch_duration_seconds",
+            "sluice_pipeline_ack_latency_seconds",
             "sluice_queue_commit_duration_seconds",
             "sluice_component_duration_seconds",
             "sluice_component_request_duration_seconds",
@@ -1205,6 +1222,7 @@ mod tests {
         };
         let at = |bound: f64| commit.buckets.iter().find(|b| b.upper_bound == bound).map(|b| b.count.as_f64());
         assert_eq!((at(0.001), at(0.0025), at(2.5), at(f64::INFINITY)), (Some(0.0), Some(1.0), Some(1.0), Some(2.0)));
+        assert_eq!(value(&parsed, "sluice_pipeline_ack_latency_seconds", &[("pipeline", "web")]), 1.0);
         assert_eq!(value(&parsed, "sluice_dlq_entries", &[("pipeline", "web")]), 4.0);
         assert_eq!(value(&parsed, "sluice_dlq_entries_written", &[("pipeline", "web")]), 6.0);
         assert_eq!(value(&parsed, "sluice_pipeline_events_dead_lettered", &[("pipeline", "web")]), 6.0);
@@ -1271,5 +1289,16 @@ mod tests {
         assert_eq!(web["events"]["in"], 1000, "in: what the inputs put in");
         assert_eq!(web["events"]["taken"], 600, "taken: what the workers took");
         assert_eq!(web["events"]["out"], 500);
+        assert_eq!(web["ack_latency"]["count"], 0);
+        assert!(web["ack_latency"]["p50_seconds"].is_null(), "no quantile before the first acknowledgement");
+        for _ in 0..99 {
+            p.ack_latency.observe(Duration::from_millis(3));
+        }
+        p.ack_latency.observe(Duration::from_millis(200));
+        let web = &render_stats(&state)["pipelines"]["web"];
+        let (p50, p99) =
+            (web["ack_latency"]["p50_seconds"].as_f64().unwrap(), web["ack_latency"]["p99_seconds"].as_f64().unwrap());
+        assert_eq!(web["ack_latency"]["count"], 100);
+        assert!(0.0025 < p50 && p50 <= 0.005 && 0.0025 < p99 && p99 <= 0.005, "{web}");
     }
 }

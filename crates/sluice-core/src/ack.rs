@@ -9,9 +9,18 @@
 //! when its count reaches zero, on whichever thread finished last. If every piece is dropped
 //! without completing (a pipeline stopped before it could deliver), the callback runs with
 //! [`AckOutcome::Abandoned`], so a waiting client hears "not accepted" instead of nothing.
+//!
+//! An acker can also time its batch ([`Acker::time_into`]): the input stamps it when it first
+//! pushes the batch, and the completion that fires the callback with [`AckOutcome::Handled`]
+//! observes the time since into the pipeline's histogram. The stamp lives in the acker, not in
+//! the batch, so however the queue splits the batch and whichever worker finishes last, each
+//! acknowledged input batch is measured exactly once; abandoned ones are not measured.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use crate::metrics::Histogram;
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -29,6 +38,8 @@ type Callback = Box<dyn FnOnce(AckOutcome) + Send>;
 struct AckInner {
     pending: AtomicUsize,
     callback: Mutex<Option<Callback>>,
+    /// Where to observe the time from the stamp to completion, and the stamp.
+    timing: OnceLock<(Arc<Histogram>, Instant)>,
 }
 
 impl Drop for AckInner {
@@ -52,7 +63,11 @@ impl std::fmt::Debug for Acker {
 impl Acker {
     /// An acker for `count` events that runs `callback` once when all are handled.
     pub fn new(count: usize, callback: impl FnOnce(AckOutcome) + Send + 'static) -> Acker {
-        let inner = AckInner { pending: AtomicUsize::new(count), callback: Mutex::new(Some(Box::new(callback))) };
+        let inner = AckInner {
+            pending: AtomicUsize::new(count),
+            callback: Mutex::new(Some(Box::new(callback))),
+            timing: OnceLock::new(),
+        };
         let acker = Acker(Arc::new(inner));
         if count == 0 {
             acker.fire(AckOutcome::Handled);
@@ -81,8 +96,23 @@ impl Acker {
         }
     }
 
+    /// Times this acker's batch from `since` to its completion, into `histogram`. Only the
+    /// first stamp counts: an input batch sent in several pushes is timed from the first.
+    /// Call it before the batch is pushed, so that no worker can complete it unstamped.
+    pub fn time_into(&self, histogram: &Arc<Histogram>, since: Instant) {
+        if self.0.timing.get().is_none() {
+            let _ = self.0.timing.set((histogram.clone(), since));
+        }
+    }
+
     fn fire(&self, outcome: AckOutcome) {
-        if let Some(cb) = self.0.callback.lock().take() {
+        let callback = self.0.callback.lock().take();
+        if let Some(cb) = callback {
+            if outcome == AckOutcome::Handled
+                && let Some((histogram, since)) = self.0.timing.get()
+            {
+                histogram.observe(since.elapsed());
+            }
             cb(outcome);
         }
     }
@@ -152,6 +182,14 @@ impl AckSet {
         front
     }
 
+    /// Stamps every acker in the set (see [`Acker::time_into`]): one atomic load per acker
+    /// once stamped, nothing per event.
+    pub fn time_into(&self, histogram: &Arc<Histogram>, since: Instant) {
+        for (acker, _) in &self.groups {
+            acker.time_into(histogram, since);
+        }
+    }
+
     /// Marks every covered event handled.
     pub fn complete(self) {
         for (acker, count) in self.groups {
@@ -216,6 +254,81 @@ mod tests {
         let set = AckSet::single(acker, 3);
         drop(set);
         assert_eq!(rx.try_recv().unwrap(), AckOutcome::Abandoned);
+    }
+
+    /// The bucket index (into the cumulative counts) holding exactly one observation.
+    fn only_bucket(h: &Histogram) -> usize {
+        let (b, _, n) = h.snapshot();
+        assert_eq!(n, 1, "observed once");
+        b.iter().position(|&c| c == 1).unwrap()
+    }
+
+    #[test]
+    fn completion_after_a_known_delay_lands_in_its_bucket() {
+        let h = Arc::new(Histogram::default());
+        let (acker, _rx) = Acker::with_notify(4);
+        // Stamped 30 ms ago, completed now.
+        let since = Instant::now() - std::time::Duration::from_millis(30);
+        let set = AckSet::single(acker, 4);
+        set.time_into(&h, since);
+        set.complete();
+        let (_, sum, _) = h.snapshot();
+        assert!(sum >= 0.030, "{sum}");
+        // However long this thread was held up, the one observation is in the bucket of its value.
+        let bounds = crate::metrics::LATENCY_BUCKETS;
+        let expected = bounds.iter().position(|&b| sum <= b).unwrap_or(bounds.len());
+        assert_eq!(only_bucket(&h), expected, "{sum}");
+        assert!(expected >= bounds.iter().position(|&b| b >= 0.030).unwrap());
+    }
+
+    #[test]
+    fn a_split_batch_is_measured_once_at_its_last_piece() {
+        let h = Arc::new(Histogram::default());
+        let fired = Arc::new(AtomicUsize::new(0));
+        let f = fired.clone();
+        let acker = Acker::new(9, move |_| {
+            f.fetch_add(1, Ordering::SeqCst);
+        });
+        let mut set = AckSet::single(acker.clone(), 9);
+        set.time_into(&h, Instant::now() - std::time::Duration::from_secs(1));
+        // A second push of the same acker (a window over two reads) keeps the first stamp.
+        acker.time_into(&h, Instant::now());
+        let a = set.split_front(3);
+        let b = set.split_front(3);
+        a.complete();
+        b.complete();
+        assert_eq!(h.snapshot().2, 0, "not measured before the last piece");
+        set.complete();
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+        let (_, sum, n) = h.snapshot();
+        assert_eq!(n, 1);
+        assert!((1.0..2.5).contains(&sum), "timed from the first stamp: {sum}");
+    }
+
+    #[test]
+    fn a_batch_over_several_ackers_measures_each_once() {
+        let h = Arc::new(Histogram::default());
+        let (a1, _r1) = Acker::with_notify(2);
+        let (a2, _r2) = Acker::with_notify(3);
+        let mut set = AckSet::single(a1, 2);
+        set.append(AckSet::single(a2, 3));
+        set.time_into(&h, Instant::now());
+        let front = set.split_front(4);
+        front.complete();
+        assert_eq!(h.snapshot().2, 1, "the first acker is complete, the second is not");
+        set.complete();
+        assert_eq!(h.snapshot().2, 2);
+    }
+
+    #[test]
+    fn abandoned_and_unstamped_batches_are_not_measured() {
+        let h = Arc::new(Histogram::default());
+        let (acker, mut rx) = Acker::with_notify(3);
+        AckSet::single(acker, 3).time_into(&h, Instant::now());
+        assert_eq!(rx.try_recv().unwrap(), AckOutcome::Abandoned);
+        let (plain, _r) = Acker::with_notify(1);
+        AckSet::single(plain, 1).complete();
+        assert_eq!(h.snapshot().2, 0);
     }
 
     #[test]

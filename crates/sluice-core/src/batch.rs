@@ -14,7 +14,7 @@ pub struct Batch {
     /// last piece of it) is dropped.
     pub memory: MemoryCharge,
     /// Its producer sends nothing more until these events are acknowledged (a Beats client
-    /// whose window this batch completes): a queue hands it to a worker at once instead of
+    /// whose window this batch completes, an http client waiting for its answer): a queue hands it to a worker at once instead of
     /// holding it for up to `batch.delay` while a fuller batch gathers, which would add that
     /// delay to every window's round trip.
     pub awaited: bool,

@@ -24,9 +24,10 @@ impl Counter {
     }
 }
 
-/// Upper bounds (seconds) of the latency histogram buckets; the last bucket is +Inf.
-pub const LATENCY_BUCKETS: [f64; 12] =
-    [0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5];
+/// Upper bounds (seconds) of the latency histogram buckets; the last bucket is +Inf. They span
+/// an in-memory hand-off (tens of microseconds) to an output retrying for seconds.
+pub const LATENCY_BUCKETS: [f64; 14] =
+    [0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5, 10.0];
 
 #[derive(Debug, Default)]
 pub struct Histogram {
@@ -62,6 +63,33 @@ impl Histogram {
             .collect();
         (cumulative, self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9, self.count.load(Ordering::Relaxed))
     }
+
+    /// The `q` quantile (0 to 1) of everything observed, estimated as Prometheus'
+    /// `histogram_quantile` does: linear within the bucket it falls in, the lowest bucket
+    /// starting at 0. `None` before the first observation; a quantile in the +Inf bucket is
+    /// given as the highest finite bound.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        quantile_of(&self.snapshot().0, q)
+    }
+}
+
+/// The `q` quantile of cumulative bucket counts over [`LATENCY_BUCKETS`] (then +Inf); see
+/// [`Histogram::quantile`].
+pub fn quantile_of(cumulative: &[u64], q: f64) -> Option<f64> {
+    let total = *cumulative.last()?;
+    if total == 0 {
+        return None;
+    }
+    let rank = q.clamp(0.0, 1.0) * total as f64;
+    let i = cumulative.iter().position(|&c| c as f64 >= rank).unwrap_or(cumulative.len() - 1);
+    let Some(&upper) = LATENCY_BUCKETS.get(i) else {
+        return LATENCY_BUCKETS.last().copied();
+    };
+    let lower = if i == 0 { 0.0 } else { LATENCY_BUCKETS[i - 1] };
+    let below = if i == 0 { 0 } else { cumulative[i - 1] };
+    let within = (cumulative[i] - below) as f64;
+    let fraction = if within > 0.0 { (rank - below as f64) / within } else { 1.0 };
+    Some(lower + (upper - lower) * fraction.clamp(0.0, 1.0))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -102,6 +130,9 @@ pub struct ComponentMetrics {
     pub refused: Counter,
     /// Time spent per batch in this component.
     pub duration: Histogram,
+    /// Inputs: the pipeline's [`PipelineMetrics::ack_latency`], where the acknowledgements of
+    /// the batches this input sends are timed (set by [`PipelineMetrics::component`]).
+    pub ack_latency: OnceLock<Arc<Histogram>>,
     /// Figures of the component's own state (a stateful processor's groups).
     pub state: OnceLock<Arc<dyn ComponentState>>,
     /// Starting, running, stopped or failed (with the reason): what `/health` reports.
@@ -300,6 +331,7 @@ impl ComponentMetrics {
             retries: Counter::default(),
             refused: Counter::default(),
             duration: Histogram::default(),
+            ack_latency: OnceLock::new(),
             state: OnceLock::new(),
             health: crate::health::Health::default(),
             output: OutputStatus::default(),
@@ -320,6 +352,9 @@ pub struct PipelineMetrics {
     pub failed: Counter,
     /// Wall time of a worker's whole pass over one batch (processors and outputs).
     pub batch_duration: Histogram,
+    /// From an input batch's first push towards the queue to its acknowledgement: once per
+    /// acknowledged input batch, however the queue split it (see [`crate::Acker::time_into`]).
+    pub ack_latency: Arc<Histogram>,
     /// Summed time workers spent with at least one batch in hand (batches one worker has in
     /// flight together count once); divided by wall time and workers, utilisation.
     pub worker_busy_nanos: Counter,
@@ -416,6 +451,7 @@ impl PipelineMetrics {
             dropped: Counter::default(),
             failed: Counter::default(),
             batch_duration: Histogram::default(),
+            ack_latency: Arc::new(Histogram::default()),
             worker_busy_nanos: Counter::default(),
             components: RwLock::new(Vec::new()),
             queue: OnceLock::new(),
@@ -442,6 +478,9 @@ impl PipelineMetrics {
 
     pub fn component(&self, id: &str, kind: ComponentKind, type_name: &str) -> Arc<ComponentMetrics> {
         let m = Arc::new(ComponentMetrics::new(id, kind, type_name));
+        if kind == ComponentKind::Input {
+            let _ = m.ack_latency.set(self.ack_latency.clone());
+        }
         self.components.write().push(m.clone());
         m
     }
@@ -655,5 +694,26 @@ mod tests {
         let kept = s.last_error().unwrap().message;
         assert!(kept.len() <= MAX_ERROR_MESSAGE && long.starts_with(&kept), "{} bytes kept", kept.len());
         assert!(s.last_error().unwrap().at > 1.0e9, "a time since the epoch");
+    }
+
+    #[test]
+    fn quantiles_interpolate_within_their_bucket() {
+        let h = Histogram::default();
+        assert_eq!(h.quantile(0.5), None);
+        // 100 observations in (10 ms, 25 ms]: the median is half way through that bucket.
+        for _ in 0..100 {
+            h.observe(Duration::from_millis(15));
+        }
+        let p50 = h.quantile(0.5).unwrap();
+        assert!((p50 - 0.0175).abs() < 1e-9, "{p50}");
+        assert!((h.quantile(0.99).unwrap() - 0.02485).abs() < 1e-9);
+        // One slow one past every bound: p99 stays in the 25 ms bucket, p100 is the top bound.
+        h.observe(Duration::from_secs(60));
+        assert!(h.quantile(0.99).unwrap() <= 0.025);
+        assert_eq!(h.quantile(1.0), Some(10.0));
+        // The lowest bucket starts at 0.
+        let low = Histogram::default();
+        low.observe(Duration::from_micros(20));
+        assert!((low.quantile(0.5).unwrap() - 0.000_025).abs() < 1e-12);
     }
 }

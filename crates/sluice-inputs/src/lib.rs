@@ -103,8 +103,6 @@ pub struct InputContext {
 }
 
 impl InputContext {
-    /// Pushes a batch into the pipeline's queue, waiting while it is full. A shutdown while
-    /// waiting gives the batch up (its acknowledgement reports it abandoned) and fails.
     /// Waits until `bytes` of the memory budget are free and takes them; `None` if shutdown
     /// came first. A streaming input calls this with an estimate before it decodes a chunk,
     /// then trues the charge up to the decoded events' size ([`MemoryCharge::true_up`]). An
@@ -131,8 +129,17 @@ impl InputContext {
         Ok(listener)
     }
 
+    /// Pushes a batch into the pipeline's queue, waiting while it is full. A shutdown while
+    /// waiting gives the batch up (its acknowledgement reports it abandoned) and fails. The
+    /// batch's ackers are stamped first, so the pipeline's acknowledgement latency covers any
+    /// wait for room in the queue: a client waiting for its acknowledgement waits that too.
     pub async fn send(&self, batch: Batch) -> Result<(), QueueClosed> {
         let n = batch.len() as u64;
+        if !batch.acks.is_empty()
+            && let Some(histogram) = self.metrics.ack_latency.get()
+        {
+            batch.acks.time_into(histogram, std::time::Instant::now());
+        }
         tokio::select! {
             biased;
             r = self.queue.push(batch) => r?,

@@ -8,6 +8,9 @@
 //! event, so workers get full batches under load and prompt ones when traffic is light. A pop
 //! that has taken an awaited batch (its producer sends nothing more until it is acknowledged,
 //! see [`Batch::awaited`]) does not wait: the wait could only add to that producer's round trip.
+//! Nor does a pop already holding events when an awaited batch comes in, even if another pop
+//! takes that batch: what it holds may be the earlier part of what the same producer waits on
+//! (the first reads of a Beats window), and nothing more of that comes until the ACK.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -38,6 +41,8 @@ struct State {
     events: usize,
     bytes: usize,
     closed: bool,
+    /// Awaited batches pushed so far: a waiting pop that holds events goes when it moves.
+    awaited_pushes: u64,
 }
 
 pub struct MemoryQueue {
@@ -113,6 +118,7 @@ impl Queue for MemoryQueue {
                 }
                 let fits = s.events + batch.len() <= self.max_events && s.bytes + batch.bytes <= self.max_bytes;
                 if fits || s.events == 0 {
+                    s.awaited_pushes += u64::from(batch.awaited);
                     s.events += batch.len();
                     s.bytes += batch.bytes;
                     s.batches.push_back(batch);
@@ -133,20 +139,26 @@ impl Queue for MemoryQueue {
         let mut out: Option<Batch> = None;
         let mut have = 0;
         let mut deadline: Option<tokio::time::Instant> = None;
+        // The awaited pushes when this pop first held events: everything pushed before is held.
+        let mut awaited_seen: Option<u64> = None;
         loop {
             let notified = self.not_empty.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let closed = {
+            let (closed, awaited_since) = {
                 let mut s = self.state.lock();
                 let got = self.take(&mut s, max_events - have, &mut out);
                 have += got;
                 if got > 0 {
                     self.not_full.notify_waiters();
                 }
-                s.closed
+                let seen = *awaited_seen.get_or_insert(s.awaited_pushes);
+                (s.closed, have > 0 && s.awaited_pushes != seen)
             };
-            let awaited = out.as_ref().is_some_and(|b| b.awaited);
+            if have == 0 {
+                awaited_seen = None;
+            }
+            let awaited = awaited_since || out.as_ref().is_some_and(|b| b.awaited);
             if have >= max_events || (closed && have > 0) || (have > 0 && (delay.is_zero() || awaited)) {
                 return out;
             }
@@ -284,6 +296,40 @@ mod tests {
         assert_eq!((front.len(), front.awaited), (3, false));
         let rest = q.pop(10, Duration::from_secs(30)).await.unwrap();
         assert_eq!((rest.len(), rest.awaited), (1, true));
+    }
+
+    /// A pop holding the first part of a Beats window must not wait for a fuller batch once
+    /// the window's last part has come in, even when another worker took that part: the
+    /// client sends nothing more until the whole window is acknowledged.
+    #[tokio::test]
+    async fn a_pop_holding_events_goes_when_another_takes_an_awaited_batch() {
+        let q = Arc::new(MemoryQueue::new(100, 1 << 20));
+        let q2 = q.clone();
+        let holder = tokio::spawn(async move { q2.pop(10, Duration::from_secs(30)).await });
+        tokio::task::yield_now().await;
+        q.push(batch(3, 3)).await.unwrap();
+        // The holder takes the window's first part and waits for more.
+        tokio::task::yield_now().await;
+        assert_eq!(q.stats().events, 0, "the holder took the first part");
+        // The window's last part comes in and another worker takes it before the holder looks.
+        q.push(batch(4, 4).awaited()).await.unwrap();
+        let other = q.pop(10, Duration::from_secs(30)).await.unwrap();
+        assert_eq!((other.len(), other.awaited), (4, true));
+        let held = tokio::time::timeout(Duration::from_secs(5), holder)
+            .await
+            .expect("the holder waited for a fuller batch after the awaited one came in")
+            .unwrap()
+            .unwrap();
+        assert_eq!(held.len(), 3);
+        // A pop that began after the awaited push still waits for its batch to fill.
+        q.push(batch(1, 1)).await.unwrap();
+        let q3 = q.clone();
+        let later = tokio::spawn(async move { q3.pop(10, Duration::from_secs(30)).await });
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        assert!(!later.is_finished(), "a pop after the awaited batch waits as before");
+        q.push(batch(9, 9)).await.unwrap();
+        assert_eq!(tokio::time::timeout(Duration::from_secs(5), later).await.unwrap().unwrap().unwrap().len(), 10);
     }
 
     #[tokio::test]

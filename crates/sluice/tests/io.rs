@@ -1,6 +1,7 @@
 //! Network and file components end to end: tcp and http in, file out, with every event
 //! accounted for; over-long lines and malformed JSON; an output that always fails; a slow
-//! output whose backpressure reaches the input without unbounded memory.
+//! output whose backpressure reaches the input without unbounded memory; the acknowledgement
+//! latency of what an input waits for.
 
 mod common;
 
@@ -95,6 +96,72 @@ pipelines:
     assert!(status.success(), "{log}");
     let ns: Vec<i64> = lines_of(&s.path("http.log")).iter().map(|e| e["n"].as_i64().unwrap()).collect();
     assert_eq!(ns, [1, 2, 3, 4], "nothing from refused requests");
+}
+
+/// Each request the http input answers 200 is one acknowledged batch in
+/// `sluice_pipeline_ack_latency_seconds`, timed from its arrival to its delivery: behind an
+/// output that takes 60 ms a request, every one lands above 50 ms, and /stats gives p50/p99.
+#[test]
+fn ack_latency_is_measured_once_per_acknowledged_request() {
+    let (out, served) = http_server(200, Duration::from_millis(60));
+    let port = free_port();
+    let mut s = Sluice::start(&format!(
+        "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  h:
+    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
+    outputs: [{{type: http, url: 'http://{out}/'}}]
+"
+    ));
+    let api = s.api();
+    s.wait_port(port);
+    let addr = format!("127.0.0.1:{port}");
+    for n in 0..3 {
+        let body = format!("{{\"n\":{n}}}\n{{\"m\":{n}}}\n");
+        let (code, body) = http(&addr, "POST", "/", &[], body.as_bytes());
+        assert_eq!(code, 200, "{body}");
+    }
+    assert_eq!(served.load(Ordering::SeqCst), 3, "one output request per input request");
+    let (_, text) = http(&api, "GET", "/metrics", &[], b"");
+    assert_eq!(metric(&text, "sluice_pipeline_ack_latency_seconds_count{pipeline=\"h\"}"), 3.0, "{text}");
+    assert_eq!(metric(&text, "sluice_pipeline_ack_latency_seconds_bucket{le=\"0.05\",pipeline=\"h\"}"), 0.0);
+    assert_eq!(metric(&text, "sluice_pipeline_ack_latency_seconds_bucket{le=\"+Inf\",pipeline=\"h\"}"), 3.0);
+    assert!(metric(&text, "sluice_pipeline_ack_latency_seconds_sum{pipeline=\"h\"}") >= 0.18, "{text}");
+    let ack = &get_json(&api, "/stats")["pipelines"]["h"]["ack_latency"];
+    assert_eq!(ack["count"], 3, "{ack}");
+    let (p50, p99) = (ack["p50_seconds"].as_f64().unwrap(), ack["p99_seconds"].as_f64().unwrap());
+    assert!(0.05 < p50 && p50 <= p99, "{ack}");
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+}
+
+/// An http client waits for its answer before it sends more, so its request is not held for a
+/// fuller batch: with `batch.delay: 20s` a lone small request is answered at once, not after
+/// the delay (its acknowledgement well under the 2.5 s bucket).
+#[test]
+fn an_http_request_is_not_held_for_batch_delay() {
+    let port = free_port();
+    let mut s = Sluice::start(&format!(
+        "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  h:
+    batch: {{size: 1000, delay: 20s}}
+    inputs: [{{type: http, address: '127.0.0.1:{port}'}}]
+    outputs: [{{type: blackhole}}]
+"
+    ));
+    let api = s.api();
+    s.wait_port(port);
+    let addr = format!("127.0.0.1:{port}");
+    for n in 0..2 {
+        let (code, body) = http(&addr, "POST", "/", &[], format!("{{\"n\":{n}}}\n").as_bytes());
+        assert_eq!(code, 200, "{body}");
+    }
+    let ack = &get_json(&api, "/stats")["pipelines"]["h"]["ack_latency"];
+    assert_eq!(ack["count"], 2, "{ack}");
+    assert!(ack["p99_seconds"].as_f64().unwrap() < 2.5, "held for batch.delay: {ack}");
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
 }
 
 /// A tiny HTTP server: answers every request with `status` after `delay`, counting requests.

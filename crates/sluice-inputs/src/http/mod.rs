@@ -1,6 +1,8 @@
 //! `http` input: JSON events POSTed by clients, answered only once they are handled.
 //!
-//! Each request's events go to the queue as one batch carrying an acknowledgement, and the
+//! Each request's events go to the queue as one batch carrying an acknowledgement, marked
+//! awaited (its client sends nothing more on the connection until answered, so no worker holds
+//! it back for a fuller batch), and the
 //! request is answered when the pipeline has handled every one of them (delivered by every
 //! output, dropped on purpose, or rejected for good): `200 {"accepted": n}`. So a client that
 //! got a 200 may forget its events. If the events are abandoned (the pipeline stopped before
@@ -442,7 +444,9 @@ async fn handle(s: &Shared, request: Request, peer: SocketAddr) -> Response {
         return reply(StatusCode::OK, serde_json::json!({ "accepted": 0 }));
     }
     let (acker, done) = Acker::with_notify(n);
-    let batch = Batch::new(events, AckSet::single(acker, n), body_len).with_memory(admission.settle());
+    // The client waits for this answer before it sends more on its connection: no worker should
+    // hold these events back for up to `batch.delay` while a fuller batch gathers.
+    let batch = Batch::new(events, AckSet::single(acker, n), body_len).with_memory(admission.settle()).awaited();
     match tokio::time::timeout_at(deadline, s.ctx.send(batch)).await {
         Ok(Ok(())) => {}
         Ok(Err(_)) => return shutting_down(),
