@@ -58,6 +58,9 @@ use tokio::time::Instant;
 /// input's other figures.
 #[derive(Debug, Default)]
 pub struct ConnectionFigures {
+    /// Connections holding a slot now, those being closed after an eviction included: the
+    /// count [`ConnectionSlots`] keeps, read here as a gauge.
+    open: AtomicUsize,
     evicted: AtomicU64,
     evicted_bytes_discarded: AtomicU64,
     reset: AtomicU64,
@@ -85,6 +88,12 @@ impl ConnectionFigures {
 impl ComponentState for ConnectionFigures {
     fn figures(&self) -> Vec<StateFigure> {
         vec![
+            StateFigure {
+                name: "connections_open",
+                help: "Client connections open now (those being closed after an eviction included).",
+                counter: false,
+                value: self.open.load(Ordering::Relaxed) as u64,
+            },
             StateFigure {
                 name: "connections_evicted_total",
                 help: "Connections closed to make room for a new one when max_connections were open.",
@@ -133,8 +142,6 @@ impl LogEvery {
 /// Counts open connections against `max_connections`, and knows each one's activity.
 #[derive(Debug)]
 pub struct ConnectionSlots {
-    /// Connections holding a slot, those being closed after an eviction included.
-    open: AtomicUsize,
     max: usize,
     live: Mutex<HashMap<u64, Arc<Activity>>>,
     next_id: AtomicU64,
@@ -169,7 +176,6 @@ impl ConnectionSlots {
         min_idle_before_first_bytes: Duration,
     ) -> Arc<ConnectionSlots> {
         Arc::new(ConnectionSlots {
-            open: AtomicUsize::new(0),
             max: max.max(1),
             live: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
@@ -186,12 +192,12 @@ impl ConnectionSlots {
 
     /// A slot, if fewer than `max` are taken; it is given back when dropped.
     fn try_take(self: &Arc<Self>) -> Option<ConnectionSlot> {
-        let mut open = self.open.load(Ordering::Relaxed);
+        let mut open = self.figures.open.load(Ordering::Relaxed);
         loop {
             if open >= self.max {
                 return None;
             }
-            match self.open.compare_exchange_weak(open, open + 1, Ordering::AcqRel, Ordering::Relaxed) {
+            match self.figures.open.compare_exchange_weak(open, open + 1, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return Some(self.slot()),
                 Err(now) => open = now,
             }
@@ -208,7 +214,7 @@ impl ConnectionSlots {
             None => {
                 // An evicted connection keeps its slot while it reads its client's last bytes:
                 // the slots beyond `max` are those, and there are at most `max` of them.
-                if self.open.load(Ordering::Acquire) >= self.max * 2 {
+                if self.figures.open.load(Ordering::Acquire) >= self.max * 2 {
                     return None;
                 }
                 let victim = {
@@ -229,7 +235,7 @@ impl ConnectionSlots {
                 victim.evict();
                 self.figures.evicted.fetch_add(1, Ordering::Relaxed);
                 // The evicted connection gives its slot back as it closes, a moment later.
-                self.open.fetch_add(1, Ordering::AcqRel);
+                self.figures.open.fetch_add(1, Ordering::AcqRel);
                 self.slot()
             }
         };
@@ -270,9 +276,9 @@ impl ConnectionSlots {
         ConnectionSlot { slots: self.clone(), id: self.next_id.fetch_add(1, Ordering::Relaxed) }
     }
 
-    #[cfg(test)]
-    fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
+    /// Connections holding a slot now.
+    pub fn open(&self) -> usize {
+        self.figures.open.load(Ordering::Relaxed)
     }
 
     pub fn max(&self) -> usize {
@@ -290,7 +296,7 @@ pub struct ConnectionSlot {
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         self.slots.live.lock().remove(&self.id);
-        self.slots.open.fetch_sub(1, Ordering::AcqRel);
+        self.slots.figures.open.fetch_sub(1, Ordering::AcqRel);
         self.slots.freed.notify_waiters();
     }
 }
@@ -896,6 +902,20 @@ mod tests {
         drop(a);
         assert_eq!(slots.open(), 1);
         assert!(slots.try_take().is_some());
+    }
+
+    #[test]
+    fn the_open_connections_show_in_the_inputs_figures() {
+        let figures = Arc::new(ConnectionFigures::default());
+        let slots = ConnectionSlots::counted_in(4, figures.clone());
+        let open = || figures.figures().iter().find(|f| f.name == "connections_open").map(|f| (f.value, f.counter));
+        assert_eq!(open(), Some((0, false)), "a gauge");
+        let a = slots.try_take().unwrap();
+        let b = slots.try_take().unwrap();
+        assert_eq!(open(), Some((2, false)));
+        drop(a);
+        drop(b);
+        assert_eq!(open(), Some((0, false)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -39,6 +39,7 @@ pub mod testing;
 mod tests;
 
 pub use client::{MIN_VERDICT_WINDOW, TlsConnector, confirm_accepted, verdict_window};
+pub use component::server_warnings;
 pub use config::{ClientAuth, TlsConfig, TlsVersion};
 pub use describe::{describe_handshake_error, peer_certificate_subject};
 pub use error::TlsError;

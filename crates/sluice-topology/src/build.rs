@@ -318,7 +318,9 @@ pub fn check_stdin_inputs(config: &RootConfig) -> Result<(), ConfigErrors> {
 /// What `sluice validate` warns about without failing: settings that build but are risky (a
 /// `file` output whose events choose the directory).
 pub fn warnings(config: &RootConfig) -> Vec<ConfigError> {
-    config.pipelines.iter().flat_map(|p| p.outputs.iter()).flat_map(sluice_outputs::warnings).collect()
+    let outputs = config.pipelines.iter().flat_map(|p| p.outputs.iter()).flat_map(sluice_outputs::warnings);
+    let inputs = config.pipelines.iter().flat_map(|p| p.inputs.iter()).flat_map(sluice_tls::server_warnings);
+    inputs.chain(outputs).collect()
 }
 
 /// Builds every pipeline of a config, or lists every error.

@@ -375,6 +375,9 @@ async fn serve(path: Option<&Path>, config: RootConfig) -> anyhow::Result<ExitCo
     let source = path.map_or_else(|| "embedded default".to_string(), |p| p.display().to_string());
     tracing::info!(version = %env!("CARGO_PKG_VERSION"), config = %source, data_dir = %config.data_dir.display(),
         "sluice starting");
+    for warning in sluice_topology::build::warnings(&config) {
+        tracing::warn!("{warning}");
+    }
     let api = config.api.clone();
     let log_format = config.log.format;
     let api_listener = if api.enabled {

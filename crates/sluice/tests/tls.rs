@@ -157,6 +157,32 @@ fn validate_names_a_missing_file_and_a_key_that_is_not_the_certificates() {
     assert!(text.contains("pipelines.main.outputs[0].tls.ca") && text.contains("nope.crt"), "{text}");
 }
 
+#[test]
+fn validate_warns_that_ca_without_client_auth_requires_client_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = CertSet::generate(dir.path(), &["a"]);
+    let config = |extra: &str| {
+        format!(
+            "pipelines:\n  main:\n    inputs: [{{type: tcp, address: '127.0.0.1:1', tls: {{cert: '{}', key: '{}', ca: '{}'{extra}}}}}]\n    outputs: [{{type: stdout}}]\n",
+            p(&certs.cert("a")),
+            p(&certs.key("a")),
+            p(&certs.ca_cert)
+        )
+    };
+    let (ok, text) = validate(&config(""));
+    assert!(ok, "a warning does not fail validation: {text}");
+    assert!(
+        text.contains("warning: ")
+            && text.contains("pipelines.main.inputs[0].tls")
+            && text.contains("`ca` is set without `client_auth`"),
+        "{text}"
+    );
+    for explicit in ["required", "optional", "none"] {
+        let (ok, text) = validate(&config(&format!(", client_auth: {explicit}")));
+        assert!(ok && !text.contains("warning"), "client_auth: {explicit}: {text}");
+    }
+}
+
 /// Sends `rounds` connections of `lines` lines each over TLS 1.3 to each port, as a client
 /// that only writes: Python's `ssl`, which closes without reading (and without
 /// `close_notify`).

@@ -179,6 +179,8 @@ struct Shared {
     header_timeout: Duration,
     auth: Option<Authenticator>,
     tls: Option<Arc<ServerTls>>,
+    /// The connections open, for the `connections_open` figure.
+    slots: Arc<ConnectionSlots>,
     /// Requests answered 401.
     auth_failures: AtomicU64,
     /// When a refused attempt was last logged (logged at most once per 10 s).
@@ -190,12 +192,20 @@ struct HttpFigures(Arc<Shared>);
 
 impl ComponentState for HttpFigures {
     fn figures(&self) -> Vec<StateFigure> {
-        vec![StateFigure {
-            name: "auth_failures_total",
-            help: "Requests answered 401: missing or wrong credentials.",
-            counter: true,
-            value: self.0.auth_failures.load(Ordering::Relaxed),
-        }]
+        vec![
+            StateFigure {
+                name: "auth_failures_total",
+                help: "Requests answered 401: missing or wrong credentials.",
+                counter: true,
+                value: self.0.auth_failures.load(Ordering::Relaxed),
+            },
+            StateFigure {
+                name: "connections_open",
+                help: "Client connections open now.",
+                counter: false,
+                value: self.0.slots.open() as u64,
+            },
+        ]
     }
 }
 
@@ -225,6 +235,7 @@ async fn serve(input: HttpInput, listener: TcpListener, ctx: InputContext) -> Re
         header_timeout: config.header_timeout.0,
         auth,
         tls,
+        slots: slots.clone(),
         auth_failures: AtomicU64::new(0),
         auth_failure_logged: parking_lot::Mutex::new(None),
     });
