@@ -366,6 +366,21 @@ impl Map {
         }
     }
 
+    /// Inserts, or when `key` is there already, keeps both: the values under a key that comes
+    /// more than once (a repeated header, a repeated syslog SD-ID or SD-PARAM) become an array,
+    /// in the order they came. For values that are never arrays themselves.
+    pub fn insert_gathering(&mut self, key: impl Into<Str>, value: Value) {
+        let key = key.into();
+        match self.get_mut(&key) {
+            None => self.push_unchecked(key, value),
+            Some(Value::Array(values)) => values.push(value),
+            Some(existing) => {
+                let first = std::mem::take(existing);
+                *existing = Value::Array(vec![first, value]);
+            }
+        }
+    }
+
     /// Appends without checking for an existing key. For builders that know the key is new
     /// (a parser that has already rejected duplicates, an input stamping a fresh event).
     #[inline]

@@ -116,16 +116,7 @@ fn headers(list: &[(String, Option<Vec<u8>>)]) -> Map {
     let mut map = Map::with_capacity(list.len());
     for (name, value) in list {
         let value = value.as_deref().map_or(Value::Null, |v| Value::String(text(v)));
-        match map.get_mut(name) {
-            None => {
-                map.insert(Str::from(name.as_str()), value);
-            }
-            Some(Value::Array(values)) => values.push(value),
-            Some(existing) => {
-                let first = std::mem::take(existing);
-                *existing = Value::Array(vec![first, value]);
-            }
-        }
+        map.insert_gathering(Str::from(name.as_str()), value);
     }
     map
 }

@@ -217,13 +217,15 @@ fn event_from(line: &str, m: &Message<&str>, received: i64) -> Event {
         fields.push_unchecked(VERSION, Value::Int(i64::from(version)));
     }
     if !m.structured_data.is_empty() {
+        // An SD-ID that comes more than once (RFC 5424 forbids it, senders do it anyway) and
+        // an SD-PARAM repeated within its element (allowed) keep every value, as an array.
         let mut sd = Map::with_capacity(m.structured_data.len());
         for element in &m.structured_data {
             let mut params = Map::with_capacity(element.params.len());
             for (name, value) in element.params() {
-                params.insert(Str::from(*name), Value::from(value));
+                params.insert_gathering(Str::from(*name), Value::from(value));
             }
-            sd.insert(Str::from(element.id), Value::Object(params));
+            sd.insert_gathering(Str::from(element.id), Value::Object(params));
         }
         fields.push_unchecked(STRUCTURED_DATA, Value::Object(sd));
     }
@@ -330,6 +332,19 @@ mod tests {
         assert_eq!(s(&e, "/structured_data/exampleSDID@32473/eventID"), Some("1011"));
         assert_eq!(s(&e, "/structured_data/examplePriority@32473/class"), Some("high"));
         assert!(e.fields.get("tags").is_none());
+    }
+
+    #[test]
+    fn a_repeated_sd_id_and_a_repeated_param_keep_every_value() {
+        let e = parse(
+            "<165>1 2003-10-11T22:14:15.003Z host app - - \
+             [origin ip=\"10.0.0.1\" ip=\"10.0.0.2\"][meta seq=\"1\"][meta seq=\"2\"] text",
+        );
+        assert_eq!(e.message(), Some("text"));
+        let ips = get(&e, "/structured_data/origin/ip").cloned();
+        assert_eq!(ips, Some(Value::Array(vec![Value::from("10.0.0.1"), Value::from("10.0.0.2")])), "{}", e.to_json_string());
+        assert_eq!(s(&e, "/structured_data/meta/0/seq"), Some("1"), "{}", e.to_json_string());
+        assert_eq!(s(&e, "/structured_data/meta/1/seq"), Some("2"), "{}", e.to_json_string());
     }
 
     #[test]
