@@ -342,7 +342,12 @@ mod tests {
         );
         assert_eq!(e.message(), Some("text"));
         let ips = get(&e, "/structured_data/origin/ip").cloned();
-        assert_eq!(ips, Some(Value::Array(vec![Value::from("10.0.0.1"), Value::from("10.0.0.2")])), "{}", e.to_json_string());
+        assert_eq!(
+            ips,
+            Some(Value::Array(vec![Value::from("10.0.0.1"), Value::from("10.0.0.2")])),
+            "{}",
+            e.to_json_string()
+        );
         assert_eq!(s(&e, "/structured_data/meta/0/seq"), Some("1"), "{}", e.to_json_string());
         assert_eq!(s(&e, "/structured_data/meta/1/seq"), Some("2"), "{}", e.to_json_string());
     }
