@@ -25,19 +25,17 @@ pub fn parse_timestamp(value: &Value) -> Option<i64> {
 /// `_@timestamp`, the event is stamped `now` and tagged [`TAG_TIMESTAMP_FAILURE`], as Logstash
 /// does, so that a time-based index or a `date` condition never sees text where a time belongs.
 pub fn read_own_timestamp(event: &mut Event, now: i64) {
-    let Some(value) = event.fields.get_mut(sluice_core::event::TIMESTAMP) else { return };
-    if let Value::Timestamp(_) = value {
-        return;
-    }
-    match parse_timestamp(value) {
-        Some(ns) => *value = Value::Timestamp(ns),
-        None => {
-            if let Some(original) = event.fields.remove(sluice_core::event::TIMESTAMP) {
-                event.fields.insert("_@timestamp", original);
-            }
-            event.set_timestamp_nanos(now);
-            event.add_tag(TAG_TIMESTAMP_FAILURE);
+    let parsed = match event.fields.get_mut(sluice_core::event::TIMESTAMP) {
+        // None: stamped at decoding. A timestamp already: nothing to read.
+        None | Some(Value::Timestamp(_)) => return,
+        Some(value) => parse_timestamp(value).map(|ns| *value = Value::Timestamp(ns)),
+    };
+    if parsed.is_none() {
+        if let Some(original) = event.fields.remove(sluice_core::event::TIMESTAMP) {
+            event.fields.insert("_@timestamp", original);
         }
+        event.set_timestamp_nanos(now);
+        event.add_tag(TAG_TIMESTAMP_FAILURE);
     }
 }
 

@@ -530,12 +530,12 @@ fn read_from(dir: tempfile::TempDir, cwd: &str, include: &[&str], exclude: &[&st
     got
 }
 
-/// A directory with `logs/a.log` and `logs/b.log` (two lines each) and a `work` directory.
+/// A directory with `logs/a.log` and `logs/b.log` (two lines each) and an `app` directory.
 fn two_logs() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap().to_string();
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    std::fs::create_dir_all(dir.path().join("work")).unwrap();
+    std::fs::create_dir_all(dir.path().join("app")).unwrap();
     for f in ["a", "b"] {
         std::fs::write(dir.path().join(format!("logs/{f}.log")), format!("{f} 1\n{f} 2\n")).unwrap();
     }
@@ -558,7 +558,7 @@ fn an_include_with_repeated_separators_reads_its_files() {
     let (dir, d) = two_logs();
     assert_eq!(read_from(dir, ".", &["logs//*.log"], &[], 4), both(&d));
     let (dir, d) = two_logs();
-    assert_eq!(read_from(dir, "work", &[&format!("{d}//logs///*.log")], &[], 4), both(&d));
+    assert_eq!(read_from(dir, "app", &[&format!("{d}//logs///*.log")], &[], 4), both(&d));
 }
 
 /// `..` leaves the directory before it; the paths events carry hold no `..`, and an `exclude`
@@ -566,11 +566,10 @@ fn an_include_with_repeated_separators_reads_its_files() {
 #[test]
 fn an_include_with_dot_dot_reads_its_files_and_its_excludes_apply() {
     let (dir, d) = two_logs();
-    let got =
-        read_from(dir, "work", &["../logs/*.log", "{dir}/work/../logs/./*.log"], &[&format!("{d}/logs/b.log")], 2);
+    let got = read_from(dir, "app", &["../logs/*.log", "{dir}/app/../logs/./*.log"], &[&format!("{d}/logs/b.log")], 2);
     assert_eq!(got, both(&d)[..2]);
     let (dir, d) = two_logs();
-    assert_eq!(read_from(dir, "work", &["{dir}/logs/../logs/*.log"], &["./../logs/a.log"], 2), both(&d)[2..]);
+    assert_eq!(read_from(dir, "app", &["{dir}/logs/../logs/*.log"], &["./../logs/a.log"], 2), both(&d)[2..]);
 }
 
 /// A symbolic link to a directory is followed where the pattern names it; `..` after one leaves
@@ -583,8 +582,8 @@ fn an_include_through_a_symlinked_directory_reads_its_files() {
     std::fs::create_dir_all(dir.path().join("real/other")).unwrap();
     std::fs::write(dir.path().join("real/other/o.log"), "o 1\n").unwrap();
     std::os::unix::fs::symlink("logs", dir.path().join("current")).unwrap();
-    std::os::unix::fs::symlink(dir.path().join("real/deep"), dir.path().join("work/link")).unwrap();
-    let got = read_from(dir, "work", &["../current/*.log", "./link/../other/*.log"], &["{dir}/current/b.log"], 3);
+    std::os::unix::fs::symlink(dir.path().join("real/deep"), dir.path().join("app/link")).unwrap();
+    let got = read_from(dir, "app", &["../current/*.log", "./link/../other/*.log"], &["{dir}/current/b.log"], 3);
     assert_eq!(
         got,
         [
