@@ -79,8 +79,15 @@ pub(crate) struct Shared {
     pub(crate) accept_log: LogEvery,
     /// Senders whose batches come routed by another ring than this node's.
     rings: Mutex<RingWatch>,
+    /// Peer connections past their handshake: at shutdown, each writes the answers already
+    /// due before it closes, and the node waits for that ([`Cluster::shutdown`]).
+    pub(crate) serving: tokio::sync::watch::Sender<usize>,
     me: std::sync::Weak<Shared>,
 }
+
+/// How long a stopping node waits for its peers to read the answers it owes them: a peer
+/// that reads nothing (stopped, or its network gone) must not hold the stop any longer.
+pub const ANSWERS_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a peer's ring may differ from this node's before it is worth a warning: about
 /// as long as a membership change takes to reach every node. Discovery by DNS: its `refresh`.
@@ -342,6 +349,7 @@ impl Cluster {
             handshakes: PendingHandshakes::new(config.max_pending_handshakes),
             handshake_log: LogEvery::new(Duration::from_secs(10)),
             accept_log: LogEvery::new(Duration::from_secs(10)),
+            serving: tokio::sync::watch::Sender::new(0),
             rings: Mutex::new(RingWatch::new(match &config.discovery {
                 config::Discovery::Dns(d) => d.refresh.0,
                 config::Discovery::Static(_) => RING_GRACE_STATIC,
@@ -421,11 +429,23 @@ impl Cluster {
         }
     }
 
-    /// Stops listening and stops every link (what they still hold is not acknowledged).
-    pub fn shutdown(&self) {
+    /// Stops listening and stops every link (what they still hold is not acknowledged), then
+    /// waits up to [`ANSWERS_FLUSH_TIMEOUT`] for the peers' connections to write the answers
+    /// already due. Those answers are the last the pipelines produce (a stateful processor's
+    /// groups conclude at the end of its stop): a peer that does not hear them treats the
+    /// batches as not taken and processes them itself, a second time.
+    pub async fn shutdown(&self) {
         self.shared.stop.cancel();
         for l in self.shared.links.lock().values() {
             l.close();
+        }
+        let mut serving = self.shared.serving.subscribe();
+        let flushed = tokio::time::timeout(ANSWERS_FLUSH_TIMEOUT, serving.wait_for(|open| *open == 0)).await.is_ok();
+        if !flushed {
+            tracing::warn!(
+                connections = *serving.borrow(),
+                "peer connections did not take this node's last answers in time; those peers will process the batches again"
+            );
         }
     }
 

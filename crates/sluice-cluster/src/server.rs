@@ -255,10 +255,27 @@ pub(crate) async fn serve(listener: TcpListener, acceptor: Acceptor, shared: Arc
                 }
             };
             let node = welcomed.node.clone();
+            let _serving = Serving::enter(&shared.serving);
             if let Err(e) = connection(welcomed, &shared, &stop).await {
                 tracing::warn!(peer = %peer, node = %node, error = %e, "cluster connection from a peer ended");
             }
         });
+    }
+}
+
+/// Counts a connection in [`Shared::serving`] for as long as it lives.
+struct Serving<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl<'a> Serving<'a> {
+    fn enter(count: &'a tokio::sync::watch::Sender<usize>) -> Serving<'a> {
+        count.send_modify(|open| *open += 1);
+        Serving(count)
+    }
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|open| *open -= 1);
     }
 }
 

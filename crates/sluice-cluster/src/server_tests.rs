@@ -120,7 +120,7 @@ async fn a_batch_sent_again_is_answered_not_taken_twice() {
     assert_eq!(recording.count(), 1, "a new epoch's batch 0 is a new batch");
     recording.complete_all();
     assert_eq!(answer(&mut third).await, (0, frame::ACK_TAKEN));
-    cluster.shutdown();
+    cluster.shutdown().await;
 }
 
 #[tokio::test]
@@ -141,7 +141,7 @@ async fn a_batch_not_taken_is_taken_when_sent_again() {
     send_batch(&mut tcp, 3, 6).await;
     assert_eq!(answer(&mut tcp).await, (3, frame::ACK_TAKEN));
     assert_eq!(recording.count(), 0);
-    cluster.shutdown();
+    cluster.shutdown().await;
 }
 
 #[tokio::test]
@@ -154,7 +154,7 @@ async fn a_pipeline_that_does_not_run_here_is_answered_retry_and_a_stopping_node
     cluster.begin_stopping();
     send_batch(&mut tcp, 1, 0).await;
     assert_eq!(answer(&mut tcp).await, (1, frame::ACK_STOPPING));
-    cluster.shutdown();
+    cluster.shutdown().await;
 }
 
 /// A frame damaged on the way ends the connection with nothing of it taken; sent again, it is
@@ -178,7 +178,7 @@ async fn a_damaged_frame_is_not_taken_and_its_resend_is() {
     assert_eq!(recording.count(), 1);
     recording.complete_all();
     assert_eq!(answer(&mut again).await, (0, frame::ACK_TAKEN));
-    cluster.shutdown();
+    cluster.shutdown().await;
 }
 
 /// Events from a sender with the same ring are not looked at again; from another ring, those
@@ -204,7 +204,7 @@ async fn only_a_sender_with_another_ring_has_its_events_checked() {
     assert_eq!(recording.count(), 2);
     assert!(not_owned() > 0 && not_owned() < 40, "{} of 40 counted as not owned", not_owned());
     recording.complete_all();
-    cluster.shutdown();
+    cluster.shutdown().await;
 }
 
 /// Takes events and keeps their acknowledgements, but does not return from `take` until the
@@ -282,7 +282,7 @@ async fn a_batch_left_waiting_for_a_taker_by_a_closed_connection_is_taken_when_s
     let mut third = connect(&cluster, 11).await;
     send_batch(&mut third, 4, 0).await;
     assert_eq!(answer(&mut third).await, (4, frame::ACK_TAKEN));
-    cluster.shutdown();
+    cluster.shutdown().await;
 }
 
 /// The answer to a batch being taken reaches the connection that sent it again, even when the
@@ -304,7 +304,7 @@ async fn the_answer_reaches_the_connection_that_resent_the_batch() {
     assert_eq!(recording.count(), 1, "taken more than once");
     recording.complete_all();
     assert_eq!(answer(&mut last).await, (0, frame::ACK_TAKEN));
-    cluster.shutdown();
+    cluster.shutdown().await;
 }
 
 /// Connections that never begin their handshake are capped (the oldest makes room), counted,
@@ -346,7 +346,7 @@ async fn connections_that_never_handshake_are_capped_and_counted() {
     assert_eq!(cluster.shared.handshakes.len(), 0);
     assert_eq!(m.handshakes_evicted.get() + m.handshakes_timed_out.get(), 40, "every silent connection counted once");
     drop(silent);
-    cluster.shutdown();
+    cluster.shutdown().await;
 }
 
 #[test]
@@ -364,4 +364,41 @@ fn a_ring_that_differs_is_said_once_it_outlasts_the_grace_and_then_rarely() {
     assert_eq!(watch.observe("b", 2, 1, at(72)), None);
     assert_eq!(watch.observe("b", 2, 1, at(81)), None);
     assert_eq!(watch.observe("b", 2, 1, at(82)), Some(Duration::from_secs(10)));
+}
+
+/// The last answers a node owes are due at the very end of its stop (a stateful processor's
+/// groups conclude last): they reach the peer before the process is gone, or the peer
+/// processes those batches a second time.
+#[test]
+fn answers_due_as_the_node_stops_are_written_before_it_is_gone() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (cluster, recording, tcp) = rt.block_on(async {
+        let (cluster, recording) = node().await;
+        let mut tcp = connect(&cluster, 3).await;
+        send_batch(&mut tcp, 0, 0).await;
+        for _ in 0..500 {
+            if recording.count() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(recording.count(), 1, "the batch was taken");
+        (cluster, recording, tcp.into_std().unwrap())
+    });
+    rt.block_on(async {
+        recording.complete_all();
+        cluster.shutdown().await;
+    });
+    // What the process does next: its runtime, and every task in it, is gone.
+    drop(rt);
+    let mut tcp = tcp;
+    tcp.set_nonblocking(false).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut received = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut tcp, &mut received);
+    let parse = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let f = parse.block_on(frame::read_frame(&mut &received[..])).unwrap().expect("an answer before the close");
+    assert_eq!(f.kind, Kind::Ack);
+    let mut p = frame::Payload::new(&f);
+    assert_eq!((p.u64().unwrap(), p.u8().unwrap()), (0, frame::ACK_TAKEN));
 }

@@ -362,7 +362,7 @@ impl Engine {
         // Every input has stopped and every acknowledgement has arrived: write what is pending.
         close_registry(&state.registry).await;
         if let Some(c) = &self.cluster {
-            c.shutdown();
+            c.shutdown().await;
         }
         summaries
     }
@@ -406,7 +406,7 @@ async fn abandon_start(
     }
     close_registry(registry).await;
     if let Some(c) = cluster {
-        c.shutdown();
+        c.shutdown().await;
     }
 }
 

@@ -244,6 +244,9 @@ fn three_nodes_aggregate_every_key_on_exactly_one_node() {
     for (n, log) in nodes.iter().zip(&logs) {
         let s = summary(log, "web");
         eprintln!("{}: {s:?}", n.cluster);
+        for l in log.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")) {
+            eprintln!("  {l}");
+        }
         assert!(s["forwarded"] > 0 && s["received"] > 0, "{}: summary {s:?}", n.cluster);
         assert_eq!(s["unfinished"], 0, "{}: {log}", n.cluster);
     }

@@ -263,8 +263,31 @@ pub fn metric(text: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no series `{series}` in:\n{text}"))
 }
 
+/// A port for a server a test starts. Never handed out twice by one test process, and below
+/// the kernel's ephemeral range (32768 and up by default): a port the kernel picked with
+/// `bind(0)` and let go can be picked again for another test's server, or as the local port of
+/// an outgoing connection, before the server meant for it binds it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 10_000;
+    const PORTS: u32 = 22_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    // Processes started side by side begin at different places.
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7_919) % PORTS,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..PORTS {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::SeqCst) % PORTS) as u16;
+        let free = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        if free {
+            return port;
+        }
+    }
+    panic!("no free port in {FIRST}..{}", FIRST + PORTS)
 }
 
 pub fn validate(config: &str) -> (bool, String) {
