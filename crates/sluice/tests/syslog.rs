@@ -1,5 +1,5 @@
 //! The `syslog` input end to end, with real senders: util-linux's `logger` over TCP (both
-//! framings) and UDP, in RFC 5424 and RFC 3164; an rsyslog relay forwarding over TCP with
+//! framings) and UDP, in RFC 5424 and RFC 3164, beside Cisco IOS lines; an rsyslog relay forwarding over TCP with
 //! octet counting and with newlines; and a UDP flood into a tiny receive buffer whose drops
 //! must show at `/metrics`. Every event is checked in a file output.
 //!
@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::net::{TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -103,12 +104,24 @@ fn logger_messages_over_tcp_and_udp_arrive_parsed() {
     send("--tcp", tcp, "--rfc3164|--octet-count|-t|oc3164|-p|cron.info|--id=4245|four: 3164 octet-counted");
     send("--udp", udp, "--rfc5424|-t|udp5424|-p|daemon.info|--msgid|MID5|--id=4246|five: 5424 udp");
     send("--udp", udp, "--rfc3164|-t|udp3164|-p|auth.crit|six: 3164 udp");
+    // Cisco IOS writes its own header, which `logger` cannot: sent raw, over UDP (a router's
+    // default) and TCP (`logging host ... transport tcp`).
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .send_to(
+            b"<189>52: R1: 000123: *Mar  1 18:46:11.123: %LINK-3-UPDOWN: Interface Gi0/1, changed state to up",
+            ("127.0.0.1", udp),
+        )
+        .unwrap();
+    let mut router_tcp = TcpStream::connect(("127.0.0.1", tcp)).unwrap();
+    router_tcp.write_all(b"<187>7: Mar  1 2024 18:46:11.5 UTC: %SYS-3-CPUHOG: Task ran for 2004 msec\n").unwrap();
+    drop(router_tcp);
     let out = s.path("out.log");
-    wait_until("six events", Duration::from_secs(20), || lines_of(&out).len() >= 6);
+    wait_until("eight events", Duration::from_secs(20), || lines_of(&out).len() >= 8);
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
     let events = lines_of(&out);
-    assert_eq!(events.len(), 6, "{events:#?}");
+    assert_eq!(events.len(), 8, "{events:#?}");
     let by_message: BTreeMap<String, &serde_json::Value> =
         events.iter().map(|e| (e["message"].as_str().unwrap_or_default().to_string(), e)).collect();
     let hosts = host_names();
@@ -140,6 +153,25 @@ fn logger_messages_over_tcp_and_udp_arrive_parsed() {
     assert_eq!(two["structured_data"]["timeQuality"]["tzKnown"], "1", "{two}");
     assert_eq!(two["version"], 1);
     assert!(by_message["one: 5424 octet-counted"]["peer"].as_str().unwrap().starts_with("127.0.0.1:"));
+    let router = by_message["Interface Gi0/1, changed state to up"];
+    assert_eq!((&router["hostname"], &router["appname"]), (&"R1".into(), &"LINK-3-UPDOWN".into()), "{router}");
+    assert_eq!((&router["facility"], &router["severity"]), (&"local7".into(), &"notice".into()), "{router}");
+    assert_eq!(
+        router["cisco"],
+        serde_json::json!({"facility": "LINK", "severity": 3, "mnemonic": "UPDOWN", "sequence": 123, "message_count": 52,
+            "clock": "not_authoritative"}),
+        "{router}"
+    );
+    // Without a year, the year the BSD path gives it.
+    assert!(router["@timestamp"].as_str().unwrap().ends_with("-03-01T18:46:11.123Z"), "{router}");
+    let over_tcp = by_message["Task ran for 2004 msec"];
+    assert_eq!(over_tcp["@timestamp"], "2024-03-01T18:46:11.500Z", "{over_tcp}");
+    assert_eq!(
+        over_tcp["cisco"],
+        serde_json::json!({"facility": "SYS", "severity": 3, "mnemonic": "CPUHOG", "sequence": 7, "timezone": "UTC"}),
+        "{over_tcp}"
+    );
+    assert!(over_tcp["hostname"].is_null() && over_tcp["tags"].is_null(), "{over_tcp}");
     assert_eq!(summary(&log, "s")["failed"], 0, "{log}");
 }
 

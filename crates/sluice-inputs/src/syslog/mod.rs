@@ -1,5 +1,5 @@
-//! `syslog` input: RFC 5424 and RFC 3164 messages over TCP (optionally TLS) or UDP, parsed into
-//! fields ([`parse`]).
+//! `syslog` input: RFC 5424, RFC 3164 and Cisco IOS messages over TCP (optionally TLS) or UDP,
+//! parsed into fields ([`parse`]).
 //!
 //! ```yaml
 //! inputs:
@@ -18,6 +18,7 @@
 //!   kernel drops datagrams, and the drops are counted — see [`udp`]).
 //! - There are no acknowledgements: syslog senders cannot be told what was delivered.
 
+mod cisco;
 mod frame;
 mod parse;
 mod tcp;

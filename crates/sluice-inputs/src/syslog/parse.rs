@@ -1,13 +1,19 @@
-//! One syslog message → one event, with `syslog_loose` (Vector's parser) doing the header.
+//! One syslog message → one event, with `syslog_loose` (Vector's parser) doing the header,
+//! after a look for Cisco IOS's own header ([`cisco`]).
 //!
 //! What it guarantees:
 //! - RFC 5424 (`<PRI>1 TIMESTAMP HOST APP PROCID MSGID [SD] MSG`) and RFC 3164/BSD
 //!   (`<PRI>Mmm dd hh:mm:ss HOST TAG[PID]: MSG`, with or without the host, with a year or an
 //!   RFC 3339 timestamp instead) give the same field names; a field the message does not carry
 //!   (or carries as `-`) is left out, never set to null.
+//! - A Cisco IOS header (`<PRI>[COUNT: ][HOST: ][SEQ: ][*|.]Mmm dd [yyyy ]hh:mm:ss[.fff][ ZONE]:
+//!   %FAC-SEV-MNEMONIC: MSG`) gives `hostname`, `appname` (the tag without its `%`) and an
+//!   object `cisco` (facility, severity, mnemonic, sequence, message_count, clock, timezone);
+//!   it is tried first, and a message that is not exactly that shape is read as without it.
 //! - The text after the header is `/message`, with a leading UTF-8 BOM removed (RFC 5424 §6.4).
 //! - `@timestamp` is the message's own time when it has one, else the time it was received.
-//!   A time without an offset is read in `timezone`; a BSD time without a year gets the year
+//!   A time without an offset (or with a Cisco zone name other than UTC/GMT) is read in
+//!   `timezone`; a BSD or Cisco time without a year gets the year
 //!   that puts it no more than a month in the future (a December message read in January is
 //!   last year's, a January message read on 31 December next year's).
 //! - A message with a valid `<PRI>` but no header the parsers accept keeps its facility and
@@ -20,6 +26,7 @@ use chrono_tz::Tz;
 use sluice_core::{Event, Map, Str, Value};
 use syslog_loose::{IncompleteDate, Message, ProcId, Protocol, Variant};
 
+use super::cisco;
 use crate::codec::{TAG_TRUNCATED, text};
 
 /// The tag of a message that is neither RFC 5424 nor RFC 3164.
@@ -36,6 +43,15 @@ pub(super) const SEVERITY: &str = "severity";
 pub(super) const SEVERITY_CODE: &str = "severity_code";
 pub(super) const VERSION: &str = "version";
 pub(super) const STRUCTURED_DATA: &str = "structured_data";
+/// A Cisco IOS message's own parts, in an object `cisco`.
+pub(super) const CISCO: &str = "cisco";
+const CISCO_FACILITY: &str = "facility";
+const CISCO_SEVERITY: &str = "severity";
+const CISCO_MNEMONIC: &str = "mnemonic";
+const CISCO_SEQUENCE: &str = "sequence";
+const CISCO_MESSAGE_COUNT: &str = "message_count";
+const CISCO_CLOCK: &str = "clock";
+const CISCO_TIMEZONE: &str = "timezone";
 
 /// How a message was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,11 +89,76 @@ impl Parser {
     fn parse_with(&self, bytes: &[u8], truncated: bool, received: i64, now: Option<NaiveDateTime>) -> (Event, Parsed) {
         let raw = text(bytes);
         let line = raw.trim_start_matches('\u{feff}').trim_end_matches(['\n', '\r', '\0']);
-        // The clock is read only for a BSD time without a year.
-        let zone = self.zone;
-        let get_year = move |date: IncompleteDate| {
-            infer_year(date, now.unwrap_or_else(|| Utc::now().with_timezone(&zone).naive_local()))
+        let (mut event, outcome) = match self.cisco(line, now) {
+            Some(event) => (event, Parsed::Ok),
+            None => self.loose(&raw, line, received, now),
         };
+        if truncated {
+            event.add_tag(TAG_TRUNCATED);
+        }
+        (event, outcome)
+    }
+
+    /// The wall-clock time in `timezone` a year is inferred from.
+    fn now(&self, now: Option<NaiveDateTime>) -> NaiveDateTime {
+        now.unwrap_or_else(|| Utc::now().with_timezone(&self.zone).naive_local())
+    }
+
+    /// `line` read as Cisco IOS writes it, when it is that.
+    fn cisco(&self, line: &str, now: Option<NaiveDateTime>) -> Option<Event> {
+        let (pri, h) = match pri_prefix(line) {
+            Pri::Valid(pri, rest) => (Some(pri), cisco::header(rest)?),
+            Pri::Absent => (None, cisco::header(line)?),
+            Pri::Invalid => return None,
+        };
+        // The clock is read only for a time without a year.
+        let year = match h.year {
+            Some(year) => year,
+            None => infer_year((h.month, h.day, h.hour, h.minute, h.second), self.now(now)),
+        };
+        // A date that does not exist (30 February) is not Cisco's: left to the other parsers.
+        let local =
+            NaiveDate::from_ymd_opt(year, h.month, h.day)?.and_hms_nano_opt(h.hour, h.minute, h.second, h.nanos)?;
+        let utc = h.zone.is_some_and(|z| ["UTC", "GMT", "UCT", "Z"].iter().any(|u| u.eq_ignore_ascii_case(z)));
+        // Any other zone name is only a label (`clock timezone` takes any word): its time is
+        // read in `timezone`, like a time without a zone.
+        let at = if utc { local.and_utc().fixed_offset() } else { self.place(local) };
+        let mut fields = Map::with_capacity(10);
+        fields.push_unchecked(sluice_core::event::MESSAGE, Value::String(Str::from(h.message)));
+        fields.push_unchecked(sluice_core::event::TIMESTAMP, Value::Timestamp(at.timestamp_nanos_opt()?));
+        if let Some(host) = h.host {
+            fields.push_unchecked(HOSTNAME, Value::from(host));
+        }
+        fields.push_unchecked(APPNAME, Value::from(h.tag));
+        if let Some(pri) = pri {
+            push_pri(&mut fields, pri);
+        }
+        let mut c = Map::with_capacity(7);
+        c.push_unchecked(CISCO_FACILITY, Value::from(h.facility));
+        c.push_unchecked(CISCO_SEVERITY, Value::Int(i64::from(h.severity)));
+        c.push_unchecked(CISCO_MNEMONIC, Value::from(h.mnemonic));
+        if let Some(n) = h.sequence {
+            c.push_unchecked(CISCO_SEQUENCE, Value::Int(n));
+        }
+        if let Some(n) = h.message_count {
+            c.push_unchecked(CISCO_MESSAGE_COUNT, Value::Int(n));
+        }
+        if let Some(clock) = h.clock {
+            c.push_unchecked(CISCO_CLOCK, Value::from(clock.as_str()));
+        }
+        if let Some(zone) = h.zone {
+            c.push_unchecked(CISCO_TIMEZONE, Value::from(zone));
+        }
+        fields.push_unchecked(CISCO, Value::Object(c));
+        Some(Event::new(fields))
+    }
+
+    /// `line` read as RFC 5424 or RFC 3164 by `syslog_loose`, or as a `<PRI>` and text, or
+    /// kept whole as a failure.
+    fn loose(&self, raw: &Str, line: &str, received: i64, now: Option<NaiveDateTime>) -> (Event, Parsed) {
+        // The clock is read only for a BSD time without a year.
+        let this = *self;
+        let get_year = move |date: IncompleteDate| infer_year(date, this.now(now));
         let parsed = match pri_prefix(line) {
             Pri::Invalid => None,
             // Times without an offset are read as UTC here and placed in `timezone` below:
@@ -85,7 +166,7 @@ impl Parser {
             // time that a daylight saving change skips.
             _ => syslog_loose::parse_message_with_year_exact_tz(line, get_year, Some(Utc), Variant::Either).ok(),
         };
-        let (mut event, outcome) = match parsed {
+        match parsed {
             Some(mut message) => {
                 if message.protocol == Protocol::RFC3164 && has_bsd_time(line) {
                     message.timestamp = message.timestamp.map(|t| self.place(t.naive_utc()));
@@ -108,11 +189,7 @@ impl Parser {
                     (e, Parsed::Failed)
                 }
             },
-        };
-        if truncated {
-            event.add_tag(TAG_TRUNCATED);
         }
-        (event, outcome)
     }
 }
 
@@ -479,6 +556,151 @@ mod tests {
         assert_eq!(e.message(), Some("text"));
         assert!(e.has_tag(TAG_TRUNCATED));
         assert!(!e.has_tag(TAG_PARSE_FAILURE));
+    }
+
+    /// The Cisco object of `e`, as JSON, for comparing whole.
+    fn cisco_of(e: &Event) -> String {
+        get(e, "/cisco")
+            .map(|c| Event::new(Map::from_iter([("cisco".into(), c.clone())])).to_json_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn cisco_ios_headers_are_read() {
+        // A sequence number and a time the device itself says is not authoritative (`*`).
+        let e = parse("<189>123: *Mar  1 18:46:11.123: %SYS-5-CONFIG_I: Configured from console by vty0");
+        assert_eq!(e.message(), Some("Configured from console by vty0"));
+        assert_eq!(e.timestamp_nanos(), Some(ns("2026-03-01T18:46:11.123Z")));
+        assert_eq!(s(&e, "/appname"), Some("SYS-5-CONFIG_I"));
+        assert!(get(&e, "/hostname").is_none());
+        assert_eq!((s(&e, "/facility"), int(&e, "/facility_code")), (Some("local7"), Some(23)));
+        assert_eq!((s(&e, "/severity"), int(&e, "/severity_code")), (Some("notice"), Some(5)));
+        assert_eq!(
+            cisco_of(&e),
+            r#"{"cisco":{"facility":"SYS","severity":5,"mnemonic":"CONFIG_I","sequence":123,"clock":"not_authoritative"}}"#
+        );
+        assert!(e.fields.get("tags").is_none());
+        // The message counter and the origin-id host.
+        let e = parse("<189>52: R1: *Mar 1 18:46:11: %LINK-3-UPDOWN: Interface Gi0/1, changed state to up");
+        assert_eq!(e.message(), Some("Interface Gi0/1, changed state to up"));
+        assert_eq!((s(&e, "/hostname"), s(&e, "/appname")), (Some("R1"), Some("LINK-3-UPDOWN")));
+        assert_eq!(e.timestamp_nanos(), Some(ns("2026-03-01T18:46:11Z")));
+        assert_eq!(int(&e, "/cisco/sequence"), Some(52));
+        assert_eq!(s(&e, "/cisco/clock"), Some("not_authoritative"));
+        // Counter, host and sequence number all sent.
+        let e = parse("<189>52: R1: 000123: Mar 1 18:46:11: %LINK-3-UPDOWN: up");
+        assert_eq!((int(&e, "/cisco/message_count"), int(&e, "/cisco/sequence")), (Some(52), Some(123)));
+        assert_eq!(s(&e, "/hostname"), Some("R1"));
+        assert!(get(&e, "/cisco/clock").is_none(), "an authoritative time has no `clock`");
+        // No number; `*` and `.` kept apart.
+        let e = parse("<189>*Mar 1 18:46:11.123: %SYS-5-CONFIG_I: text");
+        assert_eq!((e.message(), s(&e, "/appname")), (Some("text"), Some("SYS-5-CONFIG_I")));
+        assert_eq!(e.timestamp_nanos(), Some(ns("2026-03-01T18:46:11.123Z")));
+        assert!(get(&e, "/cisco/sequence").is_none());
+        assert_eq!(s(&e, "/cisco/clock"), Some("not_authoritative"));
+        let e = parse("<189>.Mar 1 18:46:11.123: %SYS-5-CONFIG_I: text");
+        assert_eq!(s(&e, "/cisco/clock"), Some("not_synchronized"));
+        // Synchronised and nothing before the time: before, the tag with its `%` was the appname.
+        let e = parse("<189>Mar  1 18:46:11: %SYS-5-CONFIG_I: text");
+        assert_eq!((e.message(), s(&e, "/appname")), (Some("text"), Some("SYS-5-CONFIG_I")));
+        assert_eq!(cisco_of(&e), r#"{"cisco":{"facility":"SYS","severity":5,"mnemonic":"CONFIG_I"}}"#);
+        // A facility with several parts (a Catalyst 6500's supervisor).
+        let e = parse("<187>Mar  1 18:46:11: %LINK-SP-3-UPDOWN: x");
+        assert_eq!((s(&e, "/cisco/facility"), int(&e, "/cisco/severity")), (Some("LINK-SP"), Some(3)));
+        // No `<PRI>` (a line from a file): no facility nor severity, the rest as with one.
+        let e = parse("123: *Mar  1 18:46:11: %SYS-5-CONFIG_I: from a file");
+        assert_eq!((e.message(), int(&e, "/cisco/sequence")), (Some("from a file"), Some(123)));
+        assert!(get(&e, "/facility").is_none() && get(&e, "/severity").is_none());
+    }
+
+    #[test]
+    fn cisco_times_take_a_year_and_a_zone_like_bsd_ones() {
+        let now = at(2026, 7, 1, 0, 0, 0);
+        // `service timestamps log datetime year show-timezone msec`: UTC is UTC, whatever
+        // `timezone` says.
+        let line = "<189>000123: Mar  1 2024 18:46:11.123 UTC: %SYS-5-CONFIG_I: text";
+        let (e, p) = parse_in("Europe/Paris", line, now);
+        assert_eq!(p, Parsed::Ok);
+        assert_eq!(e.timestamp_nanos(), Some(ns("2024-03-01T18:46:11.123Z")));
+        assert_eq!((int(&e, "/cisco/sequence"), s(&e, "/cisco/timezone")), (Some(123), Some("UTC")));
+        assert_eq!(e.message(), Some("text"));
+        // Another zone name is a label (`clock timezone` takes any word): read in `timezone`.
+        let (e, _) = parse_in("Europe/Paris", "<189>Mar  1 2024 18:46:11 CET: %SYS-5-CONFIG_I: text", now);
+        assert_eq!(e.timestamp_nanos(), Some(ns("2024-03-01T17:46:11Z")));
+        assert_eq!(s(&e, "/cisco/timezone"), Some("CET"));
+        // No zone: `timezone`, with the daylight saving rules of the BSD path.
+        let (e, _) = parse_in("Europe/Paris", "<189>*Jun 30 14:00:00: %SYS-5-CONFIG_I: summer", now);
+        assert_eq!(e.timestamp_nanos(), Some(ns("2026-06-30T12:00:00Z")));
+        assert!(get(&e, "/cisco/timezone").is_none());
+        let (e, _) = parse_in("Europe/Paris", "<189>Mar 29 02:30:00: %SYS-5-CONFIG_I: in the gap", now);
+        assert_eq!(e.timestamp_nanos(), Some(ns("2026-03-29T01:30:00Z")));
+        // No year: the one the BSD path would give.
+        let (e, _) = parse_in("UTC", "<189>1: *Dec 31 23:59:58: %SYS-5-CONFIG_I: late", at(2027, 1, 1, 0, 0, 3));
+        assert_eq!(e.timestamp_nanos(), Some(ns("2026-12-31T23:59:58Z")));
+        let (e, _) = parse_in("UTC", "<189>1: *Aug  1 00:00:00.5: %SYS-5-CONFIG_I: old", at(2026, 3, 15, 0, 0, 0));
+        assert_eq!(e.timestamp_nanos(), Some(ns("2025-08-01T00:00:00.5Z")));
+    }
+
+    #[test]
+    fn lines_that_are_not_cisco_parse_as_without_it() {
+        let parser = Parser::new(zone("Europe/Paris").unwrap());
+        let now = at(2026, 11, 26, 12, 0, 0);
+        let not_cisco = [
+            // Malformed Cisco: each is what it was before Cisco headers were read.
+            "<189>123 *Mar  1 18:46:11: %SYS-5-CONFIG_I: no colon after the number",
+            "<189>123: *Mar  1 18:46:11: %SYS-5: no mnemonic",
+            "<189>123: %SYS-5-CONFIG_I: a sequence number and no time",
+            "<189>123: *Mar  1 18:46:11 %SYS-5-CONFIG_I: no colon after the time",
+            "<189>123: *Feb 30 18:46:11: %SYS-5-CONFIG_I: a date that does not exist",
+            "<189>123: *Mar  1 18:46:11: %SYS-5-CONFIG_I",
+            "<189>123: *Mar",
+            "<189>Mar  1 18:46:11: SYS-5-CONFIG_I: no percent sign",
+            "<999>123: *Mar  1 18:46:11: %SYS-5-CONFIG_I: PRI over 191",
+            // Not Cisco at all: RFC 5424, RFC 3164 and its variants, garbage.
+            "<166>2024-03-01T18:46:11.123Z host 123: text",
+            "<165>1 2003-10-11T22:14:15.003Z mymachine.example.com evntslog 8710 ID47 [a@1 b=\"c\"] text",
+            "<34>Oct 11 22:14:15 mymachine su[230]: 'su root' failed for lonvick on /dev/pts/8",
+            "<13>Nov 26 07:16:16 sshd: session opened",
+            "<13>Nov 26 07:16:16 web-1 sshd: %SYS-5-CONFIG_I: a tag-like text after a BSD tag",
+            "<13>Jan 15 2024 14:00:00 host app: with a year",
+            "<13>2026-06-30T14:00:00+00:00 host app: rsyslog style",
+            "Nov 26 07:16:16 web-1 nginx[7]: GET /",
+            "<190>just some text",
+            "hello world",
+            "",
+            "<12x>x",
+        ];
+        for line in not_cisco {
+            let (e, p) = parser.parse_at(line.as_bytes(), false, 42, now);
+            assert!(get(&e, "/cisco").is_none(), "{line}: {}", e.to_json_string());
+            let (before, p_before) = parser.loose(&text(line.as_bytes()), line, 42, Some(now));
+            assert_eq!((&e, p), (&before, p_before), "{line}");
+        }
+        // What that is for the malformed ones: a `<PRI>` and the rest of the text, as the probe
+        // of the issue found.
+        let (e, _) = parser.parse_at(b"<189>123: %SYS-5-CONFIG_I: text", false, 42, now);
+        assert_eq!(e.message(), Some("123: %SYS-5-CONFIG_I: text"));
+        assert_eq!((e.timestamp_nanos(), s(&e, "/severity")), (Some(42), Some("notice")));
+        assert!(get(&e, "/appname").is_none() && !e.has_tag(TAG_PARSE_FAILURE));
+        // And RFC 3339 with a number for a tag stays RFC 3164's reading.
+        let (e, _) = parser.parse_at(b"<166>2024-03-01T18:46:11.123Z host 123: text", false, 42, now);
+        assert_eq!((s(&e, "/hostname"), s(&e, "/appname"), e.message()), (Some("host"), Some("123"), Some("text")));
+    }
+
+    #[test]
+    fn cisco_lines_cut_anywhere_do_not_panic() {
+        let parser = Parser::new(Tz::UTC);
+        let line = "<189>52: r1: 000123: .Mar  1 2024 18:46:11.123 UTC: %LINK-SP-3-UPDOWN: Interface \u{e9}t\u{e9}";
+        for (end, _) in line.char_indices() {
+            let (e, p) = parser.parse_at(&line.as_bytes()[..end], true, 42, at(2026, 1, 1, 0, 0, 0));
+            assert!(e.has_tag(TAG_TRUNCATED));
+            // Only a cut inside `<189>` leaves no valid PRI.
+            assert_eq!(p == Parsed::Failed, !line[..end].contains('>'), "{}", &line[..end]);
+        }
+        // Cut in a multi-byte character too.
+        let bytes = line.as_bytes();
+        let (e, _) = parser.parse_at(&bytes[..bytes.len() - 1], false, 42, at(2026, 1, 1, 0, 0, 0));
+        assert_eq!(e.message(), Some("Interface \u{e9}t\u{fffd}"));
     }
 
     #[test]
