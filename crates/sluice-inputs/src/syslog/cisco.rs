@@ -112,6 +112,29 @@ pub(super) fn header(text: &str) -> Option<Header<'_>> {
     })
 }
 
+/// A Cisco message as a syslog relay passes it on, behind an RFC 3164 header of its own
+/// (`Mmm dd hh:mm:ss HOST `, HOST being the device as the relay knows it): the device's header,
+/// with HOST as its host when the device sent none. Read as plain RFC 3164 instead, the
+/// device's counter would be taken for the program name.
+pub(super) fn relayed(text: &str) -> Option<Header<'_>> {
+    let name = text.get(..3)?;
+    MONTHS.iter().position(|m| m.eq_ignore_ascii_case(name))?;
+    let s = spaces(&text[3..])?;
+    let (_, s) = digits(s, 1, 2)?;
+    let (_, s) = digits(spaces(s)?, 2, 2)?;
+    let (_, s) = digits(s.strip_prefix(':')?, 2, 2)?;
+    let (_, s) = digits(s.strip_prefix(':')?, 2, 2)?;
+    let s = s.strip_prefix(' ')?;
+    let len = s.bytes().take_while(|&b| b != b' ').count();
+    let relay_host = &s[..len];
+    if relay_host.is_empty() || relay_host.ends_with(':') {
+        return None;
+    }
+    let mut h = header(s[len..].strip_prefix(' ')?)?;
+    h.host = h.host.or(Some(relay_host));
+    Some(h)
+}
+
 /// The counter, host and sequence number among the tokens before the time: `[COUNT] [HOST]
 /// [SEQ]` in that order, a lone number being the sequence.
 type Prefix<'a> = (Option<i64>, Option<&'a str>, Option<i64>);
@@ -260,6 +283,28 @@ mod tests {
         assert_eq!((h.host, h.sequence, h.message), (Some("10.0.0.1"), Some(7), ""));
         let h = header("7: 8: Mar 1 00:00:00: %A-0-B: t").unwrap();
         assert_eq!((h.message_count, h.sequence), (Some(7), Some(8)));
+    }
+
+    #[test]
+    fn a_relayed_message_keeps_the_device_header_and_the_relay_host() {
+        let h = relayed("Mar  1 18:46:12 10.0.0.9 123: *Mar  1 18:46:11.123: %SYS-5-CONFIG_I: text").unwrap();
+        assert_eq!((h.host, h.sequence, h.tag, h.message), (Some("10.0.0.9"), Some(123), "SYS-5-CONFIG_I", "text"));
+        assert_eq!((h.second, h.nanos, h.clock), (11, 123_000_000, Some(Clock::NotAuthoritative)));
+        // The device's own origin-id wins over what the relay calls it.
+        let h = relayed("Mar 1 18:46:12 relay 52: R1: Mar 1 18:46:11: %LINK-3-UPDOWN: up").unwrap();
+        assert_eq!((h.host, h.sequence), (Some("R1"), Some(52)));
+        for not_relayed in [
+            "Mar 1 18:46:12 relay sshd[7]: Accepted password",
+            "Mar 1 18:46:12 relay 123: text without a Cisco header",
+            "Mar 1 18:46:12 123: *Mar 1 18:46:11: %SYS-5-CONFIG_I: no relay host",
+            "Mar 1 18:46:12  relay 123: *Mar 1 18:46:11: %SYS-5-CONFIG_I: two spaces",
+            "Mar 1 18:46 relay 123: *Mar 1 18:46:11: %SYS-5-CONFIG_I: no seconds",
+            "Mar 1 18:46:12 relay",
+            "Mar",
+            "",
+        ] {
+            assert!(relayed(not_relayed).is_none(), "{not_relayed}");
+        }
     }
 
     #[test]

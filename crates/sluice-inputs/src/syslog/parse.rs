@@ -107,8 +107,8 @@ impl Parser {
     /// `line` read as Cisco IOS writes it, when it is that.
     fn cisco(&self, line: &str, now: Option<NaiveDateTime>) -> Option<Event> {
         let (pri, h) = match pri_prefix(line) {
-            Pri::Valid(pri, rest) => (Some(pri), cisco::header(rest)?),
-            Pri::Absent => (None, cisco::header(line)?),
+            Pri::Valid(pri, rest) => (Some(pri), cisco::header(rest).or_else(|| cisco::relayed(rest))?),
+            Pri::Absent => (None, cisco::header(line).or_else(|| cisco::relayed(line))?),
             Pri::Invalid => return None,
         };
         // The clock is read only for a time without a year.
@@ -592,6 +592,12 @@ mod tests {
         assert_eq!((int(&e, "/cisco/message_count"), int(&e, "/cisco/sequence")), (Some(52), Some(123)));
         assert_eq!(s(&e, "/hostname"), Some("R1"));
         assert!(get(&e, "/cisco/clock").is_none(), "an authoritative time has no `clock`");
+        // Passed on by a relay that put its own RFC 3164 header first: the counter is not
+        // taken for the program name.
+        let e = parse("<189>Mar  1 18:46:12 10.0.0.9 123: *Mar  1 18:46:11.123: %SYS-5-CONFIG_I: text");
+        assert_eq!((s(&e, "/hostname"), s(&e, "/appname")), (Some("10.0.0.9"), Some("SYS-5-CONFIG_I")));
+        assert_eq!((e.message(), int(&e, "/cisco/sequence")), (Some("text"), Some(123)));
+        assert_eq!(e.timestamp_nanos(), Some(ns("2026-03-01T18:46:11.123Z")));
         // No number; `*` and `.` kept apart.
         let e = parse("<189>*Mar 1 18:46:11.123: %SYS-5-CONFIG_I: text");
         assert_eq!((e.message(), s(&e, "/appname")), (Some("text"), Some("SYS-5-CONFIG_I")));
