@@ -1229,8 +1229,14 @@ mod tests {
         assert_eq!(value(&parsed, "sluice_component_refused", &component("web", "http_in", "input", "http")), 1.0);
         let http_in = component("web", "http_in", "input", "http");
         assert_eq!(value(&parsed, "sluice_component_received_bytes", &http_in), 1234.0);
-        assert_eq!(value(&parsed, "sluice_component_received_bytes", &component(odd, "gen", "input", "generator")), 0.0);
-        assert_eq!(value(&parsed, "sluice_component_sent_bytes", &component("web", "es", "output", "elasticsearch")), 567.0);
+        assert_eq!(
+            value(&parsed, "sluice_component_received_bytes", &component(odd, "gen", "input", "generator")),
+            0.0
+        );
+        assert_eq!(
+            value(&parsed, "sluice_component_sent_bytes", &component("web", "es", "output", "elasticsearch")),
+            567.0
+        );
         // Bytes cross the node's edge at inputs and outputs only: no processor series.
         assert_eq!((samples("sluice_component_received_bytes"), samples("sluice_component_sent_bytes")), (2, 1));
         let es = component("web", "es", "output", "elasticsearch");

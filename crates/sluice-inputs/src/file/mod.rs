@@ -53,7 +53,7 @@ use decode::TextEncoding;
 use discovery::{Change, Notifications, Patterns};
 use identity::{FINGERPRINT_MAX, FileId, Fingerprint};
 use multiline::{Multiline, Rule};
-use reader::{BatchBuilder, Framing, Shape, Source, Tracked, Turn};
+use reader::{BatchBuilder, CountedFile, Framing, Shape, Source, Tracked, Turn};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -703,13 +703,13 @@ impl Harvester {
             check_same_content(t, &file, size, pipeline, input);
         }
         let source = if t.gzip {
-            let mut gz = Box::new(flate2::read::MultiGzDecoder::new(file));
+            let mut gz = Box::new(flate2::read::MultiGzDecoder::new(CountedFile::new(file)));
             if t.pos > 0 && !skip_decompressed(&mut gz, t.pos) {
                 tracing::warn!(pipeline = %pipeline, input = %input, path = %t.path.display(),
                     "gzip file is shorter than its saved position; reading it from the start");
                 t.restart();
                 gz = match std::fs::File::open(&t.path) {
-                    Ok(f) => Box::new(flate2::read::MultiGzDecoder::new(f)),
+                    Ok(f) => Box::new(flate2::read::MultiGzDecoder::new(CountedFile::new(f))),
                     Err(_) => return,
                 };
             }
@@ -727,7 +727,8 @@ impl Harvester {
         self.open += 1;
     }
 
-    /// One turn for every open file that may have data. Returns the bytes read.
+    /// One turn for every open file that may have data. Returns the bytes read (decompressed);
+    /// the bytes the disk gave (compressed, for gzip files) go to the input's `bytes_in`.
     fn pass(&mut self, now: Instant) -> Result<usize, Stop> {
         let mut total = 0;
         let timestamp = now_nanos();
@@ -741,7 +742,17 @@ impl Harvester {
                 continue;
             }
             let fingerprint = t.fingerprint;
-            match reader::read_turn(t, &self.s.shape, &mut self.buf, &mut self.batch, now, timestamp) {
+            let compressed = t.source.as_ref().and_then(Source::compressed_read);
+            let turn = reader::read_turn(t, &self.s.shape, &mut self.buf, &mut self.batch, now, timestamp);
+            let from_disk = match (compressed, &turn) {
+                (Some(before), _) => t.source.as_ref().and_then(Source::compressed_read).map_or(0, |now| now - before),
+                (None, Ok(Turn::Data(n))) => *n as u64,
+                (None, _) => 0,
+            };
+            if from_disk > 0 {
+                self.ctx.metrics.bytes_in.add(from_disk);
+            }
+            match turn {
                 Ok(Turn::Data(n)) => {
                     total += n;
                     t.at_end = false;
@@ -941,7 +952,7 @@ fn check_growth(t: &mut Tracked, ctx: &InputContext) -> bool {
     true
 }
 
-fn skip_decompressed(gz: &mut flate2::read::MultiGzDecoder<std::fs::File>, mut n: u64) -> bool {
+fn skip_decompressed(gz: &mut flate2::read::MultiGzDecoder<CountedFile>, mut n: u64) -> bool {
     use std::io::Read;
     let mut sink = vec![0u8; 64 << 10];
     while n > 0 {

@@ -225,7 +225,28 @@ pub(crate) struct Shape {
 /// The open source of a file's bytes.
 pub(crate) enum Source {
     Plain(File),
-    Gzip(Box<flate2::read::MultiGzDecoder<File>>),
+    Gzip(Box<flate2::read::MultiGzDecoder<CountedFile>>),
+}
+
+/// A gzip file under its decoder, counting what the decoder read of it: the compressed bytes
+/// the disk gave, where the reads of a plain file are counted as they return.
+pub(crate) struct CountedFile {
+    file: File,
+    read: u64,
+}
+
+impl CountedFile {
+    pub(crate) fn new(file: File) -> CountedFile {
+        CountedFile { file, read: 0 }
+    }
+}
+
+impl Read for CountedFile {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
 }
 
 impl Source {
@@ -233,6 +254,14 @@ impl Source {
         match self {
             Source::Plain(f) => Some(f),
             Source::Gzip(_) => None,
+        }
+    }
+
+    /// Compressed bytes read so far from a gzip file; `None` for a plain one.
+    pub(crate) fn compressed_read(&self) -> Option<u64> {
+        match self {
+            Source::Plain(_) => None,
+            Source::Gzip(g) => Some(g.get_ref().read),
         }
     }
 
