@@ -1,5 +1,5 @@
-//! Network and file components end to end: tcp and http in, file out, with every event
-//! accounted for; over-long lines and malformed JSON; an output that always fails; a slow
+//! Network and file components end to end: tcp and http in, file out, with every event and
+//! byte accounted for; over-long lines and malformed JSON; an output that always fails; a slow
 //! output whose backpressure reaches the input without unbounded memory; the acknowledgement
 //! latency of what an input waits for.
 
@@ -44,13 +44,34 @@ pipelines:
                 buf.push_str(&format!("{{\"client\":\"c{c}\",\"pad\":\"{}\"}}\n", "x".repeat(500)));
                 buf.push_str(&format!("{{\"client\":\"c{c}\",\"n\":\"after\"}}\n"));
                 conn.write_all(buf.as_bytes()).unwrap();
+                buf.len() as u64
             })
         })
         .collect();
-    clients.into_iter().for_each(|c| c.join().unwrap());
+    let sent: u64 = clients.into_iter().map(|c| c.join().unwrap()).sum();
     wait_until("all lines", Duration::from_secs(30), || {
         get_json(&api, "/stats")["pipelines"]["t"]["events"]["out"].as_u64() == Some(3 * 5003)
     });
+    // Bytes in: every byte the clients sent, once, however it was framed (over-long and broken
+    // lines included). Bytes out: what the files hold; the rejected events wrote nothing.
+    let written: u64 = std::fs::read_dir(s.path("out")).unwrap().map(|f| f.unwrap().metadata().unwrap().len()).sum();
+    let stats = get_json(&api, "/stats");
+    let components = stats["pipelines"]["t"]["components"].as_array().unwrap();
+    let (input, output) = (&components[0], &components[1]);
+    assert_eq!((input["kind"].as_str(), output["kind"].as_str()), (Some("input"), Some("output")), "{stats}");
+    assert_eq!(input["bytes_in"].as_u64(), Some(sent), "{input}");
+    assert_eq!(output["bytes_out"].as_u64(), Some(written), "{output}");
+    let text = http(&api, "GET", "/metrics", &[], b"").1;
+    let labels =
+        |id: &str, kind: &str, t: &str| format!("{{pipeline=\"t\",component=\"{id}\",kind=\"{kind}\",type=\"{t}\"}}");
+    let (input_id, output_id) = (input["id"].as_str().unwrap(), output["id"].as_str().unwrap());
+    assert!(text.contains("\n# TYPE sluice_component_received_bytes counter\n"), "{text}");
+    assert!(text.contains("\n# TYPE sluice_component_sent_bytes counter\n"), "{text}");
+    let received = format!("sluice_component_received_bytes_total{}", labels(input_id, "input", "tcp"));
+    let delivered = format!("sluice_component_sent_bytes_total{}", labels(output_id, "output", "file"));
+    assert_eq!(metric(&text, &received), sent as f64);
+    assert_eq!(metric(&text, &delivered), written as f64);
+    assert!(!text.contains(&format!("sluice_component_received_bytes_total{}", labels(output_id, "output", "file"))));
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
     for c in 0..3 {

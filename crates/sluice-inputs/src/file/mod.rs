@@ -703,13 +703,13 @@ impl Harvester {
             check_same_content(t, &file, size, pipeline, input);
         }
         let source = if t.gzip {
-            let mut gz = Box::new(flate2::read::MultiGzDecoder::new(CountedFile::new(file)));
+            let mut gz = Box::new(flate2::read::MultiGzDecoder::new(CountedFile::new(file, self.ctx.metrics.clone())));
             if t.pos > 0 && !skip_decompressed(&mut gz, t.pos) {
                 tracing::warn!(pipeline = %pipeline, input = %input, path = %t.path.display(),
                     "gzip file is shorter than its saved position; reading it from the start");
                 t.restart();
                 gz = match std::fs::File::open(&t.path) {
-                    Ok(f) => Box::new(flate2::read::MultiGzDecoder::new(CountedFile::new(f))),
+                    Ok(f) => Box::new(flate2::read::MultiGzDecoder::new(CountedFile::new(f, self.ctx.metrics.clone()))),
                     Err(_) => return,
                 };
             }
@@ -727,8 +727,9 @@ impl Harvester {
         self.open += 1;
     }
 
-    /// One turn for every open file that may have data. Returns the bytes read (decompressed);
-    /// the bytes the disk gave (compressed, for gzip files) go to the input's `bytes_in`.
+    /// One turn for every open file that may have data. Returns the bytes read (decompressed).
+    /// A plain file's reads count in the input's `bytes_in` here, a gzip file's where its
+    /// decoder reads (see [`CountedFile`]).
     fn pass(&mut self, now: Instant) -> Result<usize, Stop> {
         let mut total = 0;
         let timestamp = now_nanos();
@@ -742,19 +743,12 @@ impl Harvester {
                 continue;
             }
             let fingerprint = t.fingerprint;
-            let compressed = t.source.as_ref().and_then(Source::compressed_read);
-            let turn = reader::read_turn(t, &self.s.shape, &mut self.buf, &mut self.batch, now, timestamp);
-            let from_disk = match (compressed, &turn) {
-                (Some(before), _) => t.source.as_ref().and_then(Source::compressed_read).map_or(0, |now| now - before),
-                (None, Ok(Turn::Data(n))) => *n as u64,
-                (None, _) => 0,
-            };
-            if from_disk > 0 {
-                self.ctx.metrics.bytes_in.add(from_disk);
-            }
-            match turn {
+            match reader::read_turn(t, &self.s.shape, &mut self.buf, &mut self.batch, now, timestamp) {
                 Ok(Turn::Data(n)) => {
                     total += n;
+                    if !t.gzip {
+                        self.ctx.metrics.bytes_in.add(n as u64);
+                    }
                     t.at_end = false;
                     t.size = t.size.max(t.pos);
                     if t.fingerprint != fingerprint

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use memchr::memmem;
+use sluice_core::metrics::ComponentMetrics;
 use sluice_core::{Event, FieldPath, Map, SharedText, Str, Value};
 
 use super::acks::AckTracker;
@@ -228,23 +229,24 @@ pub(crate) enum Source {
     Gzip(Box<flate2::read::MultiGzDecoder<CountedFile>>),
 }
 
-/// A gzip file under its decoder, counting what the decoder read of it: the compressed bytes
-/// the disk gave, where the reads of a plain file are counted as they return.
+/// A gzip file under its decoder, counting each read the decoder makes of it in the input's
+/// `bytes_in`: the compressed bytes the disk gave. (The decoder reads ahead, its header as soon
+/// as it is made, so its reads cannot be matched to the read turns that use them.)
 pub(crate) struct CountedFile {
     file: File,
-    read: u64,
+    metrics: Arc<ComponentMetrics>,
 }
 
 impl CountedFile {
-    pub(crate) fn new(file: File) -> CountedFile {
-        CountedFile { file, read: 0 }
+    pub(crate) fn new(file: File, metrics: Arc<ComponentMetrics>) -> CountedFile {
+        CountedFile { file, metrics }
     }
 }
 
 impl Read for CountedFile {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.file.read(buf)?;
-        self.read += n as u64;
+        self.metrics.bytes_in.add(n as u64);
         Ok(n)
     }
 }
@@ -254,14 +256,6 @@ impl Source {
         match self {
             Source::Plain(f) => Some(f),
             Source::Gzip(_) => None,
-        }
-    }
-
-    /// Compressed bytes read so far from a gzip file; `None` for a plain one.
-    pub(crate) fn compressed_read(&self) -> Option<u64> {
-        match self {
-            Source::Plain(_) => None,
-            Source::Gzip(g) => Some(g.get_ref().read),
         }
     }
 
