@@ -191,6 +191,7 @@ mod tests {
         assert!(d.rejected.is_empty(), "{:?}", d.rejected);
         assert_eq!(String::from_utf8(kept.lock().clone()).unwrap(), "line 0\nline 1\n");
         assert_eq!(out.ctx.metrics.retries.get(), 2);
+        assert_eq!(out.ctx.metrics.bytes_out.get(), 14, "the batch once, not its failed attempts");
     }
 
     #[tokio::test]
@@ -202,6 +203,7 @@ mod tests {
         assert!(d.rejected.iter().all(|r| !r.permanent && r.attempts == 1), "{:?}", d.rejected);
         assert!(kept.lock().is_empty());
         assert_eq!(out.ctx.metrics.retries.get(), 0);
+        assert_eq!(out.ctx.metrics.bytes_out.get(), 0);
     }
 
     #[tokio::test]
