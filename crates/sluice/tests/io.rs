@@ -231,6 +231,52 @@ pipelines:
     assert!(t[1] - t[0] >= Duration::from_millis(950), "retried after {:?}, not after Retry-After: 1", t[1] - t[0]);
 }
 
+/// The http output's sent bytes are the bodies of the requests answered 2xx: a body answered
+/// 503 and sent again counts once.
+#[test]
+fn http_output_counts_the_body_of_an_accepted_request_once() {
+    let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = bodies.clone();
+    let addr = serve_http(move |body| {
+        let mut b = seen.lock().unwrap();
+        b.push(body.len());
+        if b.len() == 1 {
+            "HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy".to_string()
+        } else {
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_string()
+        }
+    });
+    // stdin stays open, so the process keeps running after the generator is done.
+    let mut s = Sluice::start_with(
+        &format!(
+            "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  f:
+    workers: 1
+    inputs: [{{type: generator, count: 5, batch_size: 5}}, {{type: stdin}}]
+    outputs:
+      - {{type: http, id: out, url: 'http://{addr}/bulk', retry: {{initial_backoff: 10ms, max_backoff: 20ms}}}}
+"
+        ),
+        std::process::Stdio::piped(),
+    );
+    let api = s.api();
+    wait_until("the events delivered", Duration::from_secs(30), || {
+        get_json(&api, "/stats")["pipelines"]["f"]["events"]["out"].as_u64() == Some(5)
+    });
+    let stats = get_json(&api, "/stats");
+    let out =
+        stats["pipelines"]["f"]["components"].as_array().unwrap().iter().find(|c| c["id"] == "out").unwrap().clone();
+    let b = bodies.lock().unwrap().clone();
+    assert_eq!(b.len(), 2, "one refused attempt, one accepted: {b:?}");
+    assert_eq!(b[0], b[1], "the same body sent again");
+    assert_eq!(out["bytes_out"], b[1] as u64, "{out}");
+    assert_eq!(out["retries"], 1, "{out}");
+    drop(s.child.stdin.take());
+    let (status, log) = s.wait(Duration::from_secs(30));
+    assert!(status.success(), "{log}");
+}
+
 #[test]
 fn an_output_that_always_fails_gives_up_after_its_retries() {
     let (addr, requests) = http_server(503, Duration::ZERO);
