@@ -494,6 +494,20 @@ fn encode_families(registry: &MetricsRegistry, uptime: Duration, out: &mut Descr
     for (name, help, pick) in component_counters {
         counter(out, name, help, comps.iter().map(|(l, c)| (l.clone(), pick(c))))?;
     }
+    // Bytes only where they cross the node's edge: inputs take them in, outputs send them.
+    let of_kind = |kind: ComponentKind| comps.iter().filter(move |(_, c)| c.kind == kind);
+    counter(
+        out,
+        "sluice_component_received_bytes_total",
+        "Bytes an input read from the network, a file or stdin, before framing, decoding and decompression.",
+        of_kind(ComponentKind::Input).map(|(l, c)| (l.clone(), c.bytes_in.get())),
+    )?;
+    counter(
+        out,
+        "sluice_component_sent_bytes_total",
+        "Bytes an output delivered: written, or sent in requests and records the destination accepted.",
+        of_kind(ComponentKind::Output).map(|(l, c)| (l.clone(), c.bytes_out.get())),
+    )?;
     let outputs: Vec<&(Labels, Arc<ComponentMetrics>)> =
         comps.iter().filter(|(_, c)| c.kind == ComponentKind::Output).collect();
     let mut states = Vec::with_capacity(outputs.len() * OutputState::ALL.len());
@@ -732,9 +746,14 @@ pub fn render_stats(state: &ApiState) -> Json {
                         state
                     }),
                 });
-                if c.kind == ComponentKind::Output {
-                    component["output_state"] = json!(c.output.state());
-                    component["last_error"] = json!(c.output.last_error());
+                match c.kind {
+                    ComponentKind::Input => component["bytes_in"] = json!(c.bytes_in.get()),
+                    ComponentKind::Output => {
+                        component["bytes_out"] = json!(c.bytes_out.get());
+                        component["output_state"] = json!(c.output.state());
+                        component["last_error"] = json!(c.output.last_error());
+                    }
+                    ComponentKind::Processor => {}
                 }
                 component
             })
@@ -932,6 +951,19 @@ mod tests {
     }
 
     #[test]
+    fn stats_give_inputs_bytes_in_and_outputs_bytes_out() {
+        let stats = render_stats(&ApiState::new(full_registry()));
+        let components = stats["pipelines"]["web"]["components"].as_array().unwrap().clone();
+        let c = |id: &str| components.iter().find(|c| c["id"] == id).unwrap().clone();
+        assert_eq!(c("http_in")["bytes_in"], 1234);
+        assert!(c("http_in").get("bytes_out").is_none(), "{}", c("http_in"));
+        assert_eq!(c("es")["bytes_out"], 567);
+        assert!(c("es").get("bytes_in").is_none(), "{}", c("es"));
+        let json = c("json");
+        assert!(json.get("bytes_in").is_none() && json.get("bytes_out").is_none(), "a processor has no bytes: {json}");
+    }
+
+    #[test]
     fn registry_figures_appear_once_published() {
         let reg = Arc::new(MetricsRegistry::default());
         assert!(!scrape(&reg).contains("sluice_registry_"));
@@ -1050,6 +1082,7 @@ mod tests {
         let input = p.component("http_in", ComponentKind::Input, "http");
         input.events_out.add(7);
         input.refused.add(1);
+        input.bytes_in.add(1234);
         p.events_taken.add(5);
         p.events_out.add(4);
         p.batch_duration.observe(Duration::from_millis(1));
@@ -1059,6 +1092,7 @@ mod tests {
         proc.duration.observe(Duration::from_micros(30));
         let out = p.component("es", ComponentKind::Output, "elasticsearch");
         out.events_out.add(4);
+        out.bytes_out.add(567);
         out.duration.observe(Duration::from_millis(20));
         out.output.retrying("connection refused");
         let own = Refusals(Default::default());
@@ -1145,6 +1179,8 @@ mod tests {
             "sluice_queue_fsyncs",
             "sluice_dlq_entries_written",
             "sluice_component_events_out",
+            "sluice_component_received_bytes",
+            "sluice_component_sent_bytes",
             "sluice_component_documents_refused",
             "sluice_memory_wait_seconds",
             "sluice_registry_fsyncs",
@@ -1191,6 +1227,18 @@ mod tests {
         assert_eq!(value(&parsed, "sluice_pipeline_events_out", &[("pipeline", "web")]), 4.0);
         assert_eq!(value(&parsed, "sluice_component_events_out", &component(odd, "gen", "input", "generator")), 3.0);
         assert_eq!(value(&parsed, "sluice_component_refused", &component("web", "http_in", "input", "http")), 1.0);
+        let http_in = component("web", "http_in", "input", "http");
+        assert_eq!(value(&parsed, "sluice_component_received_bytes", &http_in), 1234.0);
+        assert_eq!(
+            value(&parsed, "sluice_component_received_bytes", &component(odd, "gen", "input", "generator")),
+            0.0
+        );
+        assert_eq!(
+            value(&parsed, "sluice_component_sent_bytes", &component("web", "es", "output", "elasticsearch")),
+            567.0
+        );
+        // Bytes cross the node's edge at inputs and outputs only: no processor series.
+        assert_eq!((samples("sluice_component_received_bytes"), samples("sluice_component_sent_bytes")), (2, 1));
         let es = component("web", "es", "output", "elasticsearch");
         let es_state = |state: &'static str| {
             let mut labels = es.clone();

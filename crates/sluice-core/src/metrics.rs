@@ -1,7 +1,8 @@
 //! Counters, gauges and histograms for pipelines and their components.
 //!
-//! Everything here is updated once per batch (an atomic add), never once per event. The
-//! monitoring API reads these to render `/metrics` (OpenMetrics text) and `/stats` (JSON).
+//! Everything here is updated once per batch, read or write (an atomic add), never once per
+//! event. The monitoring API reads these to render `/metrics` (OpenMetrics text) and `/stats`
+//! (JSON).
 
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -128,6 +129,14 @@ pub struct ComponentMetrics {
     /// Inputs: requests and connections refused by a limit (too large, too many events, no room
     /// in the memory budget in time, `max_connections`, a client too slow for a timeout).
     pub refused: Counter,
+    /// Inputs: bytes taken in from the wire, a file or stdin as read, before framing, decoding
+    /// and decompression (after TLS). Added once per read, never per event; each input's
+    /// module says what it counts.
+    pub bytes_in: Counter,
+    /// Outputs: bytes the destination accepted as delivered (written to a file, a request body
+    /// answered 2xx, a record acknowledged); a failed attempt counts nothing, its successful
+    /// retry counts once. Added once per write or request, never per event.
+    pub bytes_out: Counter,
     /// Time spent per batch in this component.
     pub duration: Histogram,
     /// Inputs: the pipeline's [`PipelineMetrics::ack_latency`], where the acknowledgements of
@@ -330,6 +339,8 @@ impl ComponentMetrics {
             failed: Counter::default(),
             retries: Counter::default(),
             refused: Counter::default(),
+            bytes_in: Counter::default(),
+            bytes_out: Counter::default(),
             duration: Histogram::default(),
             ack_latency: OnceLock::new(),
             state: OnceLock::new(),

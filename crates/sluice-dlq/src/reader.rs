@@ -301,6 +301,8 @@ pub struct DlqReader {
     cursor: Cursor,
     changed: watch::Receiver<u64>,
     damaged: u64,
+    /// Bytes of the frames of the entries returned.
+    entry_bytes: u64,
 }
 
 impl std::fmt::Debug for DlqReader {
@@ -317,12 +319,19 @@ impl DlqReader {
         std::fs::create_dir_all(dir).map_err(|e| DlqError::io(dir, e))?;
         let cursor = Cursor::open(dir, from)?;
         let changed = cursor.shared.changed.subscribe();
-        Ok(DlqReader { cursor, changed, damaged: 0 })
+        Ok(DlqReader { cursor, changed, damaged: 0, entry_bytes: 0 })
     }
 
     /// Damaged frames this reader skipped (each also logged with its segment and offset).
     pub fn damaged_frames(&self) -> u64 {
         self.damaged
+    }
+
+    /// Bytes of the entries this reader returned, as stored: each whole frame, from its length
+    /// to its checksum. Segment headers, damaged frames and entries skipped before a start
+    /// time are not counted.
+    pub fn entry_bytes(&self) -> u64 {
+        self.entry_bytes
     }
 
     /// Up to `max` entries, each with the position just after it. Returns what is available
@@ -339,7 +348,11 @@ impl DlqReader {
             let mut out = Vec::new();
             while out.len() < max {
                 match self.cursor.next_item()? {
-                    Some(Item::Entry(entry, pos, _)) => out.push((entry, pos)),
+                    Some(Item::Entry(entry, pos, start)) => {
+                        // `pos` is just past the entry's frame, in the segment it starts in.
+                        self.entry_bytes += pos.offset.saturating_sub(start);
+                        out.push((entry, pos));
+                    }
                     Some(Item::Damaged { segment, path, offset, reason }) => {
                         self.damaged += 1;
                         tracing::error!(segment, path = %path.display(), offset, reason,

@@ -343,6 +343,7 @@ async fn a_corrupt_frame_is_skipped_and_its_neighbours_kept() {
     let got = reader.next_batch(100, false).await.unwrap();
     assert_eq!(ns(&got), vec![10, 11, 13, 14]);
     assert_eq!(reader.damaged_frames(), 1);
+    assert_eq!(reader.entry_bytes(), 4 * f as u64, "the entries' frames, not the damaged one nor the header");
     let items: Vec<Item> = inspect::entries(dir.path(), ReadFrom::Beginning).unwrap().map(Result::unwrap).collect();
     assert_eq!(items.len(), 5);
     assert!(matches!(&items[2], Item::Damaged { segment: 1, offset, .. } if *offset == third as u64), "{:?}", items[2]);

@@ -17,6 +17,7 @@
 //!   rescanning. The segment being written is never deleted.
 //! - A damaged entry is skipped, counted as failed for this input and logged with its segment
 //!   and offset; its neighbours are delivered.
+//! - The input's `bytes_in` counts the entries' frames as stored in the segments.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -223,7 +224,7 @@ impl Input for DeadLetterQueueInput {
         let acked_tx = Arc::new(acked_tx);
         let mut sent: u64 = 0;
         let mut cleaned: Option<Position> = resume;
-        let mut damaged_seen = 0;
+        let (mut damaged_seen, mut bytes_seen) = (0, 0);
         let mut reading = true;
         loop {
             if !reading && acked_rx.borrow().1 == sent {
@@ -257,6 +258,9 @@ impl Input for DeadLetterQueueInput {
                     let damaged = reader.damaged_frames();
                     ctx.metrics.failed.add(damaged - damaged_seen);
                     damaged_seen = damaged;
+                    let read = reader.entry_bytes();
+                    ctx.metrics.bytes_in.add(read - bytes_seen);
+                    bytes_seen = read;
                     let Some(&(_, end)) = entries.last() else {
                         // Only without `follow`: everything is read.
                         reading = false;

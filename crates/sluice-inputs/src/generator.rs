@@ -124,6 +124,8 @@ impl Input for Generator {
                 events.push(event);
             }
             ctx.metrics.failed.add(failed as u64);
+            // The lines' bytes (without line ends), as if they had been read.
+            ctx.metrics.bytes_in.add(bytes as u64);
             charge.true_up(admission::measure_owned(c.codec, &events, bytes));
             if ctx.send(Batch::untracked(events, bytes).with_memory(charge)).await.is_err() {
                 break;

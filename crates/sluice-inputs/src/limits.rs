@@ -25,10 +25,11 @@
 //!   (`tcp`, `syslog`, `beats`): each connection in a task of its own holding a slot, accept
 //!   errors (out of file descriptors) logged and retried without spinning, and the tasks waited
 //!   for at shutdown.
-//! - [`StreamReader`]: the reads of an input without acknowledgements (`tcp`, `syslog`). An
-//!   evicted connection is not dropped with what its client is still sending: it keeps reading
-//!   (and queueing) until the client closes, pauses for [`EVICTION_QUIET`], or
-//!   [`EVICTION_LINGER`] has passed; only what is then still unread is discarded, and counted.
+//! - [`StreamReader`]: the reads of an input without acknowledgements (`tcp`, `syslog`), each
+//!   counted in the input's `bytes_in` (what TLS decrypted, before framing). An evicted
+//!   connection is not dropped with what its client is still sending: it keeps reading (and
+//!   queueing) until the client closes, pauses for [`EVICTION_QUIET`], or [`EVICTION_LINGER`]
+//!   has passed; only what is then still unread is discarded, and counted.
 //!   A connection reset by its client (what it sent and the input had not read is lost in the
 //!   kernel) is logged at warn and counted. Every line a peer can trigger per connection is
 //!   rate-limited ([`LogEvery`]).
@@ -693,7 +694,9 @@ pub enum Step {
 }
 
 /// Reads one connection of an input without acknowledgements (`tcp`, `syslog`): idle and
-/// eviction handling, and the logging and counting of how a connection ends.
+/// eviction handling, the bytes read (the input's `bytes_in`: after TLS, before framing; what
+/// is discarded at an eviction is counted apart), and the logging and counting of how a
+/// connection ends.
 pub struct StreamReader<'a> {
     ctx: &'a crate::InputContext,
     kind: &'static str,
@@ -775,6 +778,7 @@ impl<'a> StreamReader<'a> {
             return match r {
                 Ok(0) => Step::End,
                 Ok(n) => {
+                    ctx.metrics.bytes_in.add(n as u64);
                     if let Some(closing) = &mut self.closing {
                         closing.quiet_until = Instant::now() + EVICTION_QUIET;
                     }

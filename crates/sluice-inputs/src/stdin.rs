@@ -2,7 +2,8 @@
 //!
 //! Reads of up to 64 KiB go into buffers from a pool; with `codec: lines` a line's `message`
 //! points into its read's buffer (see [`SharedText`]), which is reused once every event made
-//! from it is finished. Everything from one read is one batch.
+//! from it is finished. Everything from one read is one batch; each read counts in the input's
+//! `bytes_in`.
 
 use async_trait::async_trait;
 use bytes::BufMut;
@@ -57,6 +58,7 @@ impl Input for Stdin {
                 r = stdin.read_buf(&mut room) => r.map_err(|e| InputError::io("reading stdin", e))?,
                 _ = ctx.shutdown.cancelled() => 0,
             };
+            ctx.metrics.bytes_in.add(n as u64);
             // Room in the memory budget before decoding, as the tcp input does.
             let estimate = admission::estimate(codec, n, admission::count_lines(&buf[..n]));
             let Some(mut charge) = ctx.reserve(estimate).await else {

@@ -384,6 +384,7 @@ pub(crate) mod tests {
         }
         assert_eq!(ctx.metrics.refused.get(), 2);
         assert!(tokio::time::timeout(Duration::from_millis(200), rx.recv()).await.is_err(), "nothing else came in");
+        assert_eq!(ctx.metrics.bytes_in.get(), 16, "what TLS decrypted, from the trusted client only");
         ctx.shutdown.cancel();
         task.await.unwrap();
     }
@@ -500,10 +501,12 @@ pub(crate) mod tests {
                     s.write_all(chunk).await.unwrap();
                 }
                 s.shutdown().await.unwrap();
+                text.len() as u64
             }));
         }
+        let mut sent = 0;
         for c in clients {
-            c.await.unwrap();
+            sent += c.await.unwrap();
         }
         let events = collect(&mut rx, 10_000).await;
         assert_eq!(events.len(), 10_000);
@@ -520,6 +523,7 @@ pub(crate) mod tests {
             assert!(e.timestamp_nanos().is_some());
         }
         assert_eq!(ctx.metrics.events_in.get(), 10_000);
+        assert_eq!(ctx.metrics.bytes_in.get(), sent, "every byte read is counted once");
         ctx.shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
     }
@@ -539,6 +543,7 @@ pub(crate) mod tests {
         assert!(events[1].fields.get("peer").is_none());
         assert_eq!(events[2].message(), Some("last-witho"));
         assert!(events[2].has_tag(TAG_TRUNCATED));
+        assert_eq!(ctx.metrics.bytes_in.get(), 46, "what was read, the parts cut off included");
         ctx.shutdown.cancel();
         task.await.unwrap();
     }

@@ -42,6 +42,9 @@
 //!   with a newline instead, as is a partial line found when a file is opened again later in
 //!   the run (a failed rollback, whose group is then written again after it).
 //!
+//! The output's `bytes_out` counts the bytes of appends that succeeded (synced, with `fsync`);
+//! a newline added after a fragment found in a file is not counted.
+//!
 //! Blocking file system calls run on tokio's blocking pool; no lock is held across an await.
 
 use std::collections::{HashMap, HashSet};
@@ -725,6 +728,12 @@ impl Output for FileOutput {
                     return Ok(Delivery::all_gave_up(events.len(), &format!("file output writer failed: {e}"), 1));
                 }
             };
+            // Only whole appends count: a failed one was rolled back (or its fragment is
+            // logged), and its group counts when it is written again.
+            let written: usize = groups.iter().filter(|g| g.error.is_none()).map(|g| g.data.len()).sum();
+            if written > 0 {
+                self.ctx.metrics.bytes_out.add(written as u64);
+            }
             for g in groups {
                 let Some(e) = &g.error else { continue };
                 if self.fault(e) == Fault::Event {

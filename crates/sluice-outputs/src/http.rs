@@ -21,6 +21,9 @@
 //!
 //! Delivery is at-least-once: a request that timed out may have been processed and is sent
 //! again. Shutdown's abort stops waiting for a request or a backoff at once.
+//!
+//! The output's `bytes_out` counts the bodies of requests answered 2xx, as sent (compressed
+//! with `compression: gzip`); failed and refused attempts count nothing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -290,6 +293,7 @@ impl HttpOutput {
             };
             match outcome {
                 Attempt::Delivered => {
+                    self.ctx.metrics.bytes_out.add(body.len() as u64);
                     if let Some(failures) = self.stall.succeeded() {
                         tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, url = %self.url,
                             failed_attempts = failures, "http output delivers again");

@@ -10,7 +10,8 @@
 //!   warn at most once per interval, with an info line when writing resumes.
 //!
 //! A batch that failed part-way is written again in full: its first lines can appear twice
-//! (at-least-once), as with the `tcp` output.
+//! (at-least-once), as with the `tcp` output. The output's `bytes_out` counts each batch once,
+//! when its write and flush succeed.
 
 use std::sync::Arc;
 
@@ -103,6 +104,7 @@ impl Output for Stdout {
             };
             let e = match written {
                 Ok(()) => {
+                    self.ctx.metrics.bytes_out.add(buf.len() as u64);
                     if let Some(failures) = self.stall.succeeded() {
                         tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, failed_attempts = failures,
                             "stdout output writes again");
@@ -189,6 +191,7 @@ mod tests {
         assert!(d.rejected.is_empty(), "{:?}", d.rejected);
         assert_eq!(String::from_utf8(kept.lock().clone()).unwrap(), "line 0\nline 1\n");
         assert_eq!(out.ctx.metrics.retries.get(), 2);
+        assert_eq!(out.ctx.metrics.bytes_out.get(), 14, "the batch once, not its failed attempts");
     }
 
     #[tokio::test]
@@ -200,6 +203,7 @@ mod tests {
         assert!(d.rejected.iter().all(|r| !r.permanent && r.attempts == 1), "{:?}", d.rejected);
         assert!(kept.lock().is_empty());
         assert_eq!(out.ctx.metrics.retries.get(), 0);
+        assert_eq!(out.ctx.metrics.bytes_out.get(), 0);
     }
 
     #[tokio::test]

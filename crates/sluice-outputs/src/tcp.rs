@@ -15,6 +15,9 @@
 //! Delivery is at-least-once and no more: a batch that failed part-way is sent again in full, so
 //! its first lines can arrive twice. TCP itself has no acknowledgement of what the server read,
 //! so lines written just before a server dies can be lost without any error being seen.
+//!
+//! The output's `bytes_out` counts a batch's bytes once its whole write succeeded (before TLS);
+//! a write that failed part-way counts nothing, and the batch counts once when sent again.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -244,6 +247,7 @@ impl Output for TcpOutput {
             };
             let reason = match attempt {
                 Ok(()) => {
+                    self.ctx.metrics.bytes_out.add(data.len() as u64);
                     if let Some(failures) = self.stall.succeeded() {
                         tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, address = %self.address,
                             failed_attempts = failures, "tcp output sends again");

@@ -258,6 +258,12 @@ pipelines:
     });
     let t = text();
     assert_eq!(metric(&t, "sluice_dlq_entries{pipeline=\"looping\"}"), 0.0, "{t}");
+    // The replaying input read every stored entry's frame: the segments less their headers.
+    let segments = metric(&t, &format!("sluice_dlq_segments{newer}"));
+    let frames = metric(&t, &format!("sluice_dlq_bytes{newer}")) - 64.0 * segments;
+    let looping_input =
+        "{pipeline=\"looping\",component=\"dead_letter_queue_0\",kind=\"input\",type=\"dead_letter_queue\"}";
+    assert_eq!(metric(&t, &format!("sluice_component_received_bytes_total{looping_input}")), frames, "{t}");
     assert!(s.log().contains("failed again; it is not written back"), "logged");
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");

@@ -214,6 +214,12 @@ pipelines:
     assert_eq!(comp("gen")["events"]["out"], 12345);
     assert_eq!(comp("odd")["events"]["dropped"], 345);
     assert_eq!(comp("sink")["events"]["out"], 12000);
+    // The generator's lines count as read ("Hello world!", 12 bytes each); stdin sent nothing;
+    // the blackhole writes nothing; a processor has no bytes at all.
+    assert_eq!(comp("gen")["bytes_in"], 12345 * 12);
+    assert_eq!(comp("keepalive")["bytes_in"], 0);
+    assert_eq!(comp("sink")["bytes_out"], 0);
+    assert!(comp("odd").get("bytes_in").is_none() && comp("odd").get("bytes_out").is_none());
 
     let (status, text) = http(&api, "GET", "/metrics", &[], b"");
     assert_eq!(status, 200);

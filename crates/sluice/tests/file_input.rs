@@ -335,6 +335,12 @@ fn read_from_end_skips_what_was_there_at_start() {
     let mut m = messages(&s);
     m.sort();
     assert_eq!(m, ["appended", "later 1", "later 2"]);
+    let stats = get_json(&s.api(), "/stats");
+    let read = "appended\n".len() + "later 1\nlater 2\n".len();
+    assert_eq!(
+        stats["pipelines"]["f"]["components"][0]["bytes_in"], read,
+        "the bytes read, not what was skipped: {stats}"
+    );
     s.stop();
 }
 
@@ -347,9 +353,13 @@ fn gzip_files_are_read_once() {
     enc.write_all(numbered("gz", 0..5000).as_bytes()).unwrap();
     enc.finish().unwrap();
     let cfg = config("{type: file, include: ['{dir}/logs/*.gz'], scan_interval: 200ms}");
+    let compressed = std::fs::metadata(dir.path().join("logs/old.log.gz")).unwrap().len();
     let mut s = Sluice::start_in(dir, &cfg, Stdio::null());
     wait_events(&mut s, 5000);
     s.wait_log("gzip file read to its end", Duration::from_secs(10));
+    let bytes_in =
+        |s: &mut Sluice| get_json(&s.api(), "/stats")["pipelines"]["f"]["components"][0]["bytes_in"].as_u64();
+    assert_eq!(bytes_in(&mut s), Some(compressed), "what the disk gave: the compressed file, once");
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
     let mut s = Sluice::start_in(s.into_dir(), &cfg, Stdio::null());
@@ -358,6 +368,7 @@ fn gzip_files_are_read_once() {
     let c = counts(&s);
     assert_eq!(c.len(), 5000);
     assert!(c.values().all(|&n| n == 1), "read once, not again after a restart");
+    assert_eq!(bytes_in(&mut s), Some(0), "a gzip file read to its end is not read again");
     s.stop();
 }
 

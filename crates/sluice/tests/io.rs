@@ -1,5 +1,5 @@
-//! Network and file components end to end: tcp and http in, file out, with every event
-//! accounted for; over-long lines and malformed JSON; an output that always fails; a slow
+//! Network and file components end to end: tcp and http in, file out, with every event and
+//! byte accounted for; over-long lines and malformed JSON; an output that always fails; a slow
 //! output whose backpressure reaches the input without unbounded memory; the acknowledgement
 //! latency of what an input waits for.
 
@@ -44,13 +44,34 @@ pipelines:
                 buf.push_str(&format!("{{\"client\":\"c{c}\",\"pad\":\"{}\"}}\n", "x".repeat(500)));
                 buf.push_str(&format!("{{\"client\":\"c{c}\",\"n\":\"after\"}}\n"));
                 conn.write_all(buf.as_bytes()).unwrap();
+                buf.len() as u64
             })
         })
         .collect();
-    clients.into_iter().for_each(|c| c.join().unwrap());
+    let sent: u64 = clients.into_iter().map(|c| c.join().unwrap()).sum();
     wait_until("all lines", Duration::from_secs(30), || {
         get_json(&api, "/stats")["pipelines"]["t"]["events"]["out"].as_u64() == Some(3 * 5003)
     });
+    // Bytes in: every byte the clients sent, once, however it was framed (over-long and broken
+    // lines included). Bytes out: what the files hold; the rejected events wrote nothing.
+    let written: u64 = std::fs::read_dir(s.path("out")).unwrap().map(|f| f.unwrap().metadata().unwrap().len()).sum();
+    let stats = get_json(&api, "/stats");
+    let components = stats["pipelines"]["t"]["components"].as_array().unwrap();
+    let (input, output) = (&components[0], &components[1]);
+    assert_eq!((input["kind"].as_str(), output["kind"].as_str()), (Some("input"), Some("output")), "{stats}");
+    assert_eq!(input["bytes_in"].as_u64(), Some(sent), "{input}");
+    assert_eq!(output["bytes_out"].as_u64(), Some(written), "{output}");
+    let text = http(&api, "GET", "/metrics", &[], b"").1;
+    let labels =
+        |id: &str, kind: &str, t: &str| format!("{{pipeline=\"t\",component=\"{id}\",kind=\"{kind}\",type=\"{t}\"}}");
+    let (input_id, output_id) = (input["id"].as_str().unwrap(), output["id"].as_str().unwrap());
+    assert!(text.contains("\n# TYPE sluice_component_received_bytes counter\n"), "{text}");
+    assert!(text.contains("\n# TYPE sluice_component_sent_bytes counter\n"), "{text}");
+    let received = format!("sluice_component_received_bytes_total{}", labels(input_id, "input", "tcp"));
+    let delivered = format!("sluice_component_sent_bytes_total{}", labels(output_id, "output", "file"));
+    assert_eq!(metric(&text, &received), sent as f64);
+    assert_eq!(metric(&text, &delivered), written as f64);
+    assert!(!text.contains(&format!("sluice_component_received_bytes_total{}", labels(output_id, "output", "file"))));
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
     for c in 0..3 {
@@ -208,6 +229,52 @@ pipelines:
     let t = times.lock().unwrap();
     assert_eq!(t.len(), 2, "{log}");
     assert!(t[1] - t[0] >= Duration::from_millis(950), "retried after {:?}, not after Retry-After: 1", t[1] - t[0]);
+}
+
+/// The http output's sent bytes are the bodies of the requests answered 2xx: a body answered
+/// 503 and sent again counts once.
+#[test]
+fn http_output_counts_the_body_of_an_accepted_request_once() {
+    let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = bodies.clone();
+    let addr = serve_http(move |body| {
+        let mut b = seen.lock().unwrap();
+        b.push(body.len());
+        if b.len() == 1 {
+            "HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy".to_string()
+        } else {
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_string()
+        }
+    });
+    // stdin stays open, so the process keeps running after the generator is done.
+    let mut s = Sluice::start_with(
+        &format!(
+            "api: {{address: '127.0.0.1:0'}}
+pipelines:
+  f:
+    workers: 1
+    inputs: [{{type: generator, count: 5, batch_size: 5}}, {{type: stdin}}]
+    outputs:
+      - {{type: http, id: out, url: 'http://{addr}/bulk', retry: {{initial_backoff: 10ms, max_backoff: 20ms}}}}
+"
+        ),
+        std::process::Stdio::piped(),
+    );
+    let api = s.api();
+    wait_until("the events delivered", Duration::from_secs(30), || {
+        get_json(&api, "/stats")["pipelines"]["f"]["events"]["out"].as_u64() == Some(5)
+    });
+    let stats = get_json(&api, "/stats");
+    let out =
+        stats["pipelines"]["f"]["components"].as_array().unwrap().iter().find(|c| c["id"] == "out").unwrap().clone();
+    let b = bodies.lock().unwrap().clone();
+    assert_eq!(b.len(), 2, "one refused attempt, one accepted: {b:?}");
+    assert_eq!(b[0], b[1], "the same body sent again");
+    assert_eq!(out["bytes_out"], b[1] as u64, "{out}");
+    assert_eq!(out["retries"], 1, "{out}");
+    drop(s.child.stdin.take());
+    let (status, log) = s.wait(Duration::from_secs(30));
+    assert!(status.success(), "{log}");
 }
 
 #[test]

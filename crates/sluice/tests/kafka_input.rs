@@ -155,6 +155,16 @@ fn every_record_of_a_three_partition_topic_arrives_and_a_restart_resumes_at_the_
     assert!(committed, "every offset committed, the lag 0: {state}\n{}", s.log());
     assert_eq!(state["records_consumed"], n, "{state}");
     assert_eq!(state["partitions_assigned"], 3, "{state}");
+    // Received bytes: the records' values as produced (keys not counted).
+    let values: usize =
+        (0..n).map(|i| format!("{{\"n\":{i},\"message\":\"record {i}\",\"pad\":\"{}\"}}", "x".repeat(40)).len()).sum();
+    let stats = get_json(&api, "/stats");
+    let input = &stats["pipelines"]["p"]["components"][0];
+    assert_eq!(
+        (&input["type"], &input["bytes_in"]),
+        (&serde_json::json!("kafka"), &serde_json::json!(values)),
+        "{input}"
+    );
     assert!(state["offset_commits"].as_u64() > Some(0), "{state}");
     assert_eq!(state["offset_commit_failures"], 0, "{state}");
     let (status, log) = s.stop();

@@ -125,7 +125,6 @@ pipelines:
 fn records_the_broker_refuses_go_to_the_dead_letter_queue_with_its_reason() {
     let kafka = Kafka::start_or_panic(&[("auto.create.topics.enable", "false")]);
     kafka.try_create_topic("small", 1, &[("max.message.bytes", "10000")]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
     // 100 ordinary events, 3 larger than the topic takes, 2 for a topic that does not exist.
     let mut input = String::new();
     for i in 0..105 {
@@ -136,10 +135,9 @@ fn records_the_broker_refuses_go_to_the_dead_letter_queue_with_its_reason() {
         };
         input.push_str(&format!("{{\"event_id\":{i},\"to\":\"{topic}\",\"pad\":\"{}\"}}\n", "y".repeat(pad)));
     }
-    let data = dir.path().join("data");
     let config = format!(
-        "data_dir: '{}'
-api: {{enabled: false}}
+        "data_dir: '{{dir}}/data'
+api: {{address: '127.0.0.1:0'}}
 pipelines:
   main:
     inputs: [{{type: stdin, codec: json_lines}}]
@@ -148,14 +146,32 @@ pipelines:
           librdkafka_options: {{topic.metadata.propagation.max.ms: '2000'}}}}
     dead_letter_queue: {{enabled: true, sync: commit}}
 ",
-        data.display(),
         kafka.bootstrap()
     );
-    let (ok, log) = run_once(dir.path(), &config, &input);
-    assert!(ok, "{log}");
+    // Run with the API up, stdin held open until the figures are read.
+    let mut s = Sluice::start_with(&config, std::process::Stdio::piped());
+    let data = s.path("data");
+    let api = s.api();
+    std::io::Write::write_all(s.child.stdin.as_mut().unwrap(), input.as_bytes()).unwrap();
+    let mut bus = Value::Null;
+    common::wait_until("every event delivered or dead-lettered", Duration::from_secs(60), || {
+        let stats = common::get_json(&api, "/stats");
+        bus = stats["pipelines"]["main"]["components"]
+            .as_array()
+            .and_then(|all| all.iter().find(|c| c["id"] == "bus"))
+            .cloned()
+            .unwrap_or_default();
+        bus["events"]["out"] == 100 && stats["pipelines"]["main"]["events"]["dead_lettered"] == 5
+    });
+    drop(s.child.stdin.take());
+    let (status, log) = s.wait(Duration::from_secs(30));
+    assert!(status.success(), "{log}");
     let records = kafka.consume_all("small", 100, Duration::from_secs(30));
     let delivered: BTreeSet<u64> = records.iter().map(|(_, _, _, v)| json(v)["event_id"].as_u64().unwrap()).collect();
     assert_eq!(delivered, (0..100).collect::<BTreeSet<u64>>());
+    // Sent bytes: the values the broker acknowledged, not the refused records.
+    let values: usize = records.iter().map(|(_, _, _, v)| v.len()).sum();
+    assert_eq!(bus["bytes_out"], values as u64, "{bus}");
     let entries = common::dlq_show(&data, "main");
     let mut ids: Vec<u64> = entries.iter().map(|e| e["event"]["event_id"].as_u64().unwrap()).collect();
     ids.sort();
@@ -286,5 +302,6 @@ pipelines:
     });
     assert!(bus["last_error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{bus}");
     assert_eq!(bus["events"]["out"], 0, "{bus}");
+    assert_eq!(bus["bytes_out"], 0, "nothing acknowledged, nothing sent: {bus}");
     drop(s);
 }

@@ -135,6 +135,10 @@ pipelines:
     std::fs::remove_file(&ballast).unwrap();
     let answered: Vec<u64> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
     assert_eq!(answered.len() as u64, REQUESTS, "every request answered once space returned");
+    // The appends that failed part-way were rolled back and count nothing: sent is the file.
+    let sent =
+        metric(&http(&api, "GET", "/metrics", &[], b"").1, &format!("sluice_component_sent_bytes_total{labels}"));
+    assert_eq!(sent, std::fs::metadata(&out).unwrap().len() as f64);
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
     assert!(log.contains("file output writes again"), "{log}");
@@ -198,6 +202,7 @@ pipelines:
     });
     let message = web["last_error"]["message"].as_str().unwrap_or_default().to_lowercase();
     assert!(message.contains("connect"), "the connection error: {web}");
+    assert_eq!(web["bytes_out"], 0, "nothing accepted, nothing sent: {web}");
     assert!(web["last_error"]["at"].as_f64().is_some_and(|at| at > 1.0e9), "{web}");
     let metrics = http(&api, "GET", "/metrics", &[], b"").1;
     assert_eq!(metric(&metrics, &format!("sluice_component_output_state{out_labels},state=\"retrying\"}}")), 1.0);
@@ -224,8 +229,11 @@ pipelines:
         let (web, logs) = (component(&stats, "web"), component(&stats, "logs"));
         web["events"]["out"] == lines && web["output_state"] == "up" && logs["state"]["file_lag_bytes"] == 0
     });
-    let web = component(&common::get_json(&api, "/stats"), "web");
+    let stats = common::get_json(&api, "/stats");
+    let web = component(&stats, "web");
     assert!(web["last_error"]["message"].as_str().is_some(), "the last error stays after recovery: {web}");
+    assert!(web["bytes_out"].as_u64().is_some_and(|b| b > 0), "{web}");
+    assert_eq!(component(&stats, "logs")["bytes_in"], text.len(), "the whole file read, once");
     let metrics = http(&api, "GET", "/metrics", &[], b"").1;
     assert_eq!(metric(&metrics, &format!("sluice_component_output_state{out_labels},state=\"up\"}}")), 1.0);
     assert_eq!(metric(&metrics, &format!("sluice_component_output_state{out_labels},state=\"retrying\"}}")), 0.0);

@@ -1,6 +1,7 @@
 //! One client connection: the TLS handshake, then a reader and a writer side by side.
 //!
-//! The reader reads what the client sends, a read at a time, cuts the complete frames off it,
+//! The reader reads what the client sends, a read at a time (counted in the input's
+//! `bytes_in` as sent: compressed frames compressed), cuts the complete frames off it,
 //! inflates compressed ones a step at a time ([`protocol::Inflater`]), and sends the events to
 //! the queue in slices of about [`SLICE_BYTES`] of memory, each a batch whose acknowledgement
 //! holds one acker per window part in it ([`super::window`]). The writer sends the ACKs as they
@@ -302,7 +303,7 @@ impl Conn<'_> {
                     }
                     return End::Closed;
                 }
-                Ok(_) => {}
+                Ok(n) => ctx.metrics.bytes_in.add(n as u64),
                 Err(e) => {
                     tracing::debug!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %self.peer, error = %e,
                         "beats connection read failed");

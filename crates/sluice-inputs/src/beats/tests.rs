@@ -481,6 +481,8 @@ async fn pipelined_windows_are_acked_in_order_compressed_or_not() {
     wire.extend(window_of(7, 2, false));
     s.write_all(&wire).await.unwrap();
     let mut batches = input.events(9).await;
+    // Every byte the client sent, the compressed window as sent (smaller than inflated).
+    assert_eq!(input.ctx.metrics.bytes_in.get(), wire.len() as u64);
     // Handle the batches last first: nothing may be ACKed until the first window is.
     let first = batches.remove(0);
     for b in batches {

@@ -53,7 +53,7 @@ use decode::TextEncoding;
 use discovery::{Change, Notifications, Patterns};
 use identity::{FINGERPRINT_MAX, FileId, Fingerprint};
 use multiline::{Multiline, Rule};
-use reader::{BatchBuilder, Framing, Shape, Source, Tracked, Turn};
+use reader::{BatchBuilder, CountedFile, Framing, Shape, Source, Tracked, Turn};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -703,13 +703,13 @@ impl Harvester {
             check_same_content(t, &file, size, pipeline, input);
         }
         let source = if t.gzip {
-            let mut gz = Box::new(flate2::read::MultiGzDecoder::new(file));
+            let mut gz = Box::new(flate2::read::MultiGzDecoder::new(CountedFile::new(file, self.ctx.metrics.clone())));
             if t.pos > 0 && !skip_decompressed(&mut gz, t.pos) {
                 tracing::warn!(pipeline = %pipeline, input = %input, path = %t.path.display(),
                     "gzip file is shorter than its saved position; reading it from the start");
                 t.restart();
                 gz = match std::fs::File::open(&t.path) {
-                    Ok(f) => Box::new(flate2::read::MultiGzDecoder::new(f)),
+                    Ok(f) => Box::new(flate2::read::MultiGzDecoder::new(CountedFile::new(f, self.ctx.metrics.clone()))),
                     Err(_) => return,
                 };
             }
@@ -727,7 +727,9 @@ impl Harvester {
         self.open += 1;
     }
 
-    /// One turn for every open file that may have data. Returns the bytes read.
+    /// One turn for every open file that may have data. Returns the bytes read (decompressed).
+    /// A plain file's reads count in the input's `bytes_in` here, a gzip file's where its
+    /// decoder reads (see [`CountedFile`]).
     fn pass(&mut self, now: Instant) -> Result<usize, Stop> {
         let mut total = 0;
         let timestamp = now_nanos();
@@ -744,6 +746,9 @@ impl Harvester {
             match reader::read_turn(t, &self.s.shape, &mut self.buf, &mut self.batch, now, timestamp) {
                 Ok(Turn::Data(n)) => {
                     total += n;
+                    if !t.gzip {
+                        self.ctx.metrics.bytes_in.add(n as u64);
+                    }
                     t.at_end = false;
                     t.size = t.size.max(t.pos);
                     if t.fingerprint != fingerprint
@@ -941,7 +946,7 @@ fn check_growth(t: &mut Tracked, ctx: &InputContext) -> bool {
     true
 }
 
-fn skip_decompressed(gz: &mut flate2::read::MultiGzDecoder<std::fs::File>, mut n: u64) -> bool {
+fn skip_decompressed(gz: &mut flate2::read::MultiGzDecoder<CountedFile>, mut n: u64) -> bool {
     use std::io::Read;
     let mut sink = vec![0u8; 64 << 10];
     while n > 0 {

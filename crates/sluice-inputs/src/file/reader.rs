@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use memchr::memmem;
+use sluice_core::metrics::ComponentMetrics;
 use sluice_core::{Event, FieldPath, Map, SharedText, Str, Value};
 
 use super::acks::AckTracker;
@@ -225,7 +226,29 @@ pub(crate) struct Shape {
 /// The open source of a file's bytes.
 pub(crate) enum Source {
     Plain(File),
-    Gzip(Box<flate2::read::MultiGzDecoder<File>>),
+    Gzip(Box<flate2::read::MultiGzDecoder<CountedFile>>),
+}
+
+/// A gzip file under its decoder, counting each read the decoder makes of it in the input's
+/// `bytes_in`: the compressed bytes the disk gave. (The decoder reads ahead, its header as soon
+/// as it is made, so its reads cannot be matched to the read turns that use them.)
+pub(crate) struct CountedFile {
+    file: File,
+    metrics: Arc<ComponentMetrics>,
+}
+
+impl CountedFile {
+    pub(crate) fn new(file: File, metrics: Arc<ComponentMetrics>) -> CountedFile {
+        CountedFile { file, metrics }
+    }
+}
+
+impl Read for CountedFile {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.metrics.bytes_in.add(n as u64);
+        Ok(n)
+    }
 }
 
 impl Source {

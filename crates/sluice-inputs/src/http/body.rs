@@ -2,7 +2,8 @@
 //!
 //! Three steps, each charging the node's memory budget for what it is about to hold and
 //! waiting (up to the request's deadline) when the budget is spent:
-//! - [`read_body`] gathers the body's frames, refusing more than `max_body_bytes`;
+//! - [`read_body`] gathers the body's frames, refusing more than `max_body_bytes`, and counts
+//!   them as received (the input's `bytes_in`: the body as sent, before inflating);
 //! - [`gunzip`] inflates a gzip body a step at a time, refusing output past `max_body_bytes`;
 //! - [`BodyParser`] decodes the events a chunk at a time, so that the events of a chunk are
 //!   charged before the next chunk is decoded, and stops at `max_events_per_request`.
@@ -26,6 +27,7 @@ use std::pin::Pin;
 use axum::body::{Body, HttpBody};
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use sluice_core::metrics::Counter;
 use sluice_core::{ChargeError, Event, MemoryCharge, Value};
 use tokio::time::Instant;
 
@@ -131,12 +133,14 @@ impl Admission {
     }
 }
 
-/// Reads the whole body, at most `limit` bytes, charging each frame as it arrives.
+/// Reads the whole body, at most `limit` bytes, charging each frame as it arrives and counting
+/// it in `received` (as sent: a gzip body compressed).
 pub async fn read_body(
     body: &mut Body,
     limit: usize,
     hint: usize,
     admission: &mut Admission,
+    received: &Counter,
 ) -> Result<Vec<u8>, Refusal> {
     let hint = hint.min(limit);
     // The declared length is waited for before anything is read, while nothing is held.
@@ -145,6 +149,7 @@ pub async fn read_body(
     while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
         let frame = frame.map_err(|e| Refusal::Malformed(format!("cannot read the request body: {e}")))?;
         if let Ok(data) = frame.into_data() {
+            received.add(data.len() as u64);
             if out.len() + data.len() > limit {
                 return Err(Refusal::BodyTooLarge);
             }
@@ -157,11 +162,13 @@ pub async fn read_body(
 
 /// Reads and forgets what is left of a refused body, up to `limit` bytes: a client that is
 /// still sending when it is refused then reads its answer, instead of having its connection
-/// reset under it. Holds one frame at a time.
-pub async fn discard_rest(body: &mut Body, limit: usize) {
+/// reset under it. Holds one frame at a time; what it reads counts in `received` too.
+pub async fn discard_rest(body: &mut Body, limit: usize, received: &Counter) {
     let mut seen = 0;
     while let Some(Ok(frame)) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
-        seen += frame.data_ref().map_or(0, |d| d.len());
+        let n = frame.data_ref().map_or(0, |d| d.len());
+        received.add(n as u64);
+        seen += n;
         if seen > limit {
             return;
         }

@@ -498,14 +498,19 @@ async fn admit(
     activity: Option<&Activity>,
 ) -> Result<(Vec<sluice_core::Event>, usize), Refusal> {
     let started = tokio::time::Instant::now();
-    let read = tokio::time::timeout(s.body_timeout, body::read_body(&mut body, s.max_body, declared, admission)).await;
+    let read = tokio::time::timeout(
+        s.body_timeout,
+        body::read_body(&mut body, s.max_body, declared, admission, &s.ctx.metrics.bytes_in),
+    )
+    .await;
     let raw = match read {
         Err(_) => return Err(Refusal::BodyTimeout),
         Ok(Err(refusal @ (Refusal::NoRoom | Refusal::NeedsTooMuchMemory { .. } | Refusal::BodyTooLarge))) => {
             // Refused while the client was still sending: let it finish (within what is left
             // of body_timeout, and max_body_bytes) so that it reads the answer.
             let left = s.body_timeout.saturating_sub(started.elapsed());
-            let _ = tokio::time::timeout(left, body::discard_rest(&mut body, s.max_body)).await;
+            let _ =
+                tokio::time::timeout(left, body::discard_rest(&mut body, s.max_body, &s.ctx.metrics.bytes_in)).await;
             return Err(refusal);
         }
         Ok(r) => r?,

@@ -352,9 +352,11 @@ async fn gzip_bodies_with_a_decompressed_size_cap() {
         enc.finish().unwrap()
     };
     let headers = [("Content-Encoding", "gzip"), ("Content-Type", "application/x-ndjson")];
-    let (status, body) = request(addr, "POST", "/", &headers, &gz(b"{\"z\":1}\n{\"z\":2}\n")).await;
+    let small = gz(b"{\"z\":1}\n{\"z\":2}\n");
+    let (status, body) = request(addr, "POST", "/", &headers, &small).await;
     assert_eq!((status, json(&body)), (200, serde_json::json!({"accepted": 2})));
     assert_eq!(batches.recv().await.unwrap()[1].fields.get("z"), Some(&Value::Int(2)));
+    assert_eq!(ctx.metrics.bytes_in.get(), small.len() as u64, "the body as sent, compressed");
 
     // Small on the wire, too large once decompressed.
     let bomb = gz(format!("[{}\"x\"]", "\"x\",".repeat(1000)).as_bytes());
@@ -364,6 +366,8 @@ async fn gzip_bodies_with_a_decompressed_size_cap() {
 
     let (status, _) = request(addr, "POST", "/", &headers, b"not gzip").await;
     assert_eq!(status, 400);
+    // Refused bodies were read too: what came in, whatever became of it; headers not counted.
+    assert_eq!(ctx.metrics.bytes_in.get(), (small.len() + bomb.len() + b"not gzip".len()) as u64);
     ctx.shutdown.cancel();
     task.await.unwrap();
 }

@@ -146,6 +146,9 @@ async fn send_chunks(
             },
         };
         let Chunk { mut records, bytes } = chunk;
+        // The records' values as the broker gave them (after librdkafka decompressed its
+        // batches); keys and headers are not counted.
+        ctx.metrics.bytes_in.add(bytes as u64);
         let Some(mut charge) = ctx.reserve(input.fields.estimate(input.codec, records.len(), bytes)).await else {
             return;
         };

@@ -141,6 +141,9 @@ async fn tcp_newline_and_octet_counted_connections_are_both_parsed() {
     assert_eq!(events[1].message(), Some("two"));
     assert_eq!(text(&events[1], "/hostname"), Some("web-1"));
     assert_eq!(ctx.metrics.failed.get(), 0);
+    let newline_framed =
+        b"<34>Oct 11 22:14:15 mymachine su[230]: 'su root' failed\n<13>1 2026-11-26T07:00:00Z h app 1 ID1 - second\n";
+    assert_eq!(ctx.metrics.bytes_in.get(), (newline_framed.len() + stream.len()) as u64, "length fields included");
     ctx.shutdown.cancel();
     task.await.unwrap();
 }
@@ -297,6 +300,9 @@ async fn udp_datagrams_are_messages_batched_and_cut() {
     let state = ctx.metrics.state.get().expect("the udp input reports its figures").figures();
     let received = state.iter().find(|f| f.name == "datagrams_received_total").unwrap();
     assert_eq!(received.value, 52);
+    // What was read of each datagram: the one cut to max_message_bytes counts 40.
+    let whole: usize = (0..50).map(|i| format!("<13>Nov 26 07:16:16 h app: n{i}").len()).sum();
+    assert_eq!(ctx.metrics.bytes_in.get(), (whole + 40 + b"two\nlines".len()) as u64);
     ctx.shutdown.cancel();
     task.await.unwrap();
 }

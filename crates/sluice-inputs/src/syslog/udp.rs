@@ -249,6 +249,9 @@ pub(super) async fn serve(settings: Settings, socket: UdpSocket, ctx: InputConte
             continue;
         }
         figures.received.fetch_add(datagrams.len() as u64, Ordering::Relaxed);
+        // What the datagrams carried as far as they were kept: a datagram cut to
+        // max_message_bytes counts what was read of it.
+        ctx.metrics.bytes_in.add(arena.len() as u64);
         let Some(mut charge) = ctx.reserve(Settings::estimate(arena.len(), datagrams.len())).await else {
             break;
         };

@@ -24,6 +24,10 @@
 //! Requests are bounded by `batch_max_events` and `batch_max_bytes`; at most `max_in_flight`
 //! are in flight at once across the pipeline's workers, over kept-alive connections to the
 //! `hosts` taken in turn ([`hosts`]).
+//!
+//! The output's `bytes_out` counts the bodies of bulk requests the engine answered 2xx with a
+//! bulk answer, as sent (after compression); documents of such an answer sent again count again.
+//! `bulk_bytes_sent_total` counts every request sent, answered or not.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -305,6 +309,7 @@ impl ElasticsearchOutput {
         let mut parts = vec![(items, Backoff::new(self.retry))];
         while let Some((pending, backoff)) = parts.pop() {
             let body = self.body(encoded, &pending);
+            let body_len = body.len() as u64;
             let answer = {
                 let _permit = tokio::select! {
                     p = self.in_flight.acquire() => p.expect("the semaphore is never closed"),
@@ -340,6 +345,9 @@ impl ElasticsearchOutput {
                             continue;
                         }
                     };
+                    // The engine took the request; documents it refused or wants again are
+                    // its answer, not a failed delivery of the bytes.
+                    self.ctx.metrics.bytes_out.add(body_len);
                     let mut again = Vec::new();
                     let mut retry_reason = String::new();
                     let sent = pending.len();

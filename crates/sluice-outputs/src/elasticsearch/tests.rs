@@ -36,6 +36,8 @@ type Respond = dyn Fn(usize, &[Doc]) -> (u16, String) + Send + Sync;
 /// A scripted engine: `respond(request number, documents)` gives each bulk answer.
 struct Engine {
     requests: Mutex<Vec<Vec<Doc>>>,
+    /// Each bulk request's body as received (compressed or not), and the status it was answered.
+    bodies: Mutex<Vec<(usize, u16)>>,
     gzipped: AtomicUsize,
     templates: Mutex<Vec<(Method, String)>>,
     /// PUTs of a template still to be refused (400, as for an invalid mapping).
@@ -92,7 +94,9 @@ async fn handle(
         r.push(docs.clone());
         r.len() - 1
     };
+    let raw = body.len();
     let (status, body) = (engine.respond)(number, &docs);
+    engine.bodies.lock().push((raw, status));
     let mut response = (StatusCode::from_u16(status).unwrap(), body).into_response();
     if status == 429 || status == 503 {
         response.headers_mut().insert("retry-after", "0".parse().unwrap());
@@ -103,6 +107,7 @@ async fn handle(
 async fn scripted(respond: impl Fn(usize, &[Doc]) -> (u16, String) + Send + Sync + 'static) -> (String, Arc<Engine>) {
     let engine = Arc::new(Engine {
         requests: Mutex::new(Vec::new()),
+        bodies: Mutex::new(Vec::new()),
         gzipped: AtomicUsize::new(0),
         templates: Mutex::new(Vec::new()),
         template_refusals: AtomicUsize::new(0),
@@ -179,6 +184,11 @@ async fn refused_documents_carry_the_engines_reason_and_the_rest_are_delivered()
     );
     assert_eq!(engine.requests.lock().len(), 1, "refused documents are not sent again");
     assert_eq!(engine.gzipped.load(Ordering::Relaxed), 1, "gzip by default");
+    // The request was taken (2xx), documents refused in its answer or not: its body counts,
+    // compressed, as sent.
+    let compressed = engine.bodies.lock()[0].0 as u64;
+    assert_eq!(out.ctx.metrics.bytes_out.get(), compressed);
+    assert!(compressed < out.figures.bytes_encoded.load(Ordering::Relaxed));
     assert_eq!(out.figures.indexed.load(Ordering::Relaxed), 5);
     assert_eq!(out.figures.refused_count(), 5);
     let labelled = out.figures.labelled_figures();
@@ -264,6 +274,13 @@ async fn a_request_failing_as_a_whole_is_sent_again_and_max_retries_gives_up_wit
     assert!(out.send(&refs).await.unwrap().rejected.is_empty());
     assert_eq!(engine.requests.lock().len(), 4);
     assert_eq!(out.ctx.metrics.retries.get(), 3);
+    // Sent bytes: the request answered 2xx only; the bulk figure counts every attempt.
+    let bodies = engine.bodies.lock().clone();
+    let accepted: usize = bodies.iter().filter(|(_, status)| *status == 200).map(|(n, _)| n).sum();
+    let all: usize = bodies.iter().map(|(n, _)| n).sum();
+    assert!(accepted > 0 && all == 4 * accepted, "{bodies:?}");
+    assert_eq!(out.ctx.metrics.bytes_out.get(), accepted as u64);
+    assert_eq!(out.figures.bytes_sent.load(Ordering::Relaxed), all as u64);
 
     let (url, _) = scripted(|_, _| (429, r#"{"error":"too many requests"}"#.into())).await;
     let out = output(&format!(

@@ -48,6 +48,8 @@ async fn a_write_failing_part_way_is_rolled_back_and_written_whole(errno: i32) {
     assert!(d.rejected.is_empty(), "{:?}", d.rejected);
     assert_eq!(std::fs::read_to_string(dir.path().join("a.log")).unwrap(), "zero\none\ntwo\nthree\n");
     assert_eq!(out.ctx.metrics.retries.get(), 1);
+    // The rolled-back attempt counts nothing: sent bytes are what the file holds.
+    assert_eq!(out.ctx.metrics.bytes_out.get(), "zero\none\ntwo\nthree\n".len() as u64);
     assert!(out.files.injected.lock().is_empty(), "the fault was used");
 }
 
@@ -71,6 +73,8 @@ async fn a_rollback_that_fails_leaves_one_broken_line_and_loses_nothing() {
     assert!(d.rejected.is_empty(), "{:?}", d.rejected);
     // The fragment `one\ntw` stays; the reopen ends it with a newline; the group follows whole.
     assert_eq!(std::fs::read_to_string(dir.path().join("a.log")).unwrap(), "zero\none\ntw\none\ntwo\n");
+    // Only the whole appends count, not the fragment of the failed one nor its newline.
+    assert_eq!(out.ctx.metrics.bytes_out.get(), "zero\none\ntwo\n".len() as u64);
 }
 
 #[tokio::test]

@@ -26,6 +26,9 @@
 //! its own. Each batch is still acknowledged only once every one of its records is. Batches of
 //! one worker are handed over in the order they were taken, but a retried record may then
 //! follow records of a later batch, as it may already follow another worker's.
+//!
+//! The output's `bytes_out` counts the payloads of the records the broker acknowledged (before
+//! librdkafka's compression; keys and headers not counted), as `record_bytes_produced_total`.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -296,6 +299,9 @@ impl KafkaOutput {
 impl Output for KafkaOutput {
     async fn send(&self, events: &[&Event]) -> Result<Delivery, Aborted> {
         let _sending = Sending::new(&self.sending);
+        // Added to `bytes_out` once, however the send ends: records the broker acknowledged
+        // were delivered even when shutdown cuts the rest short.
+        let mut produced = Tally { counter: &self.ctx.metrics.bytes_out, bytes: 0 };
         let mut rejected = Vec::new();
         let mut pending: Vec<Record<'_>> = Vec::with_capacity(events.len());
         for (i, e) in events.iter().enumerate() {
@@ -333,7 +339,7 @@ impl Output for KafkaOutput {
                     _ = self.ctx.abort.cancelled() => return Err(Aborted),
                 };
                 match outcome {
-                    Ok(Ok(_)) => self.produced(&record),
+                    Ok(Ok(_)) => produced.bytes += self.produced(&record),
                     // The broker's size limit is on the whole batch librdkafka made: a record
                     // refused as too large may only have shared a batch with one that is. Each
                     // is sent again alone to tell which.
@@ -352,7 +358,7 @@ impl Output for KafkaOutput {
             for mut record in alone {
                 record.alone = true;
                 match self.send_alone(&record).await? {
-                    Ok(()) => self.produced(&record),
+                    Ok(()) => produced.bytes += self.produced(&record),
                     Err(e) if refused_for_good(&e) => self.refuse(&record, &e, &mut rejected),
                     Err(e) => {
                         last_error = e.to_string();
@@ -431,9 +437,11 @@ impl KafkaOutput {
         })
     }
 
-    fn produced(&self, record: &Record<'_>) {
+    /// Counts an acknowledged record; its payload's bytes.
+    fn produced(&self, record: &Record<'_>) -> u64 {
         self.figures.produced.fetch_add(1, Ordering::Relaxed);
         self.figures.bytes.fetch_add(record.payload.len() as u64, Ordering::Relaxed);
+        record.payload.len() as u64
     }
 
     fn refuse(&self, record: &Record<'_>, e: &KafkaError, rejected: &mut Vec<Rejected>) {
@@ -452,6 +460,20 @@ impl KafkaOutput {
         if let Some(held_back) = self.refused_log.failed() {
             tracing::warn!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, refused_since_last_log = held_back,
                 "{reason} (to the dead letter queue if the pipeline has one; logged at most once per 10 s)");
+        }
+    }
+}
+
+/// Bytes a send delivered, added to the counter when the send ends, however it ends.
+struct Tally<'a> {
+    counter: &'a sluice_core::metrics::Counter,
+    bytes: u64,
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.counter.add(self.bytes);
         }
     }
 }
