@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Hostile clients against the `http` and `tcp` inputs: memory amplification and slow clients.
+"""Hostile clients against the network inputs: memory amplification, slow clients, and the memory
+budget under every input at once.
 
 --memory  8 clients each post 10 MiB bodies of tiny JSON values (`1 1 1 ...`, then the variant
           `[1,1,1,...]`) continuously for --seconds into http -> memory queue -> blackhole, with
@@ -17,6 +18,31 @@
           with connections that send nothing (closed after idle_timeout, set short here: 5s),
           the normal client's lines timed from its send to their arrival at a `tcp` output.
 
+--budget-suite
+          One node with an http, a tcp, a syslog (tcp) and a beats input -> memory queue -> blackhole,
+          `memory: {budget: 128MiB}` (--budget), attacked at once for --seconds (60):
+            http        8 clients post 10 MiB bodies of `1 1 1 ...` (as --memory) and 2 post the same
+                        body gzipped (10 KB inflating to 10 MiB); every one is a 413 (too many events);
+            http-bomb   1 client posts a gzip body of 1 GiB of spaces (1 MB), refused 413 at
+                        max_body_bytes;
+            tcp         4 connections stream `1\n` as fast as the node takes them;
+            syslog      4 connections stream octet-counted `1 1` (3 bytes a message; a line that
+                        starts with a digit is octet counting to this input);
+            beats       8 Lumberjack v2 connections, each sending windows of 65,536 events of about
+                        900 bytes in one compressed frame (576 KB on the wire, 60 MB inflated) and
+                        waiting for the window's ACK before the next;
+            beats-bomb  1 connection sending a window whose one compressed frame inflates to 1 GiB of
+                        16 KiB data frames (1.2 MB on the wire), closed by the node at max_frame_bytes.
+          The bombs are built without compressing a GiB: one compressed block repeated after a full
+          flush. VmRSS/VmHWM are sampled every 100 ms, `/stats` (memory used and waiting) every
+          100 ms, GET /health every 200 ms. It prints the idle RSS (started, before any client), peak
+          RSS and peak / budget, the budget's own peak, the RSS --settle (3) s after the clients
+          stopped, per input the events in and refusals, the clients' answers (http statuses, beats
+          windows ACKed and connections closed by the node, lines sent), and whether every /health
+          was answered within 1 s. --only picks attacks (run together); --each runs every chosen
+          attack alone first, then all together. Exit 1 when a run's peak RSS / budget is above
+          --max-ratio (1.25), or sluice died or passed --rss-cap.
+
 The new limits (`memory.budget`, the http input's timeouts, `max_connections` and
 `max_events_per_request`, the tcp input's `idle_timeout`) are set only if `sluice validate`
 accepts them; the run says which ones this build refused and runs without them.
@@ -24,6 +50,7 @@ Loopback only; every loop is bounded in time; the processes and temp dirs are cl
 
 Usage: bench/hostile.py --memory [--seconds 60] [--shape both|spaces|array] [--json]
        bench/hostile.py --slow [--slow-clients 5000] [--json]
+       bench/hostile.py --budget-suite [--budget 128MiB] [--seconds 60] [--only ATTACK...] [--each]
 """
 import sys
 
@@ -37,12 +64,15 @@ import resource
 import selectors
 import signal
 import socket
+import struct
 import tempfile
 import threading
 import time
+import urllib.request
+import zlib
 
-from harness import (GIB, MIB, BenchError, Sluice, accepted_keys, fmt_s, free_port, load_average, on_signals_exit,
-                     percentile, sluice_binary, stop_all, write_config)
+from harness import (GIB, MIB, BenchError, LineSender, Sluice, accepted_keys, fmt_s, free_port, load_average,
+                     on_signals_exit, percentile, sluice_binary, stats, stop_all, write_config)
 
 PIPELINE = "hostile"
 PATH = "/ingest"
@@ -146,12 +176,13 @@ def parse_response(buf, closed):
     return (status, headers) if closed else None
 
 
-def http_post(port, body, deadline, abort, connect_timeout=5.0):
+def http_post(port, body, deadline, abort, connect_timeout=5.0, headers=""):
     """Posts `body` on a new connection and reads the answer, with non-blocking I/O so that an
     early answer (a 413 before the body is read) is seen even if the send then fails. Returns an
-    Answer; `unanswered` when `deadline` passed or `abort` was set first."""
+    Answer; `unanswered` when `deadline` passed or `abort` was set first. `headers`: more header
+    lines, each ending in CRLF."""
     start = time.monotonic()
-    head = (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+    head = (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n{headers}"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
     try:
         sock = socket.create_connection(("127.0.0.1", port), timeout=max(0.01, min(connect_timeout,
@@ -863,6 +894,442 @@ def print_slow(rows):
             print(f"  {name:58} {value}")
 
 
+# ---------------------------------------------------------------- --budget-suite
+
+ATTACKS = ("http", "http-bomb", "tcp", "syslog", "beats", "beats-bomb")
+ZLIB_WBITS, GZIP_WBITS = 15, 31
+
+
+def repeated_deflate(block, count, wbits, level=9):
+    """A zlib (wbits 15) or gzip (31) stream of `block` repeated `count` times, made without
+    compressing it all: the block is compressed once after a full flush (which resets the
+    compressor's history, so its bytes are the same every time) and repeated, then the stream is
+    ended with an empty final block and the checksum of the whole. Returns (stream, inflated)."""
+    c = zlib.compressobj(level, zlib.DEFLATED, wbits)
+    first = c.compress(block) + c.flush(zlib.Z_FULL_FLUSH)
+    again = c.compress(block) + c.flush(zlib.Z_FULL_FLUSH)
+    total = len(block) * count
+    if wbits == GZIP_WBITS:
+        crc = 0
+        for _ in range(count):
+            crc = zlib.crc32(block, crc)
+        trailer = struct.pack("<II", crc, total & 0xFFFFFFFF)
+    else:
+        adler = 1
+        for _ in range(count):
+            adler = zlib.adler32(block, adler)
+        trailer = struct.pack(">I", adler)
+    # b"\x03\x00": a final fixed-Huffman block holding only its end code.
+    return first + again * (count - 1) + b"\x03\x00" + trailer, total
+
+
+def lj_window(n):
+    return b"2W" + struct.pack(">I", n)
+
+
+def lj_json(seq, payload):
+    return b"2J" + struct.pack(">II", seq, len(payload)) + payload
+
+
+def lj_compressed(block):
+    return b"2C" + struct.pack(">I", len(block)) + block
+
+
+def beats_window(events, event_bytes):
+    """One window as a Beat sends it with compression: `2W`, then one `2C` frame whose zlib block
+    holds `events` JSON data frames (sequence 1..events) of about `event_bytes` each. The same
+    bytes are sent for every window. Returns (bytes, inflated size of the block)."""
+    def doc(i):
+        d = {"@timestamp": "2026-11-29T05:00:00.000Z", "@metadata": {"beat": "filebeat", "type": "_doc"},
+             "host": {"name": "bench"}, "log": {"offset": i}, "message": ""}
+        pad = max(1, event_bytes - len(json.dumps(d, separators=(",", ":"))))
+        d["message"] = "1" * pad
+        return json.dumps(d, separators=(",", ":")).encode()
+    frames = b"".join(lj_json(i + 1, doc(i)) for i in range(events))
+    return lj_window(events) + lj_compressed(zlib.compress(frames, 6)), len(frames)
+
+
+def beats_bomb(total, frame_bytes):
+    """A zlib bomb as one window: `2W`, then one `2C` frame that inflates to about `total` bytes
+    of JSON data frames of `frame_bytes` each (a document `{"m":"000..."}`). Returns (bytes,
+    inflated size, events)."""
+    payload_len = max(8, frame_bytes - 10)
+    doc = b'{"m":"' + b"0" * (payload_len - 8) + b'"}'
+    frame = lj_json(1, doc)
+    per_block = max(1, MIB // len(frame))
+    block = frame * per_block
+    count = max(1, total // len(block))
+    stream, inflated = repeated_deflate(block, count, ZLIB_WBITS)
+    return lj_window(per_block * count) + lj_compressed(stream), inflated, per_block * count
+
+
+def send_all(sock, data, stop):
+    """sendall in pieces, giving up when `stop` is set (the socket has a short timeout). True
+    when everything was written."""
+    view, off = memoryview(data), 0
+    while off < len(view):
+        if stop.is_set():
+            return False
+        try:
+            off += sock.send(view[off:off + (256 << 10)])
+        except socket.timeout:
+            continue
+    return True
+
+
+class BeatsClient(threading.Thread):
+    """A Lumberjack v2 client on loopback: sends `window` (made by beats_window or beats_bomb) on
+    one connection, waits for the ACK of `last_seq`, and again; when the server closes the
+    connection it opens a new one after 0.1 s. Counts windows ACKed, events ACKed (partial ACKs
+    included), and connections the server closed (with how long after the window's first byte)."""
+
+    def __init__(self, port, window, last_seq, stop, name):
+        super().__init__(name=name, daemon=True)
+        self.port, self.window, self.last_seq, self.stop = port, window, last_seq, stop
+        self.windows_acked = self.events_acked = self.closed_by_server = 0
+        self.close_after = []  # seconds from a window's start to the server's close
+        self.connect_errors = 0
+        self.errors = {}
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                sock = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+            except OSError:
+                self.connect_errors += 1
+                self.stop.wait(0.1)
+                continue
+            try:
+                sock.settimeout(0.5)
+                self.serve(sock)
+            except OSError as e:
+                kind = errno.errorcode.get(e.errno, type(e).__name__) if e.errno else type(e).__name__
+                self.errors[kind] = self.errors.get(kind, 0) + 1
+                self.closed_by_server += 1
+            finally:
+                sock.close()
+            self.stop.wait(0.1)
+
+    def serve(self, sock):
+        """Windows on one connection until the server closes it or `stop`."""
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            if not send_all(sock, self.window, self.stop):
+                return
+            buf, acked = b"", 0
+            while acked < self.last_seq:
+                try:
+                    data = sock.recv(4096)
+                except socket.timeout:
+                    if self.stop.is_set():
+                        self.events_acked += acked
+                        return
+                    continue
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    self.closed_by_server += 1
+                    self.close_after.append(time.monotonic() - t0)
+                    self.events_acked += acked
+                    return
+                buf += data
+                while len(buf) >= 6:
+                    if buf[:2] != b"2A":
+                        raise OSError(0, "not an ACK frame")
+                    acked = max(acked, struct.unpack(">I", buf[2:6])[0])
+                    buf = buf[6:]
+            self.windows_acked += 1
+            self.events_acked += acked
+
+
+class HealthProbe(threading.Thread):
+    """GET /health every `interval`: each answer's latency and whether it said ok."""
+
+    def __init__(self, api, stop, interval=0.2, timeout=5.0):
+        super().__init__(name="health", daemon=True)
+        self.api, self.stop, self.interval, self.timeout = api, stop, interval, timeout
+        self.latencies, self.failures, self.not_ok = [], [], 0
+        self.t0 = time.monotonic()
+
+    def run(self):
+        while not self.stop.is_set():
+            t = time.monotonic()
+            try:
+                with urllib.request.urlopen(f"http://{self.api}/health", timeout=self.timeout) as r:
+                    body = json.load(r)
+                self.latencies.append((t - self.t0, time.monotonic() - t))
+                if body.get("status") != "ok":
+                    self.not_ok += 1
+            except (OSError, ValueError) as e:
+                self.failures.append((t - self.t0, type(e).__name__))
+            self.stop.wait(max(0.0, self.interval - (time.monotonic() - t)))
+
+
+class MemoryPoller(threading.Thread):
+    """/stats every `interval`: the memory budget's used bytes and waiters (peaks)."""
+
+    def __init__(self, api, stop, interval=0.1):
+        super().__init__(name="memory", daemon=True)
+        self.api, self.stop, self.interval = api, stop, interval
+        self.used_peak = self.waiting_peak = 0
+        self.samples = 0
+
+    def run(self):
+        while not self.stop.is_set():
+            t = time.monotonic()
+            try:
+                m = stats(self.api, timeout=2).get("memory", {})
+                self.used_peak = max(self.used_peak, m.get("used_bytes", 0))
+                self.waiting_peak = max(self.waiting_peak, m.get("waiting", 0))
+                self.samples += 1
+            except (OSError, ValueError):
+                pass
+            self.stop.wait(max(0.0, self.interval - (time.monotonic() - t)))
+
+
+def suite_payloads(args):
+    """Every body and window the attacks send, made once."""
+    spaces = memory_body("spaces", args.body_bytes)
+    gz = zlib.compressobj(9, zlib.DEFLATED, GZIP_WBITS)
+    gz_body = gz.compress(spaces) + gz.flush()
+    bomb, bomb_inflated = repeated_deflate(b" " * MIB, max(1, args.bomb_bytes // MIB), GZIP_WBITS)
+    window, window_inflated = beats_window(args.beats_window, args.beats_event_bytes)
+    lj_bomb, lj_bomb_inflated, lj_bomb_events = beats_bomb(args.bomb_bytes, args.beats_bomb_frame_bytes)
+    return {"spaces": spaces, "gzip": gz_body, "http_bomb": bomb, "http_bomb_inflated": bomb_inflated,
+            "window": window, "window_inflated": window_inflated,
+            "beats_bomb": lj_bomb, "beats_bomb_inflated": lj_bomb_inflated, "beats_bomb_events": lj_bomb_events}
+
+
+def suite_run(binary, tmp, args, attacks, payloads):
+    """One node with http, tcp, syslog (tcp) and beats inputs, attacked by `attacks` at once."""
+    name = "+".join(attacks)
+    api = f"127.0.0.1:{free_port()}"
+    ports = {p: free_port() for p in ("http", "tcp", "syslog", "beats")}
+    inputs = [
+        {"type": "http", "address": f"127.0.0.1:{ports['http']}", "path": PATH, "max_body_bytes": f"{args.body_bytes}B"},
+        {"type": "tcp", "address": f"127.0.0.1:{ports['tcp']}"},
+        {"type": "syslog", "mode": "tcp", "address": f"127.0.0.1:{ports['syslog']}"},
+        {"type": "beats", "address": f"127.0.0.1:{ports['beats']}"},
+    ]
+    doc = base_config(tmp, api, inputs, [{"type": "blackhole"}])
+    doc, used, refused = with_optional(binary, tmp, doc, [
+        (f"memory.budget ({args.budget // MIB}MiB)", lambda d: d.__setitem__("memory", {"budget": f"{args.budget}B"}))])
+    cfg = write_config(os.path.join(tmp, f"suite-{name}.yml"), doc)
+    s = Sluice(binary, cfg, os.path.join(tmp, f"suite-{name}.log"), api)
+    stop_sampling, stop, abort = threading.Event(), threading.Event(), threading.Event()
+    stop_probes = threading.Event()  # set before the SIGTERM: /health is not probed during the drain
+    answers = {"http": [], "http-gzip": [], "http-bomb": []}
+    lock = threading.Lock()
+    threads, senders, beats = [], {}, {}
+    try:
+        s.wait_api()
+        for p in ports.values():
+            s.wait_port(p)
+        time.sleep(1.0)
+        sampler = RssSampler(s.pid, args.rss_cap, stop_sampling)
+        idle_rss = sampler.read()[0]
+        health = HealthProbe(api, stop_probes)
+        memory = MemoryPoller(api, stop_probes)
+        for t in (sampler, health, memory):
+            t.start()
+        load_start = load_average()[0]
+        started = time.monotonic()
+        send_until = started + args.seconds
+        hard_end = send_until + args.request_timeout + args.margin
+
+        def poster(kind, body, headers):
+            while not stop.is_set() and time.monotonic() < send_until:
+                a = http_post(ports["http"], body, hard_end, abort, headers=headers)
+                with lock:
+                    answers[kind].append(a)
+                if a.error and a.error.startswith("connect"):
+                    stop.wait(0.1)
+
+        gzip_header = "Content-Encoding: gzip\r\n"
+        if "http" in attacks:
+            threads += [threading.Thread(target=poster, args=("http", payloads["spaces"], ""), daemon=True)
+                        for _ in range(args.clients)]
+            threads += [threading.Thread(target=poster, args=("http-gzip", payloads["gzip"], gzip_header), daemon=True)
+                        for _ in range(args.gzip_clients)]
+        if "http-bomb" in attacks:
+            threads += [threading.Thread(target=poster, args=("http-bomb", payloads["http_bomb"], gzip_header),
+                                         daemon=True) for _ in range(args.bomb_clients)]
+        for proto, line in (("tcp", b"1\n"), ("syslog", b"1 1")):
+            if proto in attacks:
+                block = line * ((64 << 10) // len(line))
+                senders[proto] = [LineSender(f"127.0.0.1:{ports[proto]}", block, len(line), stop=stop)
+                                  for _ in range(args.line_connections)]
+                threads += senders[proto]
+        if "beats" in attacks:
+            beats["beats"] = [BeatsClient(ports["beats"], payloads["window"], args.beats_window, stop, f"beats-{i}")
+                              for i in range(args.beats_connections)]
+            threads += beats["beats"]
+        if "beats-bomb" in attacks:
+            beats["beats-bomb"] = [BeatsClient(ports["beats"], payloads["beats_bomb"], payloads["beats_bomb_events"],
+                                               stop, f"beats-bomb-{i}") for i in range(args.bomb_clients)]
+            threads += beats["beats-bomb"]
+        for t in threads:
+            t.start()
+        while time.monotonic() < send_until and sampler.capped_at is None and s.alive():
+            time.sleep(0.1)
+        stop.set()
+        if sampler.capped_at is not None or not s.alive():
+            abort.set()
+        for t in threads:
+            t.join(max(0.0, hard_end - time.monotonic()) + 5)
+        abort.set()
+        for t in threads:
+            t.join(5)
+        elapsed = time.monotonic() - started
+        # What stays resident once the clients are gone: memory still allocated (pools, the
+        # allocator's free pages) rather than events in flight.
+        after_rss = after_used = None
+        if s.alive() and sampler.capped_at is None:
+            time.sleep(args.settle)
+            try:
+                after_rss = sampler.read()[0]
+                after_used = stats(api).get("memory", {}).get("used_bytes")
+            except (OSError, ValueError, TypeError):
+                pass
+        died = not s.alive() and sampler.capped_at is None
+        try:
+            final = stats(api) if s.alive() else {}
+        except OSError:
+            final = {}
+        load_end = load_average()[0]
+        stop_probes.set()
+        for t in (health, memory):
+            t.join(6)
+        status = s.terminate(10)
+        stop_sampling.set()
+        for t in (sampler, health, memory):
+            t.join(6)
+    finally:
+        stop.set()
+        abort.set()
+        stop_probes.set()
+        stop_sampling.set()
+        s.close()
+
+    per_input = {}
+    for pipe in final.get("pipelines", {}).values():
+        for c in pipe.get("components", []):
+            if c.get("kind") == "input":
+                per_input[c["type"]] = {"in": c["events"]["in"], "failed": c["events"]["failed"],
+                                        "refused": c.get("refused", 0)}
+    mem_final = final.get("memory", {})
+    peak = sampler.peak()
+    hlat = [lat for _, lat in health.latencies]
+    slow_health = [(round(at, 1), round(lat, 3)) for at, lat in health.latencies if lat >= 1.0]
+    row = {
+        "mode": "budget-suite",
+        "attacks": list(attacks),
+        "seconds": round(elapsed, 1),
+        "keys_used": used,
+        "keys_refused": refused,
+        "budget_bytes": args.budget,
+        "idle_rss_mib": round(idle_rss / MIB, 1),
+        "peak_rss_mib": round(peak / MIB, 1),
+        "peak_rss_over_budget": round(peak / args.budget, 3),
+        "max_ratio": args.max_ratio,
+        "rss_samples": sampler.samples,
+        "stopped_at_rss_cap_after_s": None if sampler.capped_at is None else round(sampler.capped_at, 1),
+        "sluice_died": died,
+        "exit_status": status,
+        "cpu_s": None if s.usage is None else round(s.usage.ru_utime + s.usage.ru_stime, 1),
+        "memory_used_peak_mib": round(memory.used_peak / MIB, 1),
+        "settle_s": args.settle,
+        "rss_after_mib": None if after_rss is None else round(after_rss / MIB, 1),
+        "memory_used_after_mib": None if after_used is None else round(after_used / MIB, 1),
+        "memory_waiting_peak": memory.waiting_peak,
+        "memory_refused": mem_final.get("refused"),
+        "memory_samples": memory.samples,
+        "inputs": per_input,
+        "http_answers": {k: count_kinds(v) for k, v in answers.items() if v},
+        "lines_sent": {p: sum(x.sent for x in v) for p, v in senders.items()},
+        "line_errors": {p: sorted({type(x.error).__name__ for x in v if x.error}) for p, v in senders.items()},
+        "beats": {k: {"windows_acked": sum(c.windows_acked for c in v), "events_acked": sum(c.events_acked for c in v),
+                      "closed_by_server": sum(c.closed_by_server for c in v),
+                      "close_after_p50_s": rnd(percentile([x for c in v for x in c.close_after], 50)),
+                      "connect_errors": sum(c.connect_errors for c in v),
+                      "errors": {e: sum(c.errors.get(e, 0) for c in v) for e in {e for c in v for e in c.errors}}}
+                  for k, v in beats.items()},
+        "health_probes": len(health.latencies) + len(health.failures),
+        "health_max_s": rnd(max(hlat, default=None)),
+        "health_p99_s": rnd(percentile(hlat, 99)),
+        "health_over_1s_count": len(slow_health),
+        "health_over_1s": slow_health[:10],
+        "health_failed": health.failures[:10],
+        "health_not_ok": health.not_ok,
+        "responsive": bool(hlat) and not slow_health and not health.failures,
+        "load_average": [round(load_start, 2), round(load_end, 2)],
+    }
+    return row
+
+
+def print_suite(rows, args, payloads):
+    print(f"hostile --budget-suite: one node, inputs http, tcp, syslog (tcp) and beats -> memory queue -> blackhole, "
+          f"memory.budget {args.budget // MIB} MiB")
+    print(f"  http: {args.clients} x {len(payloads['spaces']):,}-byte bodies of `1 1 1 ...` and {args.gzip_clients} x "
+          f"the same gzipped ({len(payloads['gzip']):,} bytes); http-bomb: {args.bomb_clients} x gzip of "
+          f"{payloads['http_bomb_inflated']:,} spaces ({len(payloads['http_bomb']):,} bytes)")
+    print(f"  tcp: {args.line_connections} connections of `1\\n`; syslog: {args.line_connections} connections of "
+          f"octet-counted `1 1`")
+    print(f"  beats: {args.beats_connections} connections, windows of {args.beats_window:,} events in one compressed "
+          f"frame ({len(payloads['window']):,} bytes, inflating to {payloads['window_inflated']:,}); beats-bomb: "
+          f"{args.bomb_clients} x a window of {payloads['beats_bomb_events']:,} events of "
+          f"{args.beats_bomb_frame_bytes:,}-byte frames in one "
+          f"compressed frame ({len(payloads['beats_bomb']):,} bytes, inflating to {payloads['beats_bomb_inflated']:,})")
+    for r in rows:
+        capped = r["stopped_at_rss_cap_after_s"]
+        print(f"\n{' + '.join(r['attacks'])}: {r['seconds']} s; new keys used: {', '.join(r['keys_used']) or 'none'}"
+              + (f"; refused by this build: {', '.join(r['keys_refused'])}" if r["keys_refused"] else ""))
+        items = [
+            ("idle RSS MiB (started, before the attack)", r["idle_rss_mib"]),
+            ("peak RSS MiB (max of VmRSS samples, VmHWM)", r["peak_rss_mib"]),
+            (f"peak RSS / budget ({r['budget_bytes'] // MIB} MiB)", f"{r['peak_rss_over_budget']:.2f}"
+             + ("" if r["peak_rss_over_budget"] <= r["max_ratio"] else f"  (over {r['max_ratio']:g})")),
+            ("sluice_memory_used_bytes peak MiB (/stats, every 100 ms)", r["memory_used_peak_mib"]),
+            ("  waiting peak; memory refusals", f"{r['memory_waiting_peak']}; {r['memory_refused']}"),
+            (f"RSS MiB {r['settle_s']:g} s after the clients stopped (used MiB then)",
+             f"{r['rss_after_mib']} ({r['memory_used_after_mib']})"),
+            ("stopped at the RSS cap", f"yes, {capped} s in" if capped is not None else "no"),
+            ("sluice died by itself", "yes" if r["sluice_died"] else "no"),
+            ("sluice CPU s", r["cpu_s"]),
+        ]
+        for kind, inp in sorted(r["inputs"].items()):
+            items.append((f"input {kind}: events in / failed / refused", f"{inp['in']:,} / {inp['failed']:,} / "
+                                                                        f"{inp['refused']:,}"))
+        for kind, a in r["http_answers"].items():
+            items.append((f"  {kind} answers", ", ".join(f"{k} {v}" for k, v in a.items())))
+        for proto, n in r["lines_sent"].items():
+            errs = r["line_errors"][proto]
+            items.append((f"  {proto} lines sent", f"{n:,}" + (f" (ended by {', '.join(errs)})" if errs else "")))
+        for kind, b in r["beats"].items():
+            items.append((f"  {kind}: windows ACKed, events ACKed",
+                          f"{b['windows_acked']:,}, {b['events_acked']:,}"))
+            items.append((f"  {kind}: closed by the server (p50 s after send)",
+                          f"{b['closed_by_server']:,} ({fmt_s(b['close_after_p50_s'])})"
+                          + (f"; errors {b['errors']}" if b["errors"] else "")))
+        items += [
+            ("GET /health: probes, p99 / max s", f"{r['health_probes']}, {fmt_s(r['health_p99_s'])} / "
+                                                f"{fmt_s(r['health_max_s'])}"),
+            ("responsive (every /health answered within 1 s)", "yes" if r["responsive"] else
+             f"NO: {r['health_over_1s_count']} over 1 s (the first at, s: took) {r['health_over_1s']}, "
+             f"failed {r['health_failed']}"),
+            ("load average (1 min) at start, end", f"{r['load_average'][0]}, {r['load_average'][1]}"),
+        ]
+        for name, value in items:
+            print(f"  {name:58} {value}")
+    print(f"\n{'attacks':24} {'idle MiB':>8} {'peak MiB':>8} {'/budget':>7} {'used MiB':>8} {'after MiB':>9} "
+          f"{'health max s':>12}")
+    for r in rows:
+        name = "all" if len(r["attacks"]) == len(ATTACKS) else " + ".join(r["attacks"])
+        print(f"{name:24} {r['idle_rss_mib']:8.1f} {r['peak_rss_mib']:8.1f} {r['peak_rss_over_budget']:7.2f} "
+              f"{r['memory_used_peak_mib']:8.1f} {r['rss_after_mib'] if r['rss_after_mib'] is not None else '-':>9} "
+              f"{fmt_s(r['health_max_s']):>12}")
+
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -870,15 +1337,19 @@ def main():
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--memory", action="store_true", help="10 MiB bodies of tiny values against a memory budget")
     mode.add_argument("--slow", action="store_true", help="thousands of half-sent requests and idle connections")
+    mode.add_argument("--budget-suite", action="store_true",
+                      help="one node, http + tcp + syslog + beats attacked at once: peak RSS against memory.budget")
     ap.add_argument("--sluice", help="the sluice binary (default: target/release/sluice)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
-    m = ap.add_argument_group("--memory")
+    m = ap.add_argument_group("--memory (--seconds, --clients, --body-bytes, --budget, --request-timeout and "
+                              "--rss-cap also for --budget-suite)")
     m.add_argument("--seconds", type=float, default=60, help="how long the clients post (default 60)")
-    m.add_argument("--clients", type=int, default=8)
+    m.add_argument("--clients", type=int, default=8, help="clients posting 10 MiB bodies (default 8)")
     m.add_argument("--shape", choices=("both", "spaces", "array"), default="both",
                    help="`1 1 1 ...`, `[1,1,1,...]`, or one run of each (default)")
     m.add_argument("--body-bytes", type=parse_size, default=10 * MIB, help="body size, also max_body_bytes")
-    m.add_argument("--budget", type=parse_size, default=256 * MIB, help="memory.budget (default 256MiB)")
+    m.add_argument("--budget", type=parse_size,
+                   help="memory.budget (default 256MiB; 128MiB with --budget-suite)")
     m.add_argument("--request-timeout", type=parse_duration, default=30.0, help="http request_timeout (30s)")
     m.add_argument("--max-events-per-request", type=int, help="set max_events_per_request (default: leave it)")
     ap.add_argument("--margin", type=float, default=2.0,
@@ -899,13 +1370,51 @@ def main():
     sl.add_argument("--normal-timeout", type=float, default=5.0, help="a normal request's own timeout (5 s)")
     sl.add_argument("--refused-within", type=float, default=1.0,
                     help="a connection the server closes this soon counts as refused (default 1 s)")
+    bs = ap.add_argument_group("--budget-suite")
+    bs.add_argument("--only", nargs="+", choices=ATTACKS, default=list(ATTACKS),
+                    help="the attacks to run together (default: all)")
+    bs.add_argument("--each", action="store_true",
+                    help="first run each chosen attack alone, then all of them together")
+    bs.add_argument("--max-ratio", type=float, default=1.25,
+                    help="exit 1 when a run's peak RSS / budget is above this (default 1.25)")
+    bs.add_argument("--gzip-clients", type=int, default=2,
+                    help="http clients posting the 10 MiB body gzipped (default 2)")
+    bs.add_argument("--bomb-clients", type=int, default=1,
+                    help="clients sending each bomb, one bomb at a time (default 1)")
+    bs.add_argument("--bomb-bytes", type=parse_size, default=GIB, help="what each bomb inflates to (default 1GiB)")
+    bs.add_argument("--line-connections", type=int, default=4,
+                    help="tcp and syslog connections streaming tiny lines, each (default 4)")
+    bs.add_argument("--beats-connections", type=int, default=8, help="beats connections sending windows (default 8)")
+    bs.add_argument("--beats-window", type=int, default=65536, help="events per beats window (default 65536)")
+    bs.add_argument("--beats-event-bytes", type=int, default=900,
+                    help="JSON bytes per beats event (default 900: 59 MB per window inflated)")
+    bs.add_argument("--settle", type=float, default=3.0,
+                    help="seconds after the clients stop before the resident size is read again (default 3)")
+    bs.add_argument("--beats-bomb-frame-bytes", type=parse_size, default=16 << 10,
+                    help="size of each data frame inside the beats bomb (default 16KiB)")
     args = ap.parse_args()
+    if args.budget is None:
+        args.budget = 128 * MIB if args.budget_suite else 256 * MIB
     binary = sluice_binary(args.sluice)
     on_signals_exit()
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="sluice-hostile-") as tmp:
-            if args.memory:
+            if args.budget_suite:
+                if args.seconds <= 0 or min(args.clients, args.gzip_clients, args.bomb_clients,
+                                            args.line_connections, args.beats_connections) < 0:
+                    ap.error("--seconds must be > 0 and the client counts >= 0")
+                if not 1 <= args.beats_window <= 65536:
+                    ap.error("--beats-window must be 1 to 65536 (the input's max_window_size)")
+                payloads = suite_payloads(args)
+                only = [a for a in ATTACKS if a in args.only]
+                runs = ([[a] for a in only] if args.each and len(only) > 1 else []) + [only]
+                for attacks in runs:
+                    rows.append(suite_run(binary, tmp, args, attacks, payloads))
+                    print(f"done: {' + '.join(attacks)}: peak RSS {rows[-1]['peak_rss_mib']} MiB, "
+                          f"{rows[-1]['peak_rss_over_budget']:.2f} x budget", file=sys.stderr, flush=True)
+                print_suite(rows, args, payloads)
+            elif args.memory:
                 if args.clients < 1 or args.seconds <= 0:
                     ap.error("--clients must be >= 1 and --seconds > 0")
                 shapes = ("spaces", "array") if args.shape == "both" else (args.shape,)
@@ -946,6 +1455,9 @@ def main():
     print(f"(load average {'/'.join(f'{v:.2f}' for v in load_average())}; {os.cpu_count()} CPUs)")
     if args.json:
         print(json.dumps(rows))
+    if args.budget_suite:
+        return 0 if all(r["peak_rss_over_budget"] <= args.max_ratio and not r["sluice_died"]
+                        and r["stopped_at_rss_cap_after_s"] is None for r in rows) else 1
     if args.memory:
         return 0 if all(r["every_request_answered_within_limit"] and r["peak_rss_over_budget"] <= 2 for r in rows) else 1
     return 0 if all(r["goal_slow_closed_in_time"] and (r["input"] == "tcp" or r["goal_normal_under_1s"])
