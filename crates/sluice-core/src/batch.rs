@@ -57,8 +57,11 @@ impl Batch {
         let n = n.min(self.events.len());
         let bytes = if self.events.is_empty() { 0 } else { self.bytes * n / self.events.len() };
         let memory = self.memory.split_share(n, self.events.len());
-        let rest = self.events.split_off(n);
-        let front = std::mem::replace(&mut self.events, rest);
+        // The front gets a vector of its own size: cut with `split_off`, it would keep the
+        // whole batch's allocation (a 256 KiB read of short lines is 131,072 events, 3 MiB of
+        // vector) through the workers and outputs, outside the memory budget, and the rest
+        // would be copied into a new allocation at every cut.
+        let front: Vec<Event> = self.events.drain(..n).collect();
         self.bytes -= bytes;
         Batch { events: front, acks: self.acks.split_front(n), bytes, memory, awaited: false }
     }
@@ -79,5 +82,24 @@ impl Batch {
     /// Marks every event of the batch handled, releasing the inputs' acknowledgements.
     pub fn complete(self) {
         self.acks.complete();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_piece_split_off_the_front_holds_only_its_own_events() {
+        let events: Vec<Event> = (0..10_000).map(|i| Event::from_message_at(i.to_string(), i)).collect();
+        let mut batch = Batch::untracked(events, 100_000);
+        let front = batch.split_front(10);
+        assert_eq!((front.len(), batch.len()), (10, 9_990));
+        assert!(front.events.capacity() < 64, "the front kept {} slots", front.events.capacity());
+        assert_eq!((front.bytes, batch.bytes), (100, 99_900));
+        assert_eq!(front.events[9].timestamp_nanos(), Some(9));
+        assert_eq!(batch.events[0].timestamp_nanos(), Some(10));
+        let all = batch.split_front(usize::MAX);
+        assert_eq!((all.len(), batch.len()), (9_990, 0));
     }
 }

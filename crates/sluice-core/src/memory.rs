@@ -15,6 +15,13 @@
 //!   It is for events that are already in memory and were charged upstream (a `pipeline`
 //!   output feeding another pipeline), where waiting could deadlock the two pipelines. The
 //!   overdraft is repaid first when charges are given back.
+//! - A charge may wait for more while keeping what it holds ([`MemoryCharge::grow_keeping`]),
+//!   for a caller that keeps the memory it has (a request body read so far), so that the
+//!   budget counts it while it waits. Such waiting charges together keep at most half the
+//!   budget, and a caller may need at most half of it in all (its cap; more is refused as
+//!   too large, [`ChargeError::NeverFits`]): the other half, given back by the rest of the
+//!   node, always covers what the oldest waiter still lacks, so no set of waiters can wedge
+//!   the budget.
 //! - Time spent waiting is counted while the wait lasts ([`MemoryBudget::wait_nanos`]), not
 //!   only when it ends, so a stall shows in the metrics while it goes on.
 //!
@@ -41,6 +48,10 @@ pub enum ChargeError {
     NeverFits { needed: usize, limit: usize },
     #[error("no room in the memory budget before the deadline")]
     TimedOut,
+    /// The charges waiting while they keep what they hold already keep their share of the
+    /// budget: this one may not wait holding memory.
+    #[error("no room in the memory budget, and the share of it that waiting requests may keep is taken")]
+    NoShareToWait,
 }
 
 /// The budget. Share it as `Arc<MemoryBudget>`.
@@ -50,6 +61,8 @@ pub struct MemoryBudget {
     permits: Semaphore,
     /// Granules granted by `force` beyond what the semaphore had.
     overdraft: AtomicUsize,
+    /// Granules kept by charges waiting in [`MemoryCharge::grow_keeping`].
+    kept_waiting: AtomicUsize,
     /// Time charges waited, waits in progress included.
     wait: WaitTime,
     waits: AtomicU64,
@@ -66,6 +79,7 @@ impl MemoryBudget {
             limit_granules,
             permits: Semaphore::new(limit_granules),
             overdraft: AtomicUsize::new(0),
+            kept_waiting: AtomicUsize::new(0),
             wait: WaitTime::default(),
             waits: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -179,6 +193,19 @@ impl MemoryBudget {
             self.overdraft.fetch_add(n - taken, Ordering::Relaxed);
         }
         MemoryCharge { budget: Some(self.clone()), granules: n }
+    }
+
+    /// Enters `n` granules into the share waiting charges may keep; false when it is taken.
+    fn keep_waiting(&self, n: usize) -> bool {
+        let share = self.limit_granules / 2;
+        self.kept_waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |kept| (kept + n <= share).then_some(kept + n))
+            .is_ok()
+    }
+
+    /// Granules waiting charges keep now.
+    pub fn kept_waiting_bytes(&self) -> usize {
+        self.kept_waiting.load(Ordering::Relaxed) * GRANULE
     }
 
     fn release(&self, mut n: usize) {
@@ -318,6 +345,48 @@ impl MemoryCharge {
         self.merge(more);
         Ok(())
     }
+
+    /// Adds `bytes` as [`MemoryCharge::grow`] does, keeping what the charge holds while it
+    /// waits: for a caller that keeps the memory it was charged for meanwhile. What it keeps
+    /// counts in the share of the budget waiting charges may keep (half); when that share
+    /// is taken the charge does not wait ([`ChargeError::NoShareToWait`]) and the caller is to
+    /// give up what it holds. Callers must bound `cap` to half the budget at most (see the
+    /// module comment).
+    pub async fn grow_keeping(
+        &mut self,
+        bytes: usize,
+        cap: usize,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), ChargeError> {
+        let Some(budget) = self.budget.clone() else {
+            return Ok(());
+        };
+        let total = self.bytes() + bytes;
+        if total > cap {
+            budget.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(ChargeError::NeverFits { needed: total, limit: cap });
+        }
+        if let Some(more) = budget.try_charge(bytes) {
+            self.merge(more);
+            return Ok(());
+        }
+        let kept = self.granules;
+        if kept > 0 && !budget.keep_waiting(kept) {
+            budget.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(ChargeError::NoShareToWait);
+        }
+        // Left when the wait ends, however it ends (the caller's future may be dropped).
+        struct Leave<'a>(&'a MemoryBudget, usize);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.kept_waiting.fetch_sub(self.1, Ordering::Relaxed);
+            }
+        }
+        let _leave = Leave(&budget, kept);
+        let more = budget.charge(bytes, deadline).await?;
+        self.merge(more);
+        Ok(())
+    }
 }
 
 impl Drop for MemoryCharge {
@@ -363,6 +432,36 @@ mod tests {
         assert_eq!(budget.charge(64, Some(deadline)).await.unwrap_err(), ChargeError::TimedOut);
         assert_eq!(budget.refused(), 2);
         assert_eq!(budget.waiting(), 0, "a timed-out wait is not left counted");
+    }
+
+    #[tokio::test]
+    async fn waiting_charges_keep_what_they_hold_within_half_the_budget() {
+        let budget = MemoryBudget::new(4096);
+        let full = budget.charge(4096 - 512, None).await.unwrap();
+        // 512 bytes free; a request holding 512 waits for 512 more, keeping what it holds.
+        let mut a = budget.charge(512, None).await.unwrap();
+        let waiting = tokio::spawn(async move {
+            a.grow_keeping(512, 2048, None).await.unwrap();
+            a
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!waiting.is_finished());
+        assert_eq!((budget.used(), budget.kept_waiting_bytes()), (4096, 512));
+        // Another one holding memory finds the rest of the share (2048 - 512 bytes) too small
+        // for it: refused, it gives up what it holds rather than keeping it uncounted.
+        let mut b = budget.force(1600);
+        assert_eq!(b.grow_keeping(64, 2048, None).await.unwrap_err(), ChargeError::NoShareToWait);
+        drop(b);
+        // One holding nothing may always wait.
+        let mut c = budget.empty();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(20);
+        assert_eq!(c.grow_keeping(64, 2048, Some(deadline)).await.unwrap_err(), ChargeError::TimedOut);
+        drop(full);
+        let a = waiting.await.unwrap();
+        assert_eq!((a.bytes(), budget.kept_waiting_bytes()), (1024, 0));
+        // Past its cap it is too large, never a wait.
+        let mut d = budget.empty();
+        assert!(matches!(d.grow_keeping(4096, 2048, None).await, Err(ChargeError::NeverFits { .. })));
     }
 
     #[tokio::test]

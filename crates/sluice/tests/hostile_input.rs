@@ -43,11 +43,22 @@ fn bodies_of_tiny_values_are_refused_and_every_client_is_answered() {
             std::thread::spawn(move || try_http(&address, "POST", "/", &[], &body))
         })
         .collect();
+    // Each is refused as too large (413), or — when the requests already waiting for the
+    // budget hold their share of it with their bodies — told to send again later (429); the
+    // oldest waiter is always served, so at least one gets as far as the limit.
+    let mut too_large = 0;
     for c in clients {
         let (status, body) = c.join().unwrap().expect("the client was not answered");
-        assert_eq!(status, 413, "{body}");
-        assert!(body.contains("max_events_per_request") || body.contains("memory budget"), "{body}");
+        match status {
+            413 => {
+                too_large += 1;
+                assert!(body.contains("max_events_per_request") || body.contains("memory budget"), "{body}");
+            }
+            429 => assert!(body.contains("memory budget"), "{body}"),
+            _ => panic!("answered {status}: {body}"),
+        }
     }
+    assert!(too_large >= 1, "no request was refused as too large");
     // A normal client is served, and nothing of the refused requests is still held.
     let (status, body) = http(&address, "POST", "/", &[], b"{\"msg\":\"fine\"}\n{\"msg\":\"also\"}");
     assert_eq!((status, body.as_str()), (200, "{\"accepted\":2}"));

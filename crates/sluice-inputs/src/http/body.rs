@@ -49,6 +49,9 @@ pub enum Refusal {
     NeedsTooMuchMemory { needed: usize, cap: usize },
     /// 429: no room in the memory budget before the deadline.
     NoRoom,
+    /// 429: no room in the memory budget now, and the requests already waiting for it keep
+    /// their share of it: this one lets its body go rather than wait holding it.
+    NoRoomToWait,
     /// 408: the body did not arrive in time (set by the caller).
     BodyTimeout,
     /// 400: the body is not what it claims (gzip, JSON); the reason.
@@ -57,12 +60,15 @@ pub enum Refusal {
 
 /// What one request holds of the memory budget, and its limits.
 ///
-/// The request never waits for memory while it holds some: waiting while holding is how a
-/// few large requests could each hold part of the budget and wait for the rest forever. So it
-/// takes what it needs as it goes only while that is free at once ([`Admission::try_take`]);
-/// when it is not, it gives back all it holds and waits, holding nothing, for the total it now
-/// knows it needs ([`Admission::reserve`]). Waiters are served in arrival order, so the oldest
-/// is served first as memory comes back.
+/// The request takes what it needs as it goes only while that is free at once
+/// ([`Admission::try_take`]); when it is not, it gives back the reservation beyond what it
+/// holds and waits for the total it now knows it needs ([`Admission::reserve`]). What it holds
+/// (the body read so far, inflated) stays charged while it waits, so the budget counts the
+/// memory the process really has; waiting requests together may keep half the budget
+/// that way and one needs at most half of it (the cap), so waiters holding part of the budget
+/// can never wait for each other forever. A request that would wait holding memory when that
+/// share is taken is answered 429 at once and lets its body go. Waiters are served in arrival
+/// order, so the oldest is served first as memory comes back.
 pub struct Admission {
     charge: MemoryCharge,
     /// The bytes of the charge spoken for (the rest is reserved ahead).
@@ -77,8 +83,8 @@ impl Admission {
         Admission { charge, used: 0, cap, deadline }
     }
 
-    /// Gives back everything held and waits, holding nothing, until `total` bytes are reserved
-    /// (at most the cap). What was spoken for stays spoken for.
+    /// Gives back the reservation beyond what is spoken for and waits, keeping that, until
+    /// `total` bytes are reserved (at most the cap). What was spoken for stays spoken for.
     pub async fn reserve(&mut self, total: usize) -> Result<(), Refusal> {
         if self.used > self.cap {
             return Err(Refusal::NeedsTooMuchMemory { needed: self.used, cap: self.cap });
@@ -87,10 +93,12 @@ impl Admission {
         if total <= self.charge.bytes() {
             return Ok(());
         }
-        self.charge.shrink_to(0);
-        self.charge.grow(total, self.cap, Some(self.deadline)).await.map_err(|e| match e {
+        self.charge.shrink_to(self.used);
+        let more = total.saturating_sub(self.charge.bytes());
+        self.charge.grow_keeping(more, self.cap, Some(self.deadline)).await.map_err(|e| match e {
             ChargeError::NeverFits { needed, .. } => Refusal::NeedsTooMuchMemory { needed, cap: self.cap },
             ChargeError::TimedOut => Refusal::NoRoom,
+            ChargeError::NoShareToWait => Refusal::NoRoomToWait,
         })
     }
 
@@ -182,6 +190,9 @@ pub async fn gunzip(raw: &[u8], limit: usize, admission: &mut Admission) -> Resu
     loop {
         let step = GUNZIP_STEP.min(limit + 1 - out.len());
         admission.take(step).await?;
+        // Exactly the step: left to itself `read_to_end` doubles the vector, holding up to
+        // twice what was charged (and the old copy while it moves).
+        out.reserve_exact(step);
         let before = out.len();
         (&mut decoder)
             .take(step as u64)
@@ -202,9 +213,9 @@ pub async fn gunzip(raw: &[u8], limit: usize, admission: &mut Admission) -> Resu
 /// The body's events, each chunk spoken for in the admission before the next is decoded.
 ///
 /// When a chunk's memory is not free at once, the events decoded so far are dropped (so that
-/// a waiting request holds at most its body), everything is given back, and the request waits
+/// a waiting request holds at most its body), their room is given back, and the request waits
 /// for twice what it needed so far before decoding again from the start: it waits at most
-/// about log2(cap / body) times, and while it waits it holds nothing.
+/// about log2(cap / body) times, and while it waits it holds its body, charged.
 pub async fn decode_events(
     body: &[u8],
     timestamp: i64,

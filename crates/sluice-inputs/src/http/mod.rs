@@ -393,6 +393,14 @@ fn refuse(s: &Shared, refusal: Refusal) -> Response {
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             return r;
         }
+        Refusal::NoRoomToWait => {
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "no room for the request in the node's memory budget now, and the requests waiting for it already hold their share of it; send again later".to_string(),
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
+        }
         Refusal::BodyTimeout => {
             let mut r = error(
                 StatusCode::REQUEST_TIMEOUT,
@@ -505,7 +513,12 @@ async fn admit(
     .await;
     let raw = match read {
         Err(_) => return Err(Refusal::BodyTimeout),
-        Ok(Err(refusal @ (Refusal::NoRoom | Refusal::NeedsTooMuchMemory { .. } | Refusal::BodyTooLarge))) => {
+        Ok(Err(
+            refusal @ (Refusal::NoRoom
+            | Refusal::NoRoomToWait
+            | Refusal::NeedsTooMuchMemory { .. }
+            | Refusal::BodyTooLarge),
+        )) => {
             // Refused while the client was still sending: let it finish (within what is left
             // of body_timeout, and max_body_bytes) so that it reads the answer.
             let left = s.body_timeout.saturating_sub(started.elapsed());
