@@ -325,6 +325,16 @@ impl MemoryCharge {
         }
     }
 
+    /// `bytes` more keep this charge within `cap`; refused (and counted) otherwise.
+    fn within_cap(&self, budget: &MemoryBudget, bytes: usize, cap: usize) -> Result<(), ChargeError> {
+        let total = self.bytes() + bytes;
+        if total > cap {
+            budget.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(ChargeError::NeverFits { needed: total, limit: cap });
+        }
+        Ok(())
+    }
+
     /// Adds `bytes`, waiting for them as [`MemoryBudget::charge`] does; `cap` bounds the total
     /// this charge may reach (the caller's "can never fit" limit).
     pub async fn grow(
@@ -336,11 +346,7 @@ impl MemoryCharge {
         let Some(budget) = self.budget.clone() else {
             return Ok(());
         };
-        let total = self.bytes() + bytes;
-        if total > cap {
-            budget.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(ChargeError::NeverFits { needed: total, limit: cap });
-        }
+        self.within_cap(&budget, bytes, cap)?;
         let more = budget.charge(bytes, deadline).await?;
         self.merge(more);
         Ok(())
@@ -361,11 +367,7 @@ impl MemoryCharge {
         let Some(budget) = self.budget.clone() else {
             return Ok(());
         };
-        let total = self.bytes() + bytes;
-        if total > cap {
-            budget.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(ChargeError::NeverFits { needed: total, limit: cap });
-        }
+        self.within_cap(&budget, bytes, cap)?;
         if let Some(more) = budget.try_charge(bytes) {
             self.merge(more);
             return Ok(());
