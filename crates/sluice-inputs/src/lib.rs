@@ -122,7 +122,7 @@ impl InputContext {
     /// Binds the input's TCP listener and marks the input running (see [`Input::listens`]);
     /// the error names the input's type and the address.
     pub async fn listen_tcp(&self, address: &str) -> Result<tokio::net::TcpListener, InputError> {
-        let listener = tokio::net::TcpListener::bind(address)
+        let listener = limits::listen(address)
             .await
             .map_err(|e| InputError(format!("{} input cannot listen on {address}: {e}", self.metrics.type_name)))?;
         self.metrics.health.running();

@@ -21,6 +21,10 @@
 //!   `idle_timeout` or has been sending one head for longer than `header_timeout`, so that a
 //!   client that sends half a request and then nothing is closed, while one waiting for its
 //!   answer is not. A body's own timeout belongs to whoever reads the body.
+//! - [`listen`]: the listening socket, with a backlog of [`LISTEN_BACKLOG`] (the kernel
+//!   caps it at `net.core.somaxconn`) instead of tokio's (128 measured here): a burst of
+//!   connections larger than the backlog loses the surplus's handshakes and their clients'
+//!   first lines wait out SYN retries.
 //! - [`accept_connections`] and [`serve_connections`]: the accept loop of the stream inputs
 //!   (`tcp`, `syslog`, `beats`): each connection in a task of its own holding a slot, accept
 //!   errors (out of file descriptors) logged and retried without spinning, and the tasks waited
@@ -891,6 +895,32 @@ where
     }
 }
 
+/// The listen backlog asked for; the kernel takes the smaller of it and `net.core.somaxconn`
+/// (4096 by default since Linux 5.4).
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// Binds a listening TCP socket on `address` (the first of its addresses that binds), with
+/// `SO_REUSEADDR` as tokio's own bind sets it and a backlog of [`LISTEN_BACKLOG`].
+pub async fn listen(address: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host(address).await? {
+        match listen_on(addr) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to listen on")))
+}
+
+fn listen_on(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    tokio::net::TcpListener::from_std(socket.into())
+}
+
 #[cfg(test)]
 mod tests {
     use tokio::io::AsyncReadExt;
@@ -1009,5 +1039,39 @@ mod tests {
         activity.request_finished();
         assert_eq!(watchdog.await.unwrap(), Expired::Idle(Duration::from_secs(60)));
         assert_eq!(answered.elapsed(), Duration::from_secs(60));
+    }
+
+    /// The backlog of a listener, as the kernel keeps it (`tcpi_sacked` of a listening
+    /// socket's `TCP_INFO` is its maximum accept queue).
+    fn backlog(listener: &tokio::net::TcpListener) -> u32 {
+        use std::os::fd::AsRawFd;
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: `info` is a writable `tcp_info` of `len` bytes and the descriptor is open for
+        // the call's duration.
+        let r = unsafe {
+            libc::getsockopt(listener.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &mut len)
+        };
+        assert_eq!(r, 0, "getsockopt(TCP_INFO): {}", std::io::Error::last_os_error());
+        info.tcpi_sacked
+    }
+
+    #[tokio::test]
+    async fn listeners_ask_for_the_largest_backlog_the_kernel_allows() {
+        let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn").unwrap().trim().parse().unwrap();
+        assert!(
+            somaxconn > 128,
+            "net.core.somaxconn is {somaxconn}: this test needs a kernel that allows more than 128"
+        );
+        let listener = listen("127.0.0.1:0").await.unwrap();
+        assert_eq!(backlog(&listener), somaxconn.min(LISTEN_BACKLOG as u32));
+        // What tokio's own bind asks for (128 here): the figure this test tells apart.
+        let default = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        assert!(backlog(&default) < backlog(&listener), "tokio's bind: {}", backlog(&default));
+        // A taken address fails as a bind does, naming the cause.
+        let taken = listener.local_addr().unwrap().to_string();
+        let e = listen(&taken).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        assert!(listen("no-such-host.invalid:1").await.is_err());
     }
 }
