@@ -144,6 +144,39 @@ impl LogEvery {
     }
 }
 
+/// The TLS handshake refusals of one input: each reason logged at most once per
+/// [`LOG_EVERY`], saying how many were held back, since anyone who reaches the port can cause
+/// one per connection. Reasons are kept apart, so a second kind of refusal is not hidden
+/// behind the first; at most [`HandshakeLog::REASONS`] of them are remembered.
+#[derive(Debug, Default)]
+pub struct HandshakeLog {
+    by_reason: Mutex<HashMap<String, Arc<LogEvery>>>,
+}
+
+impl HandshakeLog {
+    pub const REASONS: usize = 64;
+
+    /// Logs `why` for the connection from `peer` to `input` (its type) if it is due.
+    pub fn refused(&self, ctx: &crate::InputContext, input: &str, peer: SocketAddr, why: &str) {
+        if let Some(held_back) = self.due(why) {
+            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, also_since_last_log = held_back,
+                "{input} input closed a connection: {why} (logged at most once per 10 s per reason)");
+        }
+    }
+
+    /// `Some(refusals held back since)` when a refusal for `why` is to be logged now.
+    fn due(&self, why: &str) -> Option<u64> {
+        let log = {
+            let mut by_reason = self.by_reason.lock();
+            if by_reason.len() >= Self::REASONS && !by_reason.contains_key(why) {
+                by_reason.clear();
+            }
+            by_reason.entry(why.to_string()).or_default().clone()
+        };
+        log.check()
+    }
+}
+
 /// Counts open connections against `max_connections`, and knows each one's activity.
 #[derive(Debug)]
 pub struct ConnectionSlots {
@@ -1054,6 +1087,22 @@ mod tests {
         };
         assert_eq!(r, 0, "getsockopt(TCP_INFO): {}", std::io::Error::last_os_error());
         info.tcpi_sacked
+    }
+
+    #[test]
+    fn handshake_refusals_are_logged_once_per_reason_and_period() {
+        let log = HandshakeLog::default();
+        assert_eq!(log.due("TLS handshake failed: the client sent no client certificate"), Some(0));
+        for _ in 0..1000 {
+            assert_eq!(log.due("TLS handshake failed: the client sent no client certificate"), None);
+        }
+        // Another reason is not hidden behind the first.
+        assert_eq!(log.due("the client does not speak TLS"), Some(0));
+        // Reasons past the bound start the memory over rather than grow it.
+        for i in 0..HandshakeLog::REASONS * 2 {
+            assert!(log.due(&format!("reason {i}")).is_some());
+        }
+        assert!(log.by_reason.lock().len() <= HandshakeLog::REASONS);
     }
 
     #[tokio::test]

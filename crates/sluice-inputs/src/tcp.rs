@@ -51,7 +51,8 @@ use crate::admission;
 use crate::codec::{Codec, Decoded};
 use crate::framing::{Line, LineFramer};
 use crate::limits::{
-    Activity, ConnectionFigures, ConnectionSlots, Step, StreamReader, WatchedIo, serve_connections, tls_handshake,
+    Activity, ConnectionFigures, ConnectionSlots, HandshakeLog, Step, StreamReader, WatchedIo, serve_connections,
+    tls_handshake,
 };
 use crate::{Input, InputContext, InputError};
 
@@ -140,6 +141,7 @@ struct Shared {
     /// Read buffers, back once the events sharing them are finished.
     texts: Arc<TextPool>,
     figures: Arc<ConnectionFigures>,
+    handshakes: HandshakeLog,
 }
 
 /// Read buffers the input keeps for reuse, whatever the number of connections: about a full
@@ -166,7 +168,8 @@ async fn serve(
     let figures = Arc::new(ConnectionFigures::default());
     let _ = ctx.metrics.state.set(figures.clone());
     let slots = ConnectionSlots::counted_in(max_connections, figures.clone());
-    let shared = Arc::new(Shared { config, tls, ctx: ctx.clone(), texts, figures });
+    let shared =
+        Arc::new(Shared { config, tls, ctx: ctx.clone(), texts, figures, handshakes: HandshakeLog::default() });
     serve_connections(listener, &slots, idle_timeout, WAIT_FOR_ROOM, &ctx, "tcp", |stream, peer, activity| {
         let shared = shared.clone();
         async move { connection(&shared, stream, peer, &activity).await }
@@ -183,7 +186,7 @@ async fn connection(shared: &Shared, stream: TcpStream, peer: SocketAddr, activi
         Ok(stream) => stream,
         Err(why) => {
             ctx.metrics.refused.add(1);
-            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "tcp input closed a connection: {why}");
+            shared.handshakes.refused(ctx, "tcp", peer, &why);
             return;
         }
     };

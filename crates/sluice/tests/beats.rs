@@ -207,10 +207,14 @@ fn tls_clients_need_a_certificate_from_the_ca_when_client_auth_is_required() {
     }
     assert!(acked_ids(&s.path("acked-rogue")).is_empty() && acked_ids(&s.path("acked-anonymous")).is_empty());
     wait_until("the refusals in the log", Duration::from_secs(5), || {
-        s.log().lines().filter(|l| l.contains("beats input refused a connection from 127.0.0.1:")).count() >= 2
+        s.log()
+            .lines()
+            .filter(|l| l.contains("beats input closed a connection") && l.contains("peer=127.0.0.1:"))
+            .count()
+            >= 2
     });
     let log = s.log();
-    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("beats input refused a connection")).collect();
+    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("beats input closed a connection")).collect();
     assert!(refusals.iter().all(|l| l.contains("TLS handshake failed")), "{refusals:#?}");
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");

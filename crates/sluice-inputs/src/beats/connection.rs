@@ -99,8 +99,7 @@ pub(super) async fn run(shared: &Shared, tcp: TcpStream, peer: SocketAddr, activ
         Ok(s) => s,
         Err(why) => {
             ctx.metrics.refused.add(1);
-            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer,
-                "beats input refused a connection from {peer}: {why}");
+            shared.handshakes.refused(ctx, "beats", peer, &why);
             return;
         }
     };

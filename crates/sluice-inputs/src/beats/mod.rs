@@ -221,6 +221,8 @@ pub(crate) struct Shared {
     pub figures: Arc<Figures>,
     /// When a write timeout was last logged (at most once per 10 s).
     pub write_timeout_logged: parking_lot::Mutex<Option<tokio::time::Instant>>,
+    /// TLS handshake refusals, logged at most once per 10 s per reason.
+    pub handshakes: crate::limits::HandshakeLog,
 }
 
 /// Accepts connections on `listener` until shutdown, then waits for the connection tasks.
@@ -245,6 +247,7 @@ async fn serve(
         tls,
         figures,
         write_timeout_logged: parking_lot::Mutex::new(None),
+        handshakes: Default::default(),
     });
     accept_connections(listener, max_connections, idle_timeout, &ctx, "beats", |stream, peer, activity| {
         let _ = stream.set_nodelay(true);

@@ -170,6 +170,8 @@ impl Input for HttpInput {
 
 struct Shared {
     ctx: InputContext,
+    /// TLS handshake refusals, logged at most once per 10 s per reason.
+    handshakes: crate::limits::HandshakeLog,
     path: String,
     max_body: usize,
     max_events: usize,
@@ -226,6 +228,7 @@ async fn serve(input: HttpInput, listener: TcpListener, ctx: InputContext) -> Re
     let slots = ConnectionSlots::new(config.max_connections);
     let shared = Arc::new(Shared {
         ctx: ctx.clone(),
+        handshakes: Default::default(),
         path: config.path,
         max_body: config.max_body_bytes.as_usize(),
         max_events: config.max_events_per_request,
@@ -298,7 +301,7 @@ async fn connection(
         Ok(stream) => stream,
         Err(why) => {
             ctx.metrics.refused.add(1);
-            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "http input closed a connection: {why}");
+            shared.handshakes.refused(&ctx, "http", peer, &why);
             return;
         }
     };

@@ -32,7 +32,8 @@ use tokio::net::{TcpListener, TcpStream};
 use super::frame::{Frame, SyslogFramer};
 use super::{Sender, Settings};
 use crate::limits::{
-    Activity, ConnectionFigures, ConnectionSlots, Step, StreamReader, WatchedIo, serve_connections, tls_handshake,
+    Activity, ConnectionFigures, ConnectionSlots, HandshakeLog, Step, StreamReader, WatchedIo, serve_connections,
+    tls_handshake,
 };
 use crate::tcp::WAIT_FOR_ROOM;
 use crate::{InputContext, InputError};
@@ -45,6 +46,7 @@ struct Shared {
     tls: Option<Arc<ServerTls>>,
     ctx: InputContext,
     figures: Arc<ConnectionFigures>,
+    handshakes: HandshakeLog,
 }
 
 /// Accepts connections on `listener` until shutdown, then waits for the connection tasks.
@@ -61,7 +63,7 @@ pub(super) async fn serve(
     let figures = Arc::new(ConnectionFigures::default());
     let _ = ctx.metrics.state.set(figures.clone());
     let slots = ConnectionSlots::counted_in(max_connections, figures.clone());
-    let shared = Arc::new(Shared { settings, tls, ctx: ctx.clone(), figures });
+    let shared = Arc::new(Shared { settings, tls, ctx: ctx.clone(), figures, handshakes: HandshakeLog::default() });
     serve_connections(listener, &slots, idle_timeout, WAIT_FOR_ROOM, &ctx, "syslog", |stream, peer, activity| {
         let shared = shared.clone();
         async move {
@@ -89,7 +91,7 @@ async fn handshake(
         Err(_) if ctx.shutdown.is_cancelled() => None,
         Err(why) => {
             ctx.metrics.refused.add(1);
-            tracing::warn!(pipeline = %ctx.pipeline, input = %ctx.id, peer = %peer, "syslog input closed a connection: {why}");
+            shared.handshakes.refused(ctx, "syslog", peer, &why);
             None
         }
     }
