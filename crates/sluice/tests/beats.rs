@@ -330,13 +330,8 @@ fn hostile_windows_and_frames_close_the_connection_and_the_node_serves_the_next_
     assert_eq!(series(&metrics, "sluice_component_beats_protocol_errors_total"), 3.0);
     assert_eq!(series(&metrics, "sluice_component_beats_connections_open"), 0.0);
     let stats = get_json(&api, "/stats");
-    let input = stats["pipelines"]["beats"]["components"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "beats")
-        .unwrap_or_else(|| panic!("no beats component in {stats}"))
-        .clone();
+    let input = common::component(&stats, "beats", "type", "beats");
+    assert!(!input.is_null(), "no beats component in {stats}");
     assert_eq!(input["state"]["beats_protocol_errors"], 3, "{input}");
     assert_eq!(input["refused"], 2, "the window and the frame past their limits: {input}");
     let (status, log) = s.stop();
@@ -550,13 +545,8 @@ pipelines:
     let windows = series(&metrics, "sluice_component_beats_windows_total") as u64;
     let acks = series(&metrics, "sluice_component_beats_acks_total") as u64;
     let stats = get_json(&api, "/stats");
-    let input = stats["pipelines"]["beats"]["components"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "beats")
-        .unwrap_or_else(|| panic!("no beats component in {stats}"))
-        .clone();
+    let input = common::component(&stats, "beats", "type", "beats");
+    assert!(!input.is_null(), "no beats component in {stats}");
     eprintln!(
         "beats ACK-reading test: client sent {} windows, server opened {windows}, wrote {acks} ACKs, peak RSS {} MiB",
         sent * 10_000,

@@ -284,8 +284,7 @@ pipelines:
     );
     assert_eq!(series_sum(&metrics, "sluice_component_documents_refused_total", &[]), 0.0, "{metrics}");
     let stats = common::get_json(&address, "/stats");
-    let component =
-        stats["pipelines"]["main"]["components"].as_array().unwrap().iter().find(|c| c["id"] == "search").unwrap();
+    let component = common::component(&stats, "main", "id", "search");
     let retried = component["state"]["documents_retried"].as_array().unwrap();
     assert!(
         retried.iter().any(|r| r["status"] == "403" && r["error_type"] == "cluster_block_exception"),
@@ -404,12 +403,7 @@ pipelines:
         "gzip"
     );
     let stats = common::get_json(&format!("127.0.0.1:{api}"), "/stats");
-    let state = &stats["pipelines"]["main"]["components"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "opensearch")
-        .unwrap()["state"];
+    let state = &common::component(&stats, "main", "type", "opensearch")["state"];
     assert!(state["documents_indexed"].as_u64().unwrap() >= acked.len() as u64, "{state}");
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");

@@ -265,8 +265,8 @@ pipelines:
         get_json(&api, "/stats")["pipelines"]["f"]["events"]["out"].as_u64() == Some(5)
     });
     let stats = get_json(&api, "/stats");
-    let out =
-        stats["pipelines"]["f"]["components"].as_array().unwrap().iter().find(|c| c["id"] == "out").unwrap().clone();
+    let out = common::component(&stats, "f", "id", "out");
+    assert!(!out.is_null(), "no output in {stats}");
     let b = bodies.lock().unwrap().clone();
     assert_eq!(b.len(), 2, "one refused attempt, one accepted: {b:?}");
     assert_eq!(b[0], b[1], "the same body sent again");

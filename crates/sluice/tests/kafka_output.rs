@@ -156,7 +156,7 @@ pipelines:
     let mut bus = Value::Null;
     common::wait_until("every event delivered or dead-lettered", Duration::from_secs(60), || {
         let stats = common::get_json(&api, "/stats");
-        bus = component(&stats, "main", "bus");
+        bus = common::component(&stats, "main", "id", "bus");
         bus["events"]["out"] == 100 && stats["pipelines"]["main"]["events"]["dead_lettered"] == 5
     });
     drop(s.child.stdin.take());
@@ -289,20 +289,11 @@ pipelines:
     let mut bus = Value::Null;
     common::wait_until("the kafka output to be retrying", Duration::from_secs(30), || {
         let stats = common::get_json(&api, "/stats");
-        bus = component(&stats, "main", "bus");
+        bus = common::component(&stats, "main", "id", "bus");
         bus["output_state"] == "retrying"
     });
     assert!(bus["last_error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{bus}");
     assert_eq!(bus["events"]["out"], 0, "{bus}");
     assert_eq!(bus["bytes_out"], 0, "nothing acknowledged, nothing sent: {bus}");
     drop(s);
-}
-
-/// A component's figures in a `/stats` body (null when it is not there yet).
-fn component(stats: &Value, pipeline: &str, id: &str) -> Value {
-    stats["pipelines"][pipeline]["components"]
-        .as_array()
-        .and_then(|all| all.iter().find(|c| c["id"] == id))
-        .cloned()
-        .unwrap_or_default()
 }

@@ -186,11 +186,9 @@ pipelines:
     );
     let api = s.api();
     let component = |stats: &Value, id: &str| -> Value {
-        stats["pipelines"]["p"]["components"]
-            .as_array()
-            .and_then(|all| all.iter().find(|c| c["id"] == id))
-            .cloned()
-            .unwrap_or_else(|| panic!("no component {id} in {stats}"))
+        let c = common::component(stats, "p", "id", id);
+        assert!(!c.is_null(), "no component {id} in {stats}");
+        c
     };
     let out_labels = "{pipeline=\"p\",component=\"web\",kind=\"output\",type=\"http\"";
     let lag_series = "sluice_component_file_lag_bytes{pipeline=\"p\",component=\"logs\",kind=\"input\",type=\"file\"}";

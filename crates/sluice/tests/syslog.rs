@@ -330,13 +330,7 @@ fn a_udp_flood_into_a_tiny_receive_buffer_counts_the_kernels_drops() {
     let sent = sent + 1;
     let figures = || {
         let stats = get_json(&api, "/stats");
-        let input = stats["pipelines"]["s"]["components"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "syslog")
-            .cloned()
-            .unwrap();
+        let input = common::component(&stats, "s", "type", "syslog");
         (input["state"]["datagrams_received"].as_u64().unwrap(), input["state"]["datagrams_dropped"].as_u64().unwrap())
     };
     // Settled: everything sent is either received or dropped (loopback loses nothing else).

@@ -473,6 +473,16 @@ pub fn cluster_stats(api: &str) -> serde_json::Value {
     get_json(api, "/stats")["cluster"].clone()
 }
 
+/// The component of `pipeline` whose `key` is `value` (`"id"`, `"bus"`; `"type"`, `"beats"`)
+/// in a `/stats` body; `Null` when there is none (yet).
+pub fn component(stats: &serde_json::Value, pipeline: &str, key: &str, value: &str) -> serde_json::Value {
+    stats["pipelines"][pipeline]["components"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c[key] == value))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Events the inputs of `pipeline` accepted, from `/stats`.
 pub fn accepted(api: &str, pipeline: &str) -> u64 {
     let stats = get_json(api, "/stats");
