@@ -25,12 +25,17 @@
 //! - Time spent waiting is counted while the wait lasts ([`MemoryBudget::wait_nanos`]), not
 //!   only when it ends, so a stall shows in the metrics while it goes on.
 //!
+//! - When a budget's use crosses three quarters of its limit, the process's pressure hook
+//!   ([`on_pressure`]) is told, and told again when it falls back under half: the binary's
+//!   allocator then gives freed memory back to the kernel at once rather than after a delay,
+//!   so that what the process holds stays near what the budget counts.
+//!
 //! Internally the budget is a fair semaphore whose permits are granules of 64 bytes, so that
 //! one permit count covers budgets far beyond 4 GiB.
 
 use crate::wait::WaitTime;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::Semaphore;
 
@@ -39,6 +44,16 @@ const GRANULE: usize = 64;
 
 fn granules(bytes: usize) -> usize {
     bytes.div_ceil(GRANULE)
+}
+
+/// The process's memory pressure hook (see [`on_pressure`]).
+static PRESSURE_HOOK: OnceLock<fn(bool)> = OnceLock::new();
+
+/// Installs `hook`, called with `true` when a budget's use crosses three quarters of its
+/// limit and with `false` when it falls back under half. One per process; false when one is
+/// installed already.
+pub fn on_pressure(hook: fn(bool)) -> bool {
+    PRESSURE_HOOK.set(hook).is_ok()
 }
 
 /// Why a charge was not granted.
@@ -67,6 +82,8 @@ pub struct MemoryBudget {
     wait: WaitTime,
     waits: AtomicU64,
     refused: AtomicU64,
+    /// Use crossed three quarters of the limit and has not yet fallen under half.
+    pressed: AtomicBool,
 }
 
 impl MemoryBudget {
@@ -83,6 +100,7 @@ impl MemoryBudget {
             wait: WaitTime::default(),
             waits: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            pressed: AtomicBool::new(false),
         })
     }
 
@@ -136,6 +154,7 @@ impl MemoryBudget {
         let n32 = u32::try_from(n).ok()?;
         let permit = self.permits.try_acquire_many(n32).ok()?;
         permit.forget();
+        self.note_level();
         Some(MemoryCharge { budget: Some(self.clone()), granules: n })
     }
 
@@ -169,6 +188,7 @@ impl MemoryBudget {
         };
         // The semaphore is never closed.
         permit.expect("the memory budget's semaphore is never closed").forget();
+        self.note_level();
         Ok(MemoryCharge { budget: Some(self.clone()), granules: n })
     }
 
@@ -192,6 +212,7 @@ impl MemoryBudget {
         if taken < n {
             self.overdraft.fetch_add(n - taken, Ordering::Relaxed);
         }
+        self.note_level();
         MemoryCharge { budget: Some(self.clone()), granules: n }
     }
 
@@ -223,6 +244,26 @@ impl MemoryBudget {
         if n > 0 {
             self.permits.add_permits(n);
         }
+        self.note_level();
+    }
+
+    /// Notes when use crosses three quarters of the limit upwards or half of it downwards,
+    /// and tells the pressure hook (three loads when nothing changes).
+    fn note_level(&self) {
+        let used = self.used() / GRANULE;
+        let pressed = self.pressed.load(Ordering::Relaxed);
+        let now = if pressed { used * 2 >= self.limit_granules } else { used * 4 >= self.limit_granules * 3 };
+        if now != pressed
+            && self.pressed.compare_exchange(pressed, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+            && let Some(hook) = PRESSURE_HOOK.get()
+        {
+            hook(now);
+        }
+    }
+
+    /// Whether use crossed three quarters of the limit and has not yet fallen under half.
+    pub fn pressed(&self) -> bool {
+        self.pressed.load(Ordering::Relaxed)
     }
 }
 
@@ -482,6 +523,26 @@ mod tests {
         drop(b);
         assert_eq!(big.await.unwrap().bytes(), 960);
         assert!(budget.try_charge(64).is_some());
+    }
+
+    #[test]
+    fn pressure_starts_at_three_quarters_and_ends_under_half() {
+        let budget = MemoryBudget::new(1 << 20);
+        let half = budget.try_charge(512 << 10).unwrap();
+        assert!(!budget.pressed(), "half the budget is no pressure");
+        let quarter = budget.try_charge(256 << 10).unwrap();
+        assert!(budget.pressed(), "three quarters is");
+        let mut rest = budget.force(64 << 10);
+        rest.shrink_to(0);
+        assert!(budget.pressed(), "still over half");
+        drop(quarter);
+        assert!(budget.pressed(), "at half exactly it goes on");
+        drop(half);
+        assert!(!budget.pressed(), "under half it ends");
+        let over = budget.force(2 << 20);
+        assert!(budget.pressed(), "an overdraft is pressure too");
+        drop(over);
+        assert!(!budget.pressed());
     }
 
     #[test]

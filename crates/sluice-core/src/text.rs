@@ -38,6 +38,8 @@ use std::ops::{Deref, Range};
 use std::sync::Arc;
 
 use compact_str::CompactString;
+
+use crate::memory::{MemoryBudget, MemoryCharge};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A string: inline, on the heap, or a slice of a [`SharedText`] (see the module comment).
@@ -83,23 +85,56 @@ impl Drop for Buffer {
 /// path and new ones were taken from fresh pages (about 20 MiB more resident in the file
 /// benchmark); handed back here, the reader fills the same warm pages again.
 pub struct TextPool {
-    spare: parking_lot::Mutex<Vec<Vec<u8>>>,
+    spare: parking_lot::Mutex<Spare>,
     keep: usize,
     largest: usize,
+}
+
+/// The buffers a pool keeps, and their charge when the pool is charged to a budget.
+struct Spare {
+    buffers: Vec<Vec<u8>>,
+    /// Capacity of `buffers`, in bytes.
+    bytes: usize,
+    /// What `bytes` holds of the node's budget ([`TextPool::charged`]); uncharged otherwise.
+    charge: Option<MemoryCharge>,
 }
 
 impl TextPool {
     /// A pool keeping up to `keep` buffers of at most `largest` bytes of capacity (a buffer
     /// grown for an exceptional line is freed rather than kept).
     pub fn new(keep: usize, largest: usize) -> Arc<TextPool> {
-        Arc::new(TextPool { spare: parking_lot::Mutex::new(Vec::with_capacity(keep)), keep, largest })
+        TextPool::build(keep, largest, None)
+    }
+
+    /// A pool whose kept buffers are charged to `budget`: one is kept only while the budget
+    /// has room for it (so what a pool holds idle counts against the events it would crowd
+    /// out, and goes when they need it), and freed otherwise.
+    pub fn charged(keep: usize, largest: usize, budget: &Arc<MemoryBudget>) -> Arc<TextPool> {
+        TextPool::build(keep, largest, Some(budget.empty()))
+    }
+
+    fn build(keep: usize, largest: usize, charge: Option<MemoryCharge>) -> Arc<TextPool> {
+        let spare = Spare { buffers: Vec::with_capacity(keep), bytes: 0, charge };
+        Arc::new(TextPool { spare: parking_lot::Mutex::new(spare), keep, largest })
     }
 
     /// An empty buffer with room for at least `capacity` bytes: a returned one if there is
     /// one not more than twice that big (a larger one would be less than half full, and is
     /// freed instead).
     pub fn take(&self, capacity: usize) -> Vec<u8> {
-        let mut bytes = match self.spare.lock().pop() {
+        let kept = {
+            let mut spare = self.spare.lock();
+            let kept = spare.buffers.pop();
+            if let Some(b) = &kept {
+                spare.bytes -= b.capacity();
+                let bytes = spare.bytes;
+                if let Some(charge) = &mut spare.charge {
+                    charge.shrink_to(bytes);
+                }
+            }
+            kept
+        };
+        let mut bytes = match kept {
             Some(b) if b.capacity() <= capacity.saturating_mul(2) => b,
             _ => Vec::new(),
         };
@@ -113,14 +148,21 @@ impl TextPool {
         }
         bytes.clear();
         let mut spare = self.spare.lock();
-        if spare.len() < self.keep {
-            spare.push(bytes);
+        if spare.buffers.len() >= self.keep {
+            return;
         }
+        if let Some(charge) = &mut spare.charge
+            && !charge.try_grow(bytes.capacity())
+        {
+            return;
+        }
+        spare.bytes += bytes.capacity();
+        spare.buffers.push(bytes);
     }
 
     /// Buffers waiting to be taken.
     pub fn spare(&self) -> usize {
-        self.spare.lock().len()
+        self.spare.lock().buffers.len()
     }
 }
 
@@ -476,6 +518,26 @@ mod tests {
         let mut bytes = Vec::with_capacity(4 * LONG.len());
         bytes.extend_from_slice(LONG.as_bytes());
         assert!(SharedText::new(bytes).0.bytes.capacity() < 2 * LONG.len(), "shrunk");
+    }
+
+    #[test]
+    fn a_charged_pool_keeps_buffers_only_while_the_budget_has_room() {
+        let budget = MemoryBudget::new(1 << 20);
+        let pool = TextPool::charged(8, 1 << 20, &budget);
+        let a = pool.take(256 << 10);
+        let b = pool.take(256 << 10);
+        assert_eq!(budget.used(), 0, "buffers in use are the events' to charge");
+        pool.put(a);
+        assert_eq!(pool.spare(), 1);
+        assert_eq!(budget.used(), 256 << 10, "a kept buffer is charged");
+        // With the rest of the budget taken, a returned buffer is freed, not kept.
+        let events = budget.try_charge(budget.limit() - budget.used()).unwrap();
+        pool.put(b);
+        assert_eq!(pool.spare(), 1, "no room: freed");
+        drop(events);
+        let again = pool.take(256 << 10);
+        assert!(again.capacity() >= 256 << 10);
+        assert_eq!((pool.spare(), budget.used()), (0, 0), "taken back: its charge goes");
     }
 
     #[test]

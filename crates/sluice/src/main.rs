@@ -131,6 +131,7 @@ enum QueueCommand {
 }
 
 fn main() -> ExitCode {
+    sluice_core::memory::on_pressure(sluice_alloc::pressure);
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
