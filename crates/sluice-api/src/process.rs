@@ -63,3 +63,13 @@ mod tests {
         drop(held);
     }
 }
+
+impl From<ProcessFigures> for sluice_core::snapshot::ProcessSnapshot {
+    fn from(p: ProcessFigures) -> Self {
+        sluice_core::snapshot::ProcessSnapshot {
+            resident_bytes: p.resident_bytes,
+            cpu_seconds: p.cpu_seconds,
+            open_fds: p.open_fds,
+        }
+    }
+}
