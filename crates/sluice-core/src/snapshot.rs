@@ -177,8 +177,10 @@ pub struct HealthSnapshot {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OutputSnapshot {
+    #[serde(default)]
     pub bytes_out: u64,
     pub output_state: OutputState,
+    #[serde(default)]
     pub last_error: Option<LastError>,
 }
 
@@ -227,6 +229,11 @@ impl NodeSnapshot {
             sections: sections.iter().map(|s| (s.key(), s.stats())).collect(),
             section_sources: sections,
         }
+    }
+
+    /// Reads a `/stats` document back (what `sluice top` does).
+    pub fn read(doc: &serde_json::Value) -> Result<NodeSnapshot, serde_json::Error> {
+        NodeSnapshot::deserialize(doc)
     }
 
     /// Every family of `/metrics`, in the order a scrape has always given them.
