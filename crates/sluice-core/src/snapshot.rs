@@ -449,7 +449,7 @@ impl NodeSnapshot {
             .collect();
         let with_labels = |l: &Labels, f: &Figure| {
             let mut labels = l.clone();
-            labels.extend(f.labels.iter().map(|(k, v)| (label_name(k), v.clone())));
+            labels.extend(f.labels.iter().map(|(k, v)| (label_name(k.clone()), v.clone())));
             labels
         };
         let counts = |f: &Figure| matches!(f.value, FigureValue::Count(_));
@@ -493,7 +493,7 @@ fn family_names<'a>(figures: impl Iterator<Item = &'a Figure>) -> Vec<&'a str> {
 
 /// Label names are `&'static str` in the encoder: a component's are (its [`Spec`]s give them);
 /// one read back from `/stats` is kept once for the process.
-fn label_name(name: &std::borrow::Cow<'static, str>) -> &'static str {
+fn label_name(name: std::borrow::Cow<'static, str>) -> &'static str {
     match name {
         std::borrow::Cow::Borrowed(s) => s,
         std::borrow::Cow::Owned(s) => {
@@ -502,7 +502,7 @@ fn label_name(name: &std::borrow::Cow<'static, str>) -> &'static str {
             if let Some(known) = names.iter().find(|n| **n == s.as_str()) {
                 return known;
             }
-            let leaked: &'static str = Box::leak(s.clone().into_boxed_str());
+            let leaked: &'static str = Box::leak(s.into_boxed_str());
             names.push(leaked);
             leaked
         }

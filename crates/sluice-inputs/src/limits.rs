@@ -956,6 +956,7 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     use super::*;
+    use sluice_core::figures::FigureKind;
 
     #[test]
     fn slots_are_bounded_and_given_back() {
@@ -972,7 +973,13 @@ mod tests {
     fn the_open_connections_show_in_the_inputs_figures() {
         let figures = Arc::new(ConnectionFigures::default());
         let slots = ConnectionSlots::counted_in(4, figures.clone());
-        let open = || figures.figures().iter().find(|f| f.name == "connections_open").map(|f| (f.value, f.counter));
+        let open = || {
+            figures
+                .figures()
+                .iter()
+                .find(|f| f.name == "connections_open")
+                .map(|f| (f.count(), f.kind == FigureKind::Counter))
+        };
         assert_eq!(open(), Some((0, false)), "a gauge");
         let a = slots.try_take().unwrap();
         let b = slots.try_take().unwrap();

@@ -83,6 +83,6 @@ mod tests {
         lag.publish(paths.iter().map(|p| (Path::new(p.as_str()), 0)));
         assert_eq!(lag.total(), 0);
         assert!(lag.inner.lock().largest.is_empty());
-        assert_eq!(lag.figures()[0].value, 0);
+        assert_eq!(lag.figures()[0].count(), 0);
     }
 }
