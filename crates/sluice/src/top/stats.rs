@@ -10,6 +10,7 @@
 use std::time::{Instant, SystemTime};
 
 use serde_json::Value as Json;
+use sluice_cluster::metrics::ClusterSnapshot;
 use sluice_core::figures::FigureKind;
 use sluice_core::snapshot::{NodeSnapshot, PipelineSnapshot};
 
@@ -93,25 +94,6 @@ pub struct PeerSnap {
     pub latency_mean_seconds: Option<f64>,
 }
 
-fn at<'a>(v: &'a Json, path: &[&str]) -> Option<&'a Json> {
-    path.iter().try_fold(v, |cur, key| cur.get(key))
-}
-
-/// A count; a float that is a whole non-negative number is taken too (some encoders write
-/// `5.0` for `5`).
-fn count(v: &Json, path: &[&str]) -> Option<u64> {
-    let v = at(v, path)?;
-    v.as_u64().or_else(|| v.as_f64().filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0).map(|f| f as u64))
-}
-
-fn number(v: &Json, path: &[&str]) -> Option<f64> {
-    at(v, path)?.as_f64().filter(|f| f.is_finite())
-}
-
-fn text(v: &Json, path: &[&str]) -> Option<String> {
-    at(v, path)?.as_str().map(str::to_string)
-}
-
 impl Snapshot {
     /// Reads a `/stats` document into the server's own types ([`NodeSnapshot`]): a figure
     /// renamed there is renamed here. A field the document lacks reads as zero; one of another
@@ -124,31 +106,33 @@ impl Snapshot {
         let pipelines = figures.pipelines.iter().map(PipelineSnap::of).collect();
         let memory =
             figures.memory.map(|m| Memory { used_bytes: Some(m.used_bytes), budget_bytes: Some(m.budget_bytes) });
-        // The cluster's section is its own crate's document, read as it stands.
-        let cluster = figures.sections.get("cluster");
+        // The cluster's section, with its own crate's types.
+        let cluster = match figures.sections.get("cluster") {
+            Some(c) => Some(
+                serde_json::from_value::<ClusterSnapshot>(c.clone())
+                    .map_err(|e| format!("the /stats answer's cluster does not read: {e}"))?,
+            ),
+            None => None,
+        };
         let peers = cluster
-            .and_then(|c| c.get("peers"))
-            .and_then(Json::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(name, p)| PeerSnap {
-                        name: name.clone(),
-                        state: text(p, &["state"]),
-                        events_forwarded: count(p, &["events_forwarded"]),
-                        failures: count(p, &["failures"]),
-                        batches_retried: count(p, &["batches_retried"]),
-                        bytes_in_flight: count(p, &["bytes_in_flight"]),
-                        latency_mean_seconds: number(p, &["latency_mean_seconds"]),
-                    })
-                    .collect()
+            .iter()
+            .flat_map(|c| &c.peers)
+            .map(|(name, p)| PeerSnap {
+                name: name.clone(),
+                state: Some(p.state.clone()),
+                events_forwarded: Some(p.events_forwarded),
+                failures: Some(p.failures),
+                batches_retried: Some(p.batches_retried),
+                bytes_in_flight: Some(p.bytes_in_flight),
+                latency_mean_seconds: Some(p.latency_mean_seconds),
             })
-            .unwrap_or_default();
+            .collect();
         Ok(Snapshot {
             at: at_,
             wall,
             uptime_seconds: Some(figures.uptime_seconds),
             memory,
-            node: cluster.and_then(|c| text(c, &["node"])),
+            node: cluster.map(|c| c.node),
             pipelines,
             peers,
         })
