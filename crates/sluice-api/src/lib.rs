@@ -5,21 +5,18 @@
 //!   components and their states ([`render_health`]).
 //! - The node's own figures everywhere: build, reloads, draining, and the process's resident
 //!   memory, CPU time and open file descriptors.
-//! - `GET /metrics`: OpenMetrics text, encoded by prometheus-client from the figures at scrape
-//!   time: per pipeline events in (put in by its inputs) / taken (by its workers) / out /
-//!   dropped / failed, per component events in / out / dropped / failed, batch and component
-//!   durations, queue depth in events and bytes, time inputs spent blocked, worker utilisation.
-//! - `GET /stats`: the same as JSON, with event rates over the last 1 and 5 minutes taken from
-//!   samples every 5 seconds.
+//! - `GET /metrics`: OpenMetrics text: the node's figures read once into a
+//!   [`NodeSnapshot`] and encoded by it (per pipeline, component and store; the families and
+//!   their names are declared there, with the stores and in the components, not here).
+//! - `GET /stats`: the same snapshot serialized as JSON, with event rates over the last 1 and
+//!   5 minutes taken from samples every 5 seconds.
 //!
 //! Reading the API never takes a lock the workers need: every figure is an atomic counter or
 //! a queue's own short-lived snapshot.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -29,13 +26,10 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use parking_lot::Mutex;
 use serde_json::{Value as Json, json};
-use sluice_core::QueueStats;
-use sluice_core::exposition::{self, DescriptorEncoder, Labels, counter, gauge, histogram, histogram_snapshots};
+use sluice_core::exposition;
 use sluice_core::health::Lifecycle;
-use sluice_core::metrics::{
-    ComponentKind, ComponentMetrics, ComponentState, Counter, DeadLetterStats, MetricsRegistry, NodeFigures,
-    OutputState, PipelineMetrics, RegistryMetrics, StateFigure, StateHistogram,
-};
+use sluice_core::metrics::{ComponentMetrics, MetricsRegistry};
+use sluice_core::snapshot::NodeSnapshot;
 use tokio_util::sync::CancellationToken;
 
 mod process;
@@ -67,6 +61,20 @@ struct Sample {
     pipelines: HashMap<String, Counts>,
 }
 
+impl Sample {
+    fn of(figures: &NodeSnapshot) -> Sample {
+        let pipelines = figures
+            .pipelines
+            .iter()
+            .map(|p| {
+                let counts = Counts { events_in: p.events.in_, events_taken: p.events.taken, events_out: p.events.out };
+                (p.name.clone(), counts)
+            })
+            .collect();
+        Sample { at: Instant::now(), pipelines }
+    }
+}
+
 pub struct ApiState {
     registry: Arc<MetricsRegistry>,
     started: Instant,
@@ -78,26 +86,24 @@ impl ApiState {
         Arc::new(ApiState { registry, started: Instant::now(), samples: Mutex::new(VecDeque::new()) })
     }
 
-    fn current(&self) -> Sample {
-        let pipelines = self
-            .registry
-            .pipelines()
-            .iter()
-            .map(|p| {
-                let counts = Counts {
-                    events_in: p.events_in(),
-                    events_taken: p.events_taken.get(),
-                    events_out: p.events_out.get(),
-                };
-                (p.name.clone(), counts)
-            })
-            .collect();
-        Sample { at: Instant::now(), pipelines }
-    }
-
     /// Takes one sample now; the API calls this every few seconds.
     pub fn sample(&self) {
-        let s = self.current();
+        let s = Sample {
+            at: Instant::now(),
+            pipelines: self
+                .registry
+                .pipelines()
+                .iter()
+                .map(|p| {
+                    let counts = Counts {
+                        events_in: p.events_in(),
+                        events_taken: p.events_taken.get(),
+                        events_out: p.events_out.get(),
+                    };
+                    (p.name.clone(), counts)
+                })
+                .collect(),
+        };
         let mut samples = self.samples.lock();
         samples.push_back(s);
         while samples.len() > KEEP_SAMPLES {
@@ -240,465 +246,16 @@ pub fn serve(
     Ok(local)
 }
 
-fn utilisation(p: &PipelineMetrics) -> f64 {
-    let wall = p.started.elapsed().as_nanos() as f64 * p.workers.max(1) as f64;
-    if wall > 0.0 { (p.worker_busy_nanos.get() as f64 / wall).min(1.0) } else { 0.0 }
+/// The node's figures now, with the process's; rates are zero (see [`render_stats`]).
+pub fn snapshot(registry: &MetricsRegistry, uptime: Duration) -> NodeSnapshot {
+    NodeSnapshot::take(registry, uptime, ProcessFigures::now().into())
 }
 
 /// The whole `/metrics` exposition (OpenMetrics text, `# EOF` included), read from the
 /// registry's figures now.
 pub fn render_prometheus(registry: Arc<MetricsRegistry>, uptime: Duration) -> Result<String, std::fmt::Error> {
-    exposition::text(move |encoder| encode_families(&registry, uptime, encoder))
-}
-
-fn pipeline_labels(p: &PipelineMetrics) -> Labels {
-    vec![("pipeline", p.name.clone())]
-}
-
-fn encode_families(registry: &MetricsRegistry, uptime: Duration, out: &mut DescriptorEncoder<'_>) -> fmt::Result {
-    let pipelines = registry.pipelines();
-    gauge(out, "sluice_uptime_seconds", "Seconds since the process started.", [(Labels::new(), uptime.as_secs_f64())])?;
-    node_metrics(out, &registry.node)?;
-    let pl = pipeline_labels;
-    type Pick = fn(&PipelineMetrics) -> u64;
-    let pipeline_counters: [(&str, &str, Pick); 6] = [
-        ("sluice_pipeline_events_in_total", "Events the pipeline's inputs put in.", |p| p.events_in()),
-        ("sluice_pipeline_events_taken_total", "Events the pipeline's workers took from its queues.", |p| {
-            p.events_taken.get()
-        }),
-        (
-            "sluice_pipeline_events_out_total",
-            "Events that passed the processors and were handed to every output.",
-            |p| p.events_out.get(),
-        ),
-        ("sluice_pipeline_events_dropped_total", "Events dropped on purpose by processors.", |p| p.dropped.get()),
-        (
-            "sluice_pipeline_events_failed_total",
-            "Events outputs rejected for good and did not hand to a dead letter queue.",
-            |p| p.failed.get(),
-        ),
-        (
-            "sluice_pipeline_events_dead_lettered_total",
-            "Events written to the pipeline's dead letter queue (by processors and outputs).",
-            |p| p.dead_lettered.get(),
-        ),
-    ];
-    for (name, help, pick) in pipeline_counters {
-        counter(out, name, help, pipelines.iter().map(|p| (pl(p), pick(p))))?;
-    }
-    histogram(
-        out,
-        "sluice_pipeline_batch_duration_seconds",
-        "Time a worker spent on one batch, processors and outputs.",
-        pipelines.iter().map(|p| (pl(p), &p.batch_duration)),
-    )?;
-    histogram(
-        out,
-        "sluice_pipeline_ack_latency_seconds",
-        "Time from an input batch's push towards the queue to its acknowledgement, once per acknowledged batch.",
-        pipelines.iter().map(|p| (pl(p), p.ack_latency.as_ref())),
-    )?;
-    gauge(
-        out,
-        "sluice_pipeline_workers",
-        "Workers per pipeline.",
-        pipelines.iter().map(|p| (pl(p), p.workers as u64)),
-    )?;
-    gauge(
-        out,
-        "sluice_pipeline_worker_utilization",
-        "Share of the workers' time with at least one batch in hand since the pipeline started (0 to 1).",
-        pipelines.iter().map(|p| (pl(p), utilisation(p))),
-    )?;
-
-    let queues: Vec<(Labels, QueueStats)> =
-        pipelines.iter().filter_map(|p| Some((pl(p), p.queue.get()?.stats()))).collect();
-    type PickQ = fn(&QueueStats) -> u64;
-    let queue_gauges: [(&str, &str, PickQ); 4] = [
-        ("sluice_queue_events", "Events waiting in the queue.", |s| s.events),
-        ("sluice_queue_bytes", "Bytes waiting in the queue.", |s| s.bytes),
-        ("sluice_queue_max_events", "Queue capacity in events.", |s| s.max_events),
-        ("sluice_queue_max_bytes", "Queue capacity in bytes.", |s| s.max_bytes),
-    ];
-    for (name, help, pick) in queue_gauges {
-        gauge(out, name, help, queues.iter().map(|(l, s)| (l.clone(), pick(s))))?;
-    }
-    counter(
-        out,
-        "sluice_queue_blocked_seconds_total",
-        "Time inputs spent waiting because the queue was full (backpressure), waits in progress included.",
-        queues.iter().map(|(l, s)| (l.clone(), s.blocked_nanos as f64 / 1e9)),
-    )?;
-
-    let persisted: Vec<&(Labels, QueueStats)> = queues.iter().filter(|(_, s)| s.kind == "persisted").collect();
-    if !persisted.is_empty() {
-        let shards = || {
-            persisted.iter().flat_map(|(l, s)| {
-                s.shards.iter().map(move |sh| {
-                    let mut labels = l.clone();
-                    labels.push(("shard", sh.shard.to_string()));
-                    (labels, sh)
-                })
-            })
-        };
-        gauge(
-            out,
-            "sluice_queue_shard_bytes",
-            "Unacknowledged bytes per shard of a persisted queue.",
-            shards().map(|(l, sh)| (l, sh.bytes)),
-        )?;
-        gauge(
-            out,
-            "sluice_queue_shard_events",
-            "Unacknowledged events per shard of a persisted queue.",
-            shards().map(|(l, sh)| (l, sh.events)),
-        )?;
-        let queue_counters: [(&str, &str, PickQ); 7] = [
-            ("sluice_queue_fsyncs_total", "fdatasync calls of a persisted queue.", |s| s.fsyncs),
-            (
-                "sluice_queue_fsync_failures_total",
-                "fdatasync calls of a persisted queue that failed; with sync: commit, the events they covered were \
-                 not acknowledged.",
-                |s| s.fsync_failures,
-            ),
-            ("sluice_queue_corrupt_frames_total", "Damaged frames a persisted queue found and skipped.", |s| {
-                s.corrupt_frames
-            }),
-            (
-                "sluice_queue_unstored_events_total",
-                "Events a persisted queue accepted but could not store (unencodable, or a full disk at shutdown).",
-                |s| s.unstored,
-            ),
-            (
-                "sluice_queue_events_from_memory_total",
-                "Events a persisted queue handed to the workers from memory, as they were written.",
-                |s| s.events_from_memory,
-            ),
-            (
-                "sluice_queue_events_read_back_total",
-                "Events a persisted queue read back from its segments (beyond memory_bytes, or after a restart).",
-                |s| s.events_read_back,
-            ),
-            ("sluice_queue_read_back_bytes_total", "Frame bytes a persisted queue read back from its segments.", |s| {
-                s.bytes_read_back
-            }),
-        ];
-        for (name, help, pick) in queue_counters {
-            counter(out, name, help, persisted.iter().map(|(l, s)| (l.clone(), pick(s))))?;
-        }
-        gauge(
-            out,
-            "sluice_queue_checkpoint_lag_events",
-            "Events the workers finished that no durable checkpoint of a persisted queue records yet: what a \
-             restart now would deliver again.",
-            persisted.iter().map(|(l, s)| (l.clone(), s.checkpoint_lag_events)),
-        )?;
-        counter(
-            out,
-            "sluice_queue_stalled_seconds_total",
-            "Time a persisted queue's writers waited on the disk (full or failing).",
-            persisted.iter().map(|(l, s)| (l.clone(), s.stalled_nanos as f64 / 1e9)),
-        )?;
-        histogram_snapshots(
-            out,
-            "sluice_queue_commit_duration_seconds",
-            "Time from a group's write to its fdatasync returning.",
-            persisted.iter().filter_map(|(l, s)| Some((l.clone(), s.commit_latency.clone()?))),
-        )?;
-    }
-
-    let dlqs: Vec<(Labels, DeadLetterStats, &Arc<PipelineMetrics>)> =
-        pipelines.iter().filter_map(|p| Some((pl(p), p.dead_letter_queue.get()?.dead_letter_stats(), p))).collect();
-    if !dlqs.is_empty() {
-        type PickD = fn(&DeadLetterStats, &PipelineMetrics) -> u64;
-        let dlq_counters: [(&str, &str, PickD); 8] = [
-            (
-                "sluice_dlq_entries_written_total",
-                "Entries written to the dead letter queue since it was opened.",
-                |d, _| d.store.written,
-            ),
-            (
-                "sluice_dlq_dropped_newer_total",
-                "New entries the full dead letter queue refused (drop_newer, or larger than max_bytes).",
-                |d, _| d.store.dropped_newer,
-            ),
-            ("sluice_dlq_dropped_older_total", "Stored entries deleted to make room (drop_older).", |d, _| {
-                d.store.dropped_older
-            }),
-            ("sluice_dlq_expired_total", "Stored entries deleted by retain_age.", |d, _| d.store.expired),
-            ("sluice_dlq_corrupt_frames_total", "Damaged dead letter entries found at start-up.", |d, _| {
-                d.store.corrupt_frames
-            }),
-            (
-                "sluice_dlq_loop_rejected_total",
-                "Events replayed from a dead letter queue that failed again and were not written back.",
-                |_, p| p.dead_letter_loop_rejected.get(),
-            ),
-            (
-                "sluice_dlq_lost_total",
-                "Events meant for the dead letter queue that its storage policy refused (full, or too large).",
-                |_, p| p.dead_letter_lost.get(),
-            ),
-            (
-                "sluice_dlq_write_retries_total",
-                "Dead letter writes that failed (disk full, I/O error) and were retried, holding their batch back.",
-                |_, p| p.dead_letter_write_retries.get(),
-            ),
-        ];
-        for (name, help, pick) in dlq_counters {
-            counter(out, name, help, dlqs.iter().map(|(l, d, p)| (l.clone(), pick(d, p))))?;
-        }
-        type PickG = fn(&DeadLetterStats) -> u64;
-        let dlq_gauges: [(&str, &str, PickG); 4] = [
-            ("sluice_dlq_entries", "Entries stored in the dead letter queue.", |d| d.store.entries),
-            ("sluice_dlq_bytes", "Bytes of the dead letter queue's segment files.", |d| d.store.bytes),
-            ("sluice_dlq_segments", "Segment files of the dead letter queue.", |d| d.store.segments),
-            ("sluice_dlq_max_bytes", "The dead letter queue's max_bytes.", |d| d.max_bytes),
-        ];
-        for (name, help, pick) in dlq_gauges {
-            gauge(out, name, help, dlqs.iter().map(|(l, d, _)| (l.clone(), pick(d))))?;
-        }
-    }
-
-    let mut comps: Vec<(Labels, Arc<ComponentMetrics>)> = Vec::new();
-    for p in &pipelines {
-        for c in p.components.read().iter() {
-            let labels = vec![
-                ("pipeline", p.name.clone()),
-                ("component", c.id.clone()),
-                ("kind", c.kind.as_str().to_string()),
-                ("type", c.type_name.clone()),
-            ];
-            comps.push((labels, c.clone()));
-        }
-    }
-    type PickC = fn(&ComponentMetrics) -> u64;
-    let component_counters: [(&str, &str, PickC); 6] = [
-        ("sluice_component_events_in_total", "Events a component received.", |c| c.events_in.get()),
-        ("sluice_component_events_out_total", "Events a component passed on or delivered.", |c| c.events_out.get()),
-        ("sluice_component_events_dropped_total", "Events a component dropped on purpose.", |c| c.dropped.get()),
-        ("sluice_component_events_failed_total", "Events a component failed on (tagged, rejected, unparsable).", |c| {
-            c.failed.get()
-        }),
-        (
-            "sluice_component_retries_total",
-            "Output attempts that failed for a reason outside the events (disk full, peer down) and were retried.",
-            |c| c.retries.get(),
-        ),
-        (
-            "sluice_component_refused_total",
-            "Requests and connections an input refused because of a limit (size, events, memory budget, connections, timeouts).",
-            |c| c.refused.get(),
-        ),
-    ];
-    for (name, help, pick) in component_counters {
-        counter(out, name, help, comps.iter().map(|(l, c)| (l.clone(), pick(c))))?;
-    }
-    // Bytes only where they cross the node's edge: inputs take them in, outputs send them.
-    let of_kind = |kind: ComponentKind| comps.iter().filter(move |(_, c)| c.kind == kind);
-    counter(
-        out,
-        "sluice_component_received_bytes_total",
-        "Bytes an input read from the network, a file or stdin, before framing, decoding and decompression.",
-        of_kind(ComponentKind::Input).map(|(l, c)| (l.clone(), c.bytes_in.get())),
-    )?;
-    counter(
-        out,
-        "sluice_component_sent_bytes_total",
-        "Bytes an output delivered: written, or sent in requests and records the destination accepted.",
-        of_kind(ComponentKind::Output).map(|(l, c)| (l.clone(), c.bytes_out.get())),
-    )?;
-    let outputs: Vec<&(Labels, Arc<ComponentMetrics>)> =
-        comps.iter().filter(|(_, c)| c.kind == ComponentKind::Output).collect();
-    let mut states = Vec::with_capacity(outputs.len() * OutputState::ALL.len());
-    for (labels, c) in &outputs {
-        let now = c.output.state();
-        for state in OutputState::ALL {
-            let mut labels = labels.clone();
-            labels.push(("state", state.as_str().to_string()));
-            states.push((labels, u64::from(state == now)));
-        }
-    }
-    gauge(
-        out,
-        "sluice_component_output_state",
-        "An output's state, 1 for the current one: up, retrying (attempts fail and are retried), down (failing for 60 s or more, or gave up).",
-        states,
-    )?;
-    gauge(
-        out,
-        "sluice_component_last_error_timestamp_seconds",
-        "When an output last failed an attempt, in seconds since the Unix epoch (0: never).",
-        outputs.iter().map(|(l, c)| (l.clone(), c.output.last_error().map_or(0.0, |e| e.at))),
-    )?;
-    // Components' own state figures (a stateful processor's groups), one family per name.
-    let states: Vec<(&Labels, Arc<dyn ComponentState>)> =
-        comps.iter().filter_map(|(l, c)| c.state.get().map(|s| (l, s.clone()))).collect();
-    let mut figures: Vec<(StateFigure, Labels)> = Vec::new();
-    for (labels, state) in &states {
-        figures.extend(state.figures().into_iter().map(|f| (f, (*labels).clone())));
-        for l in state.labelled_figures() {
-            let mut labels = (*labels).clone();
-            labels.extend(l.labels);
-            figures.push((l.figure, labels));
-        }
-    }
-    let mut names: Vec<&'static str> = figures.iter().map(|(f, _)| f.name).collect();
-    names.sort();
-    names.dedup();
-    for name in names {
-        let rows = || figures.iter().filter(move |(f, _)| f.name == name);
-        let Some((first, _)) = rows().next() else { continue };
-        let full = format!("sluice_component_{name}");
-        if first.counter {
-            counter(out, &full, first.help, rows().map(|(f, l)| (l.clone(), f.value)))?;
-        } else {
-            gauge(out, &full, first.help, rows().map(|(f, l)| (l.clone(), f.value)))?;
-        }
-    }
-    // Components' own histograms (an output's request latency), one family per name.
-    let mut own: Vec<(StateHistogram<'_>, &Labels)> = Vec::new();
-    for (labels, state) in &states {
-        own.extend(state.histograms().into_iter().map(|h| (h, *labels)));
-    }
-    let mut names: Vec<&'static str> = own.iter().map(|(h, _)| h.name).collect();
-    names.sort();
-    names.dedup();
-    for name in names {
-        let rows = || own.iter().filter(move |(h, _)| h.name == name);
-        let help = rows().next().map(|(h, _)| h.help).unwrap_or_default();
-        histogram(out, &format!("sluice_component_{name}"), help, rows().map(|(h, l)| ((*l).clone(), h.histogram)))?;
-    }
-    histogram(
-        out,
-        "sluice_component_duration_seconds",
-        "Time a processor or output spent on one batch.",
-        comps.iter().filter(|(_, c)| c.duration.snapshot().2 > 0).map(|(l, c)| (l.clone(), &c.duration)),
-    )?;
-    if let Some(r) = registry.registry() {
-        registry_metrics(out, &r)?;
-    }
-    if let Some(m) = registry.memory() {
-        memory_metrics(out, &m)?;
-    }
-    for section in registry.sections() {
-        section.encode(out)?;
-    }
-    Ok(())
-}
-
-fn node_metrics(out: &mut DescriptorEncoder<'_>, node: &NodeFigures) -> fmt::Result {
-    if let Some(b) = node.build.get() {
-        let labels = vec![("version", b.version.clone()), ("commit", b.commit.clone())];
-        gauge(
-            out,
-            "sluice_build_info",
-            "The version and commit this binary was built from (always 1).",
-            [(labels, 1u64)],
-        )?;
-    }
-    counter(
-        out,
-        "sluice_config_reloads_total",
-        "Config reloads (SIGHUP) by result; a failed one left the running config in place.",
-        [
-            (vec![("result", "succeeded".to_string())], node.reloads_succeeded.get()),
-            (vec![("result", "failed".to_string())], node.reloads_failed.get()),
-        ],
-    )?;
-    gauge(
-        out,
-        "sluice_config_last_reload_timestamp_seconds",
-        "When the last config reload ended, in seconds since the Unix epoch (0: none yet).",
-        [(Labels::new(), node.last_reload_unix_seconds())],
-    )?;
-    gauge(
-        out,
-        "sluice_draining",
-        "1 while the node stops and drains its pipelines.",
-        [(Labels::new(), u64::from(node.draining()))],
-    )?;
-    let process = ProcessFigures::now();
-    if let Some(v) = process.resident_bytes {
-        gauge(out, "process_resident_memory_bytes", "Resident memory of the process.", [(Labels::new(), v)])?;
-    }
-    if let Some(v) = process.cpu_seconds {
-        counter(out, "process_cpu_seconds_total", "User and system CPU time of the process.", [(Labels::new(), v)])?;
-    }
-    if let Some(v) = process.open_fds {
-        gauge(out, "process_open_fds", "File descriptors the process holds open.", [(Labels::new(), v)])?;
-    }
-    Ok(())
-}
-
-fn memory_metrics(out: &mut DescriptorEncoder<'_>, m: &sluice_core::MemoryBudget) -> fmt::Result {
-    let gauges: [(&str, &str, u64); 3] = [
-        ("sluice_memory_budget_bytes", "The node's memory budget for events in flight.", m.limit() as u64),
-        (
-            "sluice_memory_used_bytes",
-            "Memory the events in flight hold now, as charged to the budget.",
-            m.used() as u64,
-        ),
-        ("sluice_memory_waiting", "Inputs waiting now for room in the memory budget.", m.waiting()),
-    ];
-    for (name, help, v) in gauges {
-        gauge(out, name, help, [(Labels::new(), v)])?;
-    }
-    counter(
-        out,
-        "sluice_memory_wait_seconds_total",
-        "Time inputs waited for room in the memory budget, waits in progress included.",
-        [(Labels::new(), m.wait_nanos() as f64 / 1e9)],
-    )?;
-    counter(
-        out,
-        "sluice_memory_refused_total",
-        "Charges refused: larger than the budget allows, or not granted in time.",
-        [(Labels::new(), m.refused())],
-    )
-}
-
-fn registry_metrics(out: &mut DescriptorEncoder<'_>, r: &RegistryMetrics) -> fmt::Result {
-    let counters: [(&str, &str, &Counter); 6] = [
-        (
-            "sluice_registry_flushes_total",
-            "Batches of position updates the registry appended to its op log.",
-            &r.flushes,
-        ),
-        ("sluice_registry_fsyncs_total", "fsync calls of the registry's op log.", &r.fsyncs),
-        (
-            "sluice_registry_records_written_total",
-            "Records the registry appended (one per changed key per flush).",
-            &r.records_written,
-        ),
-        ("sluice_registry_bytes_written_total", "Bytes the registry appended to its op log.", &r.bytes_written),
-        ("sluice_registry_compactions_total", "Op log compactions into the snapshot.", &r.compactions),
-        ("sluice_registry_write_errors_total", "Failed registry writes (retried).", &r.write_errors),
-    ];
-    for (name, help, c) in counters {
-        counter(out, name, help, [(Labels::new(), c.get())])?;
-    }
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let gauges: [(&str, &str, u64); 3] = [
-        ("sluice_registry_keys", "Keys the registry holds.", load(&r.keys)),
-        ("sluice_registry_flushed_keys", "Keys the last flush wrote.", load(&r.flushed_keys)),
-        ("sluice_registry_log_bytes", "Size of the registry's op log.", load(&r.log_bytes)),
-    ];
-    for (name, help, v) in gauges {
-        gauge(out, name, help, [(Labels::new(), v)])?;
-    }
-    gauge(
-        out,
-        "sluice_registry_lag_seconds",
-        "Time since everything handed to the registry writer was last durable.",
-        [(Labels::new(), registry_lag(r))],
-    )
-}
-
-fn registry_lag(r: &RegistryMetrics) -> f64 {
-    let durable = r.durable_unix_ms.load(Ordering::Relaxed);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    now.saturating_sub(durable) as f64 / 1000.0
+    let figures = snapshot(&registry, uptime);
+    exposition::text(move |encoder| figures.encode(encoder))
 }
 
 async fn metrics(State(state): State<Arc<ApiState>>) -> axum::response::Response {
@@ -708,132 +265,25 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> axum::response::Response
     }
 }
 
-/// The `/stats` document.
+/// The `/stats` document: the snapshot with each pipeline's rates over the last 1 and 5
+/// minutes.
 pub fn render_stats(state: &ApiState) -> Json {
-    let now = state.current();
+    let mut figures = snapshot(&state.registry, state.started.elapsed());
+    let now = Sample::of(&figures);
     let r1 = state.rates(&now, Duration::from_secs(60));
     let r5 = state.rates(&now, Duration::from_secs(300));
-    let mut pipelines = serde_json::Map::new();
-    for p in state.registry.pipelines() {
-        let components: Vec<Json> = p
-            .components
-            .read()
-            .iter()
-            .map(|c| {
-                let mut component = json!({
-                    "id": c.id, "kind": c.kind, "type": c.type_name,
-                    "events": {"in": c.events_in.get(), "out": c.events_out.get(), "dropped": c.dropped.get(), "failed": c.failed.get()},
-                    "retries": c.retries.get(),
-                    "refused": c.refused.get(),
-                    "health": component_health(c),
-                    "state": c.state.get().map(|s| {
-                        let mut state = s.figures().into_iter().map(|f| (f.name.trim_end_matches("_total").to_string(), json!(f.value))).collect::<serde_json::Map<_, _>>();
-                        for l in s.labelled_figures() {
-                            let key = l.figure.name.trim_end_matches("_total").to_string();
-                            let mut row = l.labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>();
-                            row.insert("value".into(), json!(l.figure.value));
-                            if let Some(rows) = state.entry(key).or_insert_with(|| json!([])).as_array_mut() {
-                                rows.push(serde_json::Value::Object(row));
-                            }
-                        }
-                        for h in s.histograms() {
-                            let (_, sum, count) = h.histogram.snapshot();
-                            state.insert(h.name.trim_end_matches("_seconds").to_string(), json!({"count": count, "sum_seconds": sum}));
-                        }
-                        if let Some((key, detail)) = s.stats() {
-                            state.insert(key.to_string(), detail);
-                        }
-                        state
-                    }),
-                });
-                match c.kind {
-                    ComponentKind::Input => component["bytes_in"] = json!(c.bytes_in.get()),
-                    ComponentKind::Output => {
-                        component["bytes_out"] = json!(c.bytes_out.get());
-                        component["output_state"] = json!(c.output.state());
-                        component["last_error"] = json!(c.output.last_error());
-                    }
-                    ComponentKind::Processor => {}
-                }
-                component
-            })
-            .collect();
+    for p in &mut figures.pipelines {
         let (m1, m5) = (r1.get(&p.name).copied().unwrap_or_default(), r5.get(&p.name).copied().unwrap_or_default());
-        let counts = now.pipelines.get(&p.name).copied().unwrap_or_default();
-        pipelines.insert(
-            p.name.clone(),
-            json!({
-                "events": {"in": counts.events_in, "taken": counts.events_taken, "out": counts.events_out, "dropped": p.dropped.get(), "failed": p.failed.get(), "dead_lettered": p.dead_lettered.get()},
-                "rates": {
-                    "in_1m": m1.events_in, "taken_1m": m1.events_taken, "out_1m": m1.events_out,
-                    "in_5m": m5.events_in, "taken_5m": m5.events_taken, "out_5m": m5.events_out,
-                },
-                "queue": p.queue.get().map(|q| q.stats()),
-                "forwarded_queue": p.forwarded_queue.get().map(|q| q.stats()),
-                "dead_letter_queue": p.dead_letter_queue.get().map(|d| {
-                    let mut v = serde_json::to_value(d.dead_letter_stats()).unwrap_or_default();
-                    v["loop_rejected"] = json!(p.dead_letter_loop_rejected.get());
-                    v["lost"] = json!(p.dead_letter_lost.get());
-                    v["write_retries"] = json!(p.dead_letter_write_retries.get());
-                    v
-                }),
-                "ack_latency": {
-                    "count": p.ack_latency.snapshot().2,
-                    "p50_seconds": p.ack_latency.quantile(0.5),
-                    "p99_seconds": p.ack_latency.quantile(0.99),
-                },
-                "workers": p.workers,
-                "worker_utilization": utilisation(&p),
-                "uptime_seconds": p.started.elapsed().as_secs_f64(),
-                "components": components,
-            }),
-        );
+        p.rates = sluice_core::snapshot::Rates {
+            in_1m: m1.events_in,
+            taken_1m: m1.events_taken,
+            out_1m: m1.events_out,
+            in_5m: m5.events_in,
+            taken_5m: m5.events_taken,
+            out_5m: m5.events_out,
+        };
     }
-    let registry = state.registry.registry().map(|r| {
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        json!({
-            "keys": load(&r.keys),
-            "lag_seconds": registry_lag(&r),
-            "flushes": r.flushes.get(),
-            "fsyncs": r.fsyncs.get(),
-            "records_written": r.records_written.get(),
-            "compactions": r.compactions.get(),
-            "write_errors": r.write_errors.get(),
-            "log_bytes": load(&r.log_bytes),
-        })
-    });
-    let memory = state.registry.memory().map(|m| {
-        json!({
-            "budget_bytes": m.limit(),
-            "used_bytes": m.used(),
-            "waiting": m.waiting(),
-            "wait_seconds": m.wait_nanos() as f64 / 1e9,
-            "waits": m.waits(),
-            "refused": m.refused(),
-        })
-    });
-    let node = &state.registry.node;
-    let process = ProcessFigures::now();
-    let reloads = json!({
-        "succeeded": node.reloads_succeeded.get(),
-        "failed": node.reloads_failed.get(),
-        "last_unix_seconds": node.last_reload_unix_seconds(),
-    });
-    let mut doc = json!({
-        "version": node.build.get().map(|b| b.version.clone()),
-        "commit": node.build.get().map(|b| b.commit.clone()),
-        "uptime_seconds": state.started.elapsed().as_secs_f64(),
-        "draining": node.draining(),
-        "reloads": reloads,
-        "process": {
-            "resident_bytes": process.resident_bytes, "cpu_seconds": process.cpu_seconds, "open_fds": process.open_fds,
-        },
-        "pipelines": pipelines, "registry": registry, "memory": memory,
-    });
-    for section in state.registry.sections() {
-        doc[section.key()] = section.stats();
-    }
-    doc
+    serde_json::to_value(&figures).unwrap_or_else(|e| json!({"error": e.to_string()}))
 }
 
 async fn stats(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
@@ -844,7 +294,15 @@ async fn stats(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
 mod tests {
     use super::*;
     use openmetrics_parser::{MetricsExposition, OpenMetricsType, OpenMetricsValue};
-    use sluice_core::metrics::{ComponentKind, DeadLetterStatsSource, DlqStats, LabelledFigure, MetricsSection};
+    use sluice_core::QueueStats;
+    use sluice_core::exposition::{DescriptorEncoder, counter};
+    use sluice_core::figures::{Figure, Publish, Spec};
+    use sluice_core::metrics::{
+        ComponentKind, DeadLetterStats, DeadLetterStatsSource, DlqStats, MetricsSection, PipelineMetrics,
+        RegistryMetrics,
+    };
+    use std::fmt;
+    use std::sync::atomic::Ordering;
 
     fn scrape(reg: &Arc<MetricsRegistry>) -> String {
         render_prometheus(reg.clone(), Duration::from_secs(1)).unwrap()
@@ -1027,27 +485,17 @@ mod tests {
     /// An output's own figures, with labels of its own that need escaping.
     struct Refusals(sluice_core::metrics::Histogram);
 
-    impl ComponentState for Refusals {
-        fn figures(&self) -> Vec<StateFigure> {
-            vec![StateFigure { name: "requests_in_flight", help: "Requests in flight.", counter: false, value: 2 }]
-        }
-        fn labelled_figures(&self) -> Vec<LabelledFigure> {
-            ["mapper \"parsing\" failed\nat C:\\data", "version_conflict"]
-                .into_iter()
-                .enumerate()
-                .map(|(i, reason)| LabelledFigure {
-                    figure: StateFigure {
-                        name: "documents_refused_total",
-                        help: "Documents refused for good.",
-                        counter: true,
-                        value: i as u64 + 1,
-                    },
-                    labels: vec![("status", "400".into()), ("error_type", reason.into())],
-                })
-                .collect()
-        }
-        fn histograms(&self) -> Vec<StateHistogram<'_>> {
-            vec![StateHistogram { name: "request_duration_seconds", help: "Request time.", histogram: &self.0 }]
+    impl Publish for Refusals {
+        fn figures(&self) -> Vec<Figure> {
+            const IN_FLIGHT: Spec = Spec::gauge("requests_in_flight", "Requests in flight.");
+            const REFUSED: Spec = Spec::counter("documents_refused_total", "Documents refused for good.");
+            const DURATION: Spec = Spec::histogram("request_duration_seconds", "Request time.");
+            let mut out = vec![IN_FLIGHT.value(2)];
+            for (i, reason) in ["mapper \"parsing\" failed\nat C:\\data", "version_conflict"].into_iter().enumerate() {
+                out.push(REFUSED.labelled(vec![("status", "400".into()), ("error_type", reason.into())], i as u64 + 1));
+            }
+            out.push(DURATION.observed(&self.0));
+            out
         }
     }
 

@@ -40,6 +40,16 @@ fn open_fds() -> Option<u64> {
     Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as u64)
 }
 
+impl From<ProcessFigures> for sluice_core::snapshot::ProcessSnapshot {
+    fn from(p: ProcessFigures) -> Self {
+        sluice_core::snapshot::ProcessSnapshot {
+            resident_bytes: p.resident_bytes,
+            cpu_seconds: p.cpu_seconds,
+            open_fds: p.open_fds,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -276,50 +276,102 @@ impl MetricsSection for ClusterSection {
     }
 
     fn stats(&self) -> serde_json::Value {
+        serde_json::to_value(self.snapshot()).unwrap_or_default()
+    }
+}
+
+impl ClusterSection {
+    /// The cluster's figures now, as `/stats` gives them under `cluster`.
+    pub fn snapshot(&self) -> ClusterSnapshot {
         let v = &self.0;
         let n = v.node_metrics();
-        let peers: serde_json::Map<String, serde_json::Value> = v
+        let peers = v
             .peers()
             .into_iter()
             .map(|(name, m)| {
                 let (_, sum, count) = m.latency.snapshot();
-                (
-                    name,
-                    serde_json::json!({
-                        "state": m.state().name(),
-                        "events_forwarded": m.events_forwarded.get(),
-                        "batches_forwarded": m.batches_forwarded.get(),
-                        "batches_retried": m.batches_retried.get(),
-                        "failures": m.failures.get(),
-                        "events_rerouted": m.events_rerouted.get(),
-                        "bytes_in_flight": m.bytes_in_flight.load(Ordering::Relaxed),
-                        "unanswered_seconds": m.unanswered_for().map(|d| d.as_secs_f64()),
-                        "latency_mean_seconds": if count > 0 { sum / count as f64 } else { 0.0 },
-                    }),
-                )
+                let peer = PeerSnapshot {
+                    state: m.state().name().to_string(),
+                    events_forwarded: m.events_forwarded.get(),
+                    batches_forwarded: m.batches_forwarded.get(),
+                    batches_retried: m.batches_retried.get(),
+                    failures: m.failures.get(),
+                    events_rerouted: m.events_rerouted.get(),
+                    bytes_in_flight: m.bytes_in_flight.load(Ordering::Relaxed),
+                    unanswered_seconds: m.unanswered_for().map(|d| d.as_secs_f64()),
+                    latency_mean_seconds: if count > 0 { sum / count as f64 } else { 0.0 },
+                };
+                (name, peer)
             })
             .collect();
-        serde_json::json!({
-            "node": v.node(),
-            "members": v.members(),
-            "events": {
-                "local": n.events_local.get(),
-                "forwarded": n.events_forwarded.get(),
-                "received": n.events_received.get(),
-                "received_not_owned": n.events_received_not_owned.get(),
-                "missing_keys": n.events_missing_keys.get(),
-                "local_fallback": n.events_local_fallback.get(),
+        ClusterSnapshot {
+            node: v.node().to_string(),
+            members: v.members(),
+            events: ClusterEvents {
+                local: n.events_local.get(),
+                forwarded: n.events_forwarded.get(),
+                received: n.events_received.get(),
+                received_not_owned: n.events_received_not_owned.get(),
+                missing_keys: n.events_missing_keys.get(),
+                local_fallback: n.events_local_fallback.get(),
             },
-            "worker_wait_seconds": n.worker_wait_nanos.get() as f64 / 1e9,
-            "worker_wait_max_seconds": n.worker_wait_max_nanos.load(Ordering::Relaxed) as f64 / 1e9,
-            "handshakes_refused": n.handshakes_refused.get(),
-            "handshakes_timed_out": n.handshakes_timed_out.get(),
-            "handshakes_evicted": n.handshakes_evicted.get(),
-            "handshakes_pending": v.pending_handshakes(),
-            "ring_changes": n.ring_changes.get(),
-            "peers": peers,
-        })
+            worker_wait_seconds: n.worker_wait_nanos.get() as f64 / 1e9,
+            worker_wait_max_seconds: n.worker_wait_max_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            handshakes_refused: n.handshakes_refused.get(),
+            handshakes_timed_out: n.handshakes_timed_out.get(),
+            handshakes_evicted: n.handshakes_evicted.get(),
+            handshakes_pending: v.pending_handshakes(),
+            ring_changes: n.ring_changes.get(),
+            peers,
+        }
     }
+}
+
+/// The cluster's figures at one moment: `/stats`' `cluster`, read back by `sluice top`.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ClusterSnapshot {
+    /// This node's name.
+    pub node: String,
+    /// The ring's members, this node included.
+    pub members: Vec<String>,
+    pub events: ClusterEvents,
+    pub worker_wait_seconds: f64,
+    pub worker_wait_max_seconds: f64,
+    pub handshakes_refused: u64,
+    pub handshakes_timed_out: u64,
+    pub handshakes_evicted: u64,
+    pub handshakes_pending: u64,
+    pub ring_changes: u64,
+    pub peers: std::collections::BTreeMap<String, PeerSnapshot>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ClusterEvents {
+    pub local: u64,
+    pub forwarded: u64,
+    pub received: u64,
+    pub received_not_owned: u64,
+    pub missing_keys: u64,
+    pub local_fallback: u64,
+}
+
+/// One peer link at one moment.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct PeerSnapshot {
+    /// `connecting`, `up`, `down` or `probing`.
+    pub state: String,
+    pub events_forwarded: u64,
+    pub batches_forwarded: u64,
+    pub batches_retried: u64,
+    pub failures: u64,
+    pub events_rerouted: u64,
+    pub bytes_in_flight: u64,
+    /// How long the oldest unanswered batch has waited, if one does.
+    pub unanswered_seconds: Option<f64>,
+    pub latency_mean_seconds: f64,
 }
 
 #[cfg(test)]
@@ -382,5 +434,27 @@ mod tests {
         assert!(section.stats()["peers"]["b:1"]["unanswered_seconds"].as_f64().unwrap() > 0.0);
         view.peer.progressed();
         assert_eq!(section.wedged(std::time::Duration::from_millis(20)), None, "it took something");
+    }
+
+    /// `/stats`' `cluster` keeps its keys, and reads back as the same snapshot.
+    #[test]
+    fn the_stats_document_has_every_key_and_reads_back() {
+        let section = ClusterSection(Arc::new(View::default()));
+        let doc = section.stats();
+        let keys = |v: &serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>().join(" ");
+        assert_eq!(
+            keys(&doc),
+            "events handshakes_evicted handshakes_pending handshakes_refused handshakes_timed_out members node \
+             peers ring_changes worker_wait_max_seconds worker_wait_seconds"
+        );
+        assert_eq!(keys(&doc["events"]), "forwarded local local_fallback missing_keys received received_not_owned");
+        assert_eq!(
+            keys(&doc["peers"]["b:1"]),
+            "batches_forwarded batches_retried bytes_in_flight events_forwarded events_rerouted failures \
+             latency_mean_seconds state unanswered_seconds"
+        );
+        let read: ClusterSnapshot = serde_json::from_value(doc).unwrap();
+        assert_eq!(read, section.snapshot());
+        assert_eq!(read.node, "a:1");
     }
 }

@@ -3,9 +3,9 @@
 //!
 //! The atomics stay the hot path; nothing is registered with prometheus-client. What the
 //! encoder owns is the format: the `# TYPE` line, a counter's `_total` suffix, label escaping
-//! and the no-labels form. `/metrics` and every
-//! [`MetricsSection`](crate::metrics::MetricsSection) (the cluster's) write their families with
-//! these helpers.
+//! and the no-labels form. The [`NodeSnapshot`](crate::snapshot::NodeSnapshot), the stores'
+//! snapshots and every [`MetricsSection`](crate::metrics::MetricsSection) (the cluster's) write
+//! their families with these helpers.
 
 use std::fmt::Result;
 

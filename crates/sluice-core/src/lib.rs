@@ -15,7 +15,9 @@
 //!   [`MemoryCharge`] and gives it back when dropped.
 //! - [`Queue`]: the interface between inputs and workers, implemented by the memory queue and the
 //!   persisted queue.
-//! - [`metrics`]: counters and histograms updated per batch, rendered at `/metrics` and `/stats`.
+//! - [`metrics`]: counters and histograms updated per batch; [`figures`]: how a component
+//!   publishes figures of its own; [`snapshot`]: all of them read at once into one typed
+//!   value that `/metrics` encodes, `/stats` serializes and `sluice top` reads back.
 //!
 //! ```
 //! use sluice_core::{AckSet, Acker, Batch, Event};
@@ -30,12 +32,14 @@ pub mod batch;
 pub mod bus;
 pub mod event;
 pub mod exposition;
+pub mod figures;
 pub mod health;
 pub mod key;
 pub mod memory;
 pub mod metrics;
 pub mod path;
 pub mod queue;
+pub mod snapshot;
 pub mod text;
 pub mod value;
 pub mod wait;

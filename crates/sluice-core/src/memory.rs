@@ -140,6 +140,18 @@ impl MemoryBudget {
         self.refused.load(Ordering::Relaxed)
     }
 
+    /// The budget's figures now, for `/metrics` and `/stats`.
+    pub fn snapshot(&self) -> MemorySnapshot {
+        MemorySnapshot {
+            budget_bytes: self.limit() as u64,
+            used_bytes: self.used() as u64,
+            waiting: self.waiting(),
+            wait_seconds: self.wait_nanos() as f64 / 1e9,
+            waits: self.waits(),
+            refused: self.refused(),
+        }
+    }
+
     /// A charge that holds nothing, tied to this budget so that it can grow.
     pub fn empty(self: &Arc<Self>) -> MemoryCharge {
         MemoryCharge { budget: Some(self.clone()), granules: 0 }
@@ -439,6 +451,52 @@ impl Drop for MemoryCharge {
         {
             b.release(self.granules);
         }
+    }
+}
+
+/// The memory budget's figures at one moment (`/stats`' `memory`, `sluice_memory_*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct MemorySnapshot {
+    pub budget_bytes: u64,
+    /// Charged now (over the budget when some charges were forced).
+    pub used_bytes: u64,
+    /// Charges waiting now.
+    pub waiting: u64,
+    /// Time charges waited, waits in progress included.
+    pub wait_seconds: f64,
+    /// Charges that had to wait.
+    pub waits: u64,
+    pub refused: u64,
+}
+
+impl MemorySnapshot {
+    pub fn encode(&self, out: &mut crate::exposition::DescriptorEncoder<'_>) -> std::fmt::Result {
+        use crate::exposition::{Labels, counter, gauge};
+        let gauges: [(&str, &str, u64); 3] = [
+            ("sluice_memory_budget_bytes", "The node's memory budget for events in flight.", self.budget_bytes),
+            (
+                "sluice_memory_used_bytes",
+                "Memory the events in flight hold now, as charged to the budget.",
+                self.used_bytes,
+            ),
+            ("sluice_memory_waiting", "Inputs waiting now for room in the memory budget.", self.waiting),
+        ];
+        for (name, help, v) in gauges {
+            gauge(out, name, help, [(Labels::new(), v)])?;
+        }
+        counter(
+            out,
+            "sluice_memory_wait_seconds_total",
+            "Time inputs waited for room in the memory budget, waits in progress included.",
+            [(Labels::new(), self.wait_seconds)],
+        )?;
+        counter(
+            out,
+            "sluice_memory_refused_total",
+            "Charges refused: larger than the budget allows, or not granted in time.",
+            [(Labels::new(), self.refused)],
+        )
     }
 }
 

@@ -1,8 +1,10 @@
 //! Counters, gauges and histograms for pipelines and their components.
 //!
 //! Everything here is updated once per batch, read or write (an atomic add), never once per
-//! event. The monitoring API reads these to render `/metrics` (OpenMetrics text) and `/stats`
-//! (JSON).
+//! event. The monitoring API reads these into a [`NodeSnapshot`](crate::snapshot::NodeSnapshot)
+//! to render `/metrics` (OpenMetrics text) and `/stats` (JSON); the dead letter queue's and the
+//! registry's snapshots are kept here with their figures, as those stores live in crates of
+//! their own.
 
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
+use crate::exposition::{DescriptorEncoder, Labels, counter, gauge};
 use crate::queue::Queue;
 
 #[derive(Debug, Default)]
@@ -93,7 +96,7 @@ pub fn quantile_of(cumulative: &[u64], q: f64) -> Option<f64> {
     Some(lower + (upper - lower) * fraction.clamp(0.0, 1.0))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ComponentKind {
     Input,
@@ -142,8 +145,8 @@ pub struct ComponentMetrics {
     /// Inputs: the pipeline's [`PipelineMetrics::ack_latency`], where the acknowledgements of
     /// the batches this input sends are timed (set by [`PipelineMetrics::component`]).
     pub ack_latency: OnceLock<Arc<Histogram>>,
-    /// Figures of the component's own state (a stateful processor's groups).
-    pub state: OnceLock<Arc<dyn ComponentState>>,
+    /// Figures of the component's own (a stateful processor's groups, an output's requests).
+    pub state: OnceLock<Arc<dyn crate::figures::Publish>>,
     /// Starting, running, stopped or failed (with the reason): what `/health` reports.
     pub health: crate::health::Health,
     /// Outputs: whether delivery works, is being retried or is down, and the last error.
@@ -151,7 +154,7 @@ pub struct ComponentMetrics {
 }
 
 /// Where an output stands, from the last outcome of its attempts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputState {
     /// The last attempt succeeded, or nothing has failed yet.
@@ -181,7 +184,7 @@ pub const OUTPUT_DOWN_AFTER: Duration = Duration::from_secs(60);
 pub const MAX_ERROR_MESSAGE: usize = 512;
 
 /// An output's last error: what it said and when (seconds since the Unix epoch).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LastError {
     pub message: String,
     pub at: f64,
@@ -273,60 +276,6 @@ fn last_error(message: &str) -> LastError {
     LastError { message: message[..end].to_string(), at }
 }
 
-/// A component that reports figures of its own state, rendered at `/metrics` as
-/// `sluice_component_<name>` with the component's labels, and in `/stats` under its `state`.
-pub trait ComponentState: Send + Sync {
-    fn figures(&self) -> Vec<StateFigure>;
-
-    /// Figures split by labels of the component's own, such as an output's refused documents
-    /// by status and error type: `sluice_component_<name>{...,status="400"}`.
-    fn labelled_figures(&self) -> Vec<LabelledFigure> {
-        Vec::new()
-    }
-
-    /// Histograms of the component's own, such as an output's request latency.
-    fn histograms(&self) -> Vec<StateHistogram<'_>> {
-        Vec::new()
-    }
-
-    /// More detail for `/stats` only, under the key given in the component's `state` (a list
-    /// too varied for metric labels, such as the files furthest behind).
-    fn stats(&self) -> Option<(&'static str, serde_json::Value)> {
-        None
-    }
-}
-
-/// A [`StateFigure`] with labels of its own, added after the component's.
-#[derive(Debug, Clone)]
-pub struct LabelledFigure {
-    pub figure: StateFigure,
-    pub labels: Vec<(&'static str, String)>,
-}
-
-/// A histogram a component reports as `sluice_component_<name>`.
-#[derive(Debug, Clone, Copy)]
-pub struct StateHistogram<'a> {
-    pub name: &'static str,
-    pub help: &'static str,
-    pub histogram: &'a Histogram,
-}
-
-impl std::fmt::Debug for dyn ComponentState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ComponentState")
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct StateFigure {
-    /// `groups_open`, `groups_concluded_total`, …
-    pub name: &'static str,
-    pub help: &'static str,
-    /// A counter (only grows) rather than a gauge.
-    pub counter: bool,
-    pub value: u64,
-}
-
 impl ComponentMetrics {
     pub fn new(id: &str, kind: ComponentKind, type_name: &str) -> ComponentMetrics {
         ComponentMetrics {
@@ -401,7 +350,8 @@ pub struct PipelineMetrics {
 
 /// A point-in-time view of a pipeline's dead letter queue, for metrics: where it is, its
 /// limit, and the store's own counters (flattened into the same JSON object).
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct DeadLetterStats {
     pub path: String,
     pub max_bytes: u64,
@@ -411,7 +361,8 @@ pub struct DeadLetterStats {
 
 /// A dead letter queue's counters and its index's totals (kept by the `sluice-dlq` crate,
 /// defined here so that metrics can carry them without depending on it).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct DlqStats {
     /// Segment files, the open one included.
     pub segments: u64,
@@ -443,6 +394,78 @@ pub struct DlqStats {
 /// Whatever can report a [`DeadLetterStats`] (the dead letter queue lives in its own crate).
 pub trait DeadLetterStatsSource: Send + Sync {
     fn dead_letter_stats(&self) -> DeadLetterStats;
+}
+
+/// A pipeline's dead letter queue at one moment: the store's figures and the pipeline's counts
+/// of what did not reach it, flattened into one `/stats` object.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct DeadLetterSnapshot {
+    #[serde(flatten)]
+    pub stats: DeadLetterStats,
+    /// Events replayed from a dead letter queue that failed again (not written back).
+    pub loop_rejected: u64,
+    /// Events meant for the queue that it did not store.
+    pub lost: u64,
+    /// Writes that failed and were retried, holding their batch back.
+    pub write_retries: u64,
+}
+
+impl DeadLetterSnapshot {
+    /// The `sluice_dlq_*` families, one series per pipeline; none without a dead letter queue.
+    pub fn encode(out: &mut DescriptorEncoder<'_>, dlqs: &[(Labels, &DeadLetterSnapshot)]) -> std::fmt::Result {
+        if dlqs.is_empty() {
+            return Ok(());
+        }
+        type PickD = fn(&DeadLetterSnapshot) -> u64;
+        let dlq_counters: [(&str, &str, PickD); 8] = [
+            (
+                "sluice_dlq_entries_written_total",
+                "Entries written to the dead letter queue since it was opened.",
+                |d| d.stats.store.written,
+            ),
+            (
+                "sluice_dlq_dropped_newer_total",
+                "New entries the full dead letter queue refused (drop_newer, or larger than max_bytes).",
+                |d| d.stats.store.dropped_newer,
+            ),
+            ("sluice_dlq_dropped_older_total", "Stored entries deleted to make room (drop_older).", |d| {
+                d.stats.store.dropped_older
+            }),
+            ("sluice_dlq_expired_total", "Stored entries deleted by retain_age.", |d| d.stats.store.expired),
+            ("sluice_dlq_corrupt_frames_total", "Damaged dead letter entries found at start-up.", |d| {
+                d.stats.store.corrupt_frames
+            }),
+            (
+                "sluice_dlq_loop_rejected_total",
+                "Events replayed from a dead letter queue that failed again and were not written back.",
+                |d| d.loop_rejected,
+            ),
+            (
+                "sluice_dlq_lost_total",
+                "Events meant for the dead letter queue that its storage policy refused (full, or too large).",
+                |d| d.lost,
+            ),
+            (
+                "sluice_dlq_write_retries_total",
+                "Dead letter writes that failed (disk full, I/O error) and were retried, holding their batch back.",
+                |d| d.write_retries,
+            ),
+        ];
+        for (name, help, pick) in dlq_counters {
+            counter(out, name, help, dlqs.iter().map(|(l, d)| (l.clone(), pick(d))))?;
+        }
+        let dlq_gauges: [(&str, &str, PickD); 4] = [
+            ("sluice_dlq_entries", "Entries stored in the dead letter queue.", |d| d.stats.store.entries),
+            ("sluice_dlq_bytes", "Bytes of the dead letter queue's segment files.", |d| d.stats.store.bytes),
+            ("sluice_dlq_segments", "Segment files of the dead letter queue.", |d| d.stats.store.segments),
+            ("sluice_dlq_max_bytes", "The dead letter queue's max_bytes.", |d| d.stats.max_bytes),
+        ];
+        for (name, help, pick) in dlq_gauges {
+            gauge(out, name, help, dlqs.iter().map(|(l, d)| (l.clone(), pick(d))))?;
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for PipelineMetrics {
@@ -514,6 +537,87 @@ pub struct RegistryMetrics {
     pub log_bytes: AtomicU64,
     /// When everything handed to the writer was last durable (ms since the Unix epoch; 0: never).
     pub durable_unix_ms: AtomicU64,
+}
+
+impl RegistryMetrics {
+    /// The figures now.
+    pub fn snapshot(&self) -> RegistrySnapshot {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let durable = load(&self.durable_unix_ms);
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        RegistrySnapshot {
+            keys: load(&self.keys),
+            lag_seconds: now.saturating_sub(durable) as f64 / 1000.0,
+            flushes: self.flushes.get(),
+            fsyncs: self.fsyncs.get(),
+            records_written: self.records_written.get(),
+            compactions: self.compactions.get(),
+            write_errors: self.write_errors.get(),
+            log_bytes: load(&self.log_bytes),
+            bytes_written: self.bytes_written.get(),
+            flushed_keys: load(&self.flushed_keys),
+        }
+    }
+}
+
+/// The registry's figures at one moment (`/stats`' `registry`, `sluice_registry_*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RegistrySnapshot {
+    pub keys: u64,
+    /// Time since everything handed to the writer was last durable.
+    pub lag_seconds: f64,
+    pub flushes: u64,
+    pub fsyncs: u64,
+    pub records_written: u64,
+    pub compactions: u64,
+    pub write_errors: u64,
+    pub log_bytes: u64,
+    /// At `/metrics` only.
+    #[serde(skip)]
+    pub bytes_written: u64,
+    /// At `/metrics` only.
+    #[serde(skip)]
+    pub flushed_keys: u64,
+}
+
+impl RegistrySnapshot {
+    pub fn encode(&self, out: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
+        let counters: [(&str, &str, u64); 6] = [
+            (
+                "sluice_registry_flushes_total",
+                "Batches of position updates the registry appended to its op log.",
+                self.flushes,
+            ),
+            ("sluice_registry_fsyncs_total", "fsync calls of the registry's op log.", self.fsyncs),
+            (
+                "sluice_registry_records_written_total",
+                "Records the registry appended (one per changed key per flush).",
+                self.records_written,
+            ),
+            ("sluice_registry_bytes_written_total", "Bytes the registry appended to its op log.", self.bytes_written),
+            ("sluice_registry_compactions_total", "Op log compactions into the snapshot.", self.compactions),
+            ("sluice_registry_write_errors_total", "Failed registry writes (retried).", self.write_errors),
+        ];
+        for (name, help, v) in counters {
+            counter(out, name, help, [(Labels::new(), v)])?;
+        }
+        let gauges: [(&str, &str, u64); 3] = [
+            ("sluice_registry_keys", "Keys the registry holds.", self.keys),
+            ("sluice_registry_flushed_keys", "Keys the last flush wrote.", self.flushed_keys),
+            ("sluice_registry_log_bytes", "Size of the registry's op log.", self.log_bytes),
+        ];
+        for (name, help, v) in gauges {
+            gauge(out, name, help, [(Labels::new(), v)])?;
+        }
+        gauge(
+            out,
+            "sluice_registry_lag_seconds",
+            "Time since everything handed to the registry writer was last durable.",
+            [(Labels::new(), self.lag_seconds)],
+        )
+    }
 }
 
 /// All pipelines of the process. Reloading a pipeline replaces its entry.

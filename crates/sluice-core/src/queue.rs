@@ -10,15 +10,23 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::batch::Batch;
+use crate::exposition::{DescriptorEncoder, Labels, counter, gauge, histogram_snapshots};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the queue is closed")]
 pub struct QueueClosed;
 
+/// `memory` or `persisted`. An alias, so that serde's derive does not take the field for one
+/// borrowed from the document it reads.
+pub type QueueKind = &'static str;
+
 /// A point-in-time view of a queue, for metrics.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct QueueStats {
-    pub kind: &'static str,
+    /// `memory` or `persisted`.
+    #[serde(deserialize_with = "queue_kind")]
+    pub kind: QueueKind,
     pub events: u64,
     pub bytes: u64,
     pub max_events: u64,
@@ -50,7 +58,8 @@ pub struct QueueStats {
     pub checkpoint_lag_events: u64,
 }
 
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ShardStats {
     pub shard: u32,
     pub events: u64,
@@ -62,11 +71,118 @@ pub struct ShardStats {
 
 /// Cumulative bucket counts (upper bounds in [`crate::metrics::LATENCY_BUCKETS`], then +Inf),
 /// sum in seconds, and count.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct HistogramSnapshot {
     pub buckets: Vec<u64>,
     pub sum: f64,
     pub count: u64,
+}
+
+/// A queue's kind read back from `/stats`: one of the kinds there are, else `unknown`.
+fn queue_kind<'de, D: serde::Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    let kind = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+    Ok(["memory", "persisted"].into_iter().find(|k| *k == kind).unwrap_or("unknown"))
+}
+
+impl QueueStats {
+    /// The `sluice_queue_*` families, one series per pipeline (and shard); a persisted queue's
+    /// own only when there is one.
+    pub fn encode(out: &mut DescriptorEncoder<'_>, queues: &[(Labels, &QueueStats)]) -> std::fmt::Result {
+        type PickQ = fn(&QueueStats) -> u64;
+        let queue_gauges: [(&str, &str, PickQ); 4] = [
+            ("sluice_queue_events", "Events waiting in the queue.", |s| s.events),
+            ("sluice_queue_bytes", "Bytes waiting in the queue.", |s| s.bytes),
+            ("sluice_queue_max_events", "Queue capacity in events.", |s| s.max_events),
+            ("sluice_queue_max_bytes", "Queue capacity in bytes.", |s| s.max_bytes),
+        ];
+        for (name, help, pick) in queue_gauges {
+            gauge(out, name, help, queues.iter().map(|(l, s)| (l.clone(), pick(s))))?;
+        }
+        counter(
+            out,
+            "sluice_queue_blocked_seconds_total",
+            "Time inputs spent waiting because the queue was full (backpressure), waits in progress included.",
+            queues.iter().map(|(l, s)| (l.clone(), s.blocked_nanos as f64 / 1e9)),
+        )?;
+        let persisted: Vec<&(Labels, &QueueStats)> = queues.iter().filter(|(_, s)| s.kind == "persisted").collect();
+        if persisted.is_empty() {
+            return Ok(());
+        }
+        let shards = || {
+            persisted.iter().flat_map(|(l, s)| {
+                s.shards.iter().map(move |sh| {
+                    let mut labels = l.clone();
+                    labels.push(("shard", sh.shard.to_string()));
+                    (labels, sh)
+                })
+            })
+        };
+        gauge(
+            out,
+            "sluice_queue_shard_bytes",
+            "Unacknowledged bytes per shard of a persisted queue.",
+            shards().map(|(l, sh)| (l, sh.bytes)),
+        )?;
+        gauge(
+            out,
+            "sluice_queue_shard_events",
+            "Unacknowledged events per shard of a persisted queue.",
+            shards().map(|(l, sh)| (l, sh.events)),
+        )?;
+        let queue_counters: [(&str, &str, PickQ); 7] = [
+            ("sluice_queue_fsyncs_total", "fdatasync calls of a persisted queue.", |s| s.fsyncs),
+            (
+                "sluice_queue_fsync_failures_total",
+                "fdatasync calls of a persisted queue that failed; with sync: commit, the events they covered were \
+                 not acknowledged.",
+                |s| s.fsync_failures,
+            ),
+            ("sluice_queue_corrupt_frames_total", "Damaged frames a persisted queue found and skipped.", |s| {
+                s.corrupt_frames
+            }),
+            (
+                "sluice_queue_unstored_events_total",
+                "Events a persisted queue accepted but could not store (unencodable, or a full disk at shutdown).",
+                |s| s.unstored,
+            ),
+            (
+                "sluice_queue_events_from_memory_total",
+                "Events a persisted queue handed to the workers from memory, as they were written.",
+                |s| s.events_from_memory,
+            ),
+            (
+                "sluice_queue_events_read_back_total",
+                "Events a persisted queue read back from its segments (beyond memory_bytes, or after a restart).",
+                |s| s.events_read_back,
+            ),
+            ("sluice_queue_read_back_bytes_total", "Frame bytes a persisted queue read back from its segments.", |s| {
+                s.bytes_read_back
+            }),
+        ];
+        for (name, help, pick) in queue_counters {
+            counter(out, name, help, persisted.iter().map(|(l, s)| (l.clone(), pick(s))))?;
+        }
+        gauge(
+            out,
+            "sluice_queue_checkpoint_lag_events",
+            "Events the workers finished that no durable checkpoint of a persisted queue records yet: what a \
+             restart now would deliver again.",
+            persisted.iter().map(|(l, s)| (l.clone(), s.checkpoint_lag_events)),
+        )?;
+        counter(
+            out,
+            "sluice_queue_stalled_seconds_total",
+            "Time a persisted queue's writers waited on the disk (full or failing).",
+            persisted.iter().map(|(l, s)| (l.clone(), s.stalled_nanos as f64 / 1e9)),
+        )?;
+        histogram_snapshots(
+            out,
+            "sluice_queue_commit_duration_seconds",
+            "Time from a group's write to its fdatasync returning.",
+            persisted.iter().filter_map(|(l, s)| Some((l.clone(), s.commit_latency.clone()?))),
+        )
+    }
 }
 
 #[async_trait]

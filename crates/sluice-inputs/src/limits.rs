@@ -54,7 +54,7 @@ use std::time::Duration;
 
 use bytes::BufMut;
 use parking_lot::Mutex;
-use sluice_core::metrics::{ComponentState, StateFigure};
+use sluice_core::figures::{Figure, Publish, Spec, Unit};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -90,33 +90,30 @@ impl ConnectionFigures {
     }
 }
 
-impl ComponentState for ConnectionFigures {
-    fn figures(&self) -> Vec<StateFigure> {
+impl Publish for ConnectionFigures {
+    fn figures(&self) -> Vec<Figure> {
         vec![
-            StateFigure {
-                name: "connections_open",
-                help: "Client connections open now (those being closed after an eviction included).",
-                counter: false,
-                value: self.open.load(Ordering::Relaxed) as u64,
-            },
-            StateFigure {
-                name: "connections_evicted_total",
-                help: "Connections closed to make room for a new one when max_connections were open.",
-                counter: true,
-                value: self.evicted(),
-            },
-            StateFigure {
-                name: "evicted_bytes_discarded_total",
-                help: "Bytes an evicted connection's client sent that were still unread when it was closed.",
-                counter: true,
-                value: self.evicted_bytes_discarded(),
-            },
-            StateFigure {
-                name: "connections_reset_total",
-                help: "Connections reset by their client: what it sent that was not yet read is lost.",
-                counter: true,
-                value: self.reset(),
-            },
+            Spec::gauge(
+                "connections_open",
+                "Client connections open now (those being closed after an eviction included).",
+            )
+            .value(self.open.load(Ordering::Relaxed) as u64),
+            Spec::counter(
+                "connections_evicted_total",
+                "Connections closed to make room for a new one when max_connections were open.",
+            )
+            .value(self.evicted()),
+            Spec::counter(
+                "evicted_bytes_discarded_total",
+                "Bytes an evicted connection's client sent that were still unread when it was closed.",
+            )
+            .in_unit(Unit::Bytes)
+            .value(self.evicted_bytes_discarded()),
+            Spec::counter(
+                "connections_reset_total",
+                "Connections reset by their client: what it sent that was not yet read is lost.",
+            )
+            .value(self.reset()),
         ]
     }
 }
@@ -959,6 +956,7 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     use super::*;
+    use sluice_core::figures::FigureKind;
 
     #[test]
     fn slots_are_bounded_and_given_back() {
@@ -975,7 +973,13 @@ mod tests {
     fn the_open_connections_show_in_the_inputs_figures() {
         let figures = Arc::new(ConnectionFigures::default());
         let slots = ConnectionSlots::counted_in(4, figures.clone());
-        let open = || figures.figures().iter().find(|f| f.name == "connections_open").map(|f| (f.value, f.counter));
+        let open = || {
+            figures
+                .figures()
+                .iter()
+                .find(|f| f.name == "connections_open")
+                .map(|f| (f.count(), f.kind == FigureKind::Counter))
+        };
         assert_eq!(open(), Some((0, false)), "a gauge");
         let a = slots.try_take().unwrap();
         let b = slots.try_take().unwrap();

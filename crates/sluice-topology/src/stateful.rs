@@ -20,12 +20,14 @@ use crate::worker::Stages;
 /// A stateful processor's figures for `/metrics` and `/stats`.
 pub struct StatefulFigures(pub Arc<dyn sluice_processors::Processor>);
 
-impl sluice_core::metrics::ComponentState for StatefulFigures {
-    fn figures(&self) -> Vec<sluice_core::metrics::StateFigure> {
-        use sluice_core::metrics::StateFigure;
+impl sluice_core::figures::Publish for StatefulFigures {
+    fn figures(&self) -> Vec<sluice_core::figures::Figure> {
+        use sluice_core::figures::Spec;
         let Some(s) = self.0.stateful() else { return Vec::new() };
         let st = s.stats();
-        let f = |name, help, counter, value| StateFigure { name, help, counter, value };
+        let f = |name, help, counter: bool, value| {
+            if counter { Spec::counter(name, help) } else { Spec::gauge(name, help) }.value(value)
+        };
         vec![
             f("groups_open", "Groups a stateful processor holds open now.", false, st.groups_open),
             f(

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{BIN, Sluice, free_port};
+use common::{BIN, Sluice, component, eventually, free_port, get_json, http};
 use portable_pty::{CommandBuilder, PtySize, native_pty_system};
 
 const ROWS: u16 = 40;
@@ -206,4 +206,168 @@ fn with_a_config_only_its_api_section_needs_to_read() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("SLUICE_TOP_TEST_UNSET_API"), "{stderr}");
     sluice.stop();
+}
+
+/// A node with many kinds of component and every store: a persisted queue, a dead letter queue
+/// and its replay, the registry (a file input), the memory budget, a one-node cluster, an
+/// output that cannot reach its engine, a stateful processor.
+fn many_components() -> (Sluice, String) {
+    let (api, tcp, http, udp, node, engine) =
+        (free_port(), free_port(), free_port(), free_port(), free_port(), free_port());
+    let mut s = Sluice::start(&format!(
+        "api: {{address: \"127.0.0.1:{api}\"}}
+data_dir: '{{dir}}/data'
+cluster:
+  listen: 127.0.0.1:{node}
+  discovery: {{static: [127.0.0.1:{node}]}}
+pipelines:
+  web:
+    queue: {{type: persisted}}
+    inputs:
+      - {{type: generator, id: gen, rate: 200, lines: ['{{\"user\":\"a\"}}', 'not json']}}
+      - {{type: tcp, id: tcp_in, address: '127.0.0.1:{tcp}'}}
+      - {{type: http, id: http_in, address: '127.0.0.1:{http}'}}
+      - {{type: syslog, id: udp_in, mode: udp, address: '127.0.0.1:{udp}'}}
+      - {{type: file, id: files, include: ['{{dir}}/in/*.log'], scan_interval: 100ms}}
+    processors:
+      - {{type: json, id: parse, on_failure: dlq}}
+      - {{type: mutate, id: tag, add_tag: [seen]}}
+      - {{type: aggregate, id: per_user, identification_keys: [/user], group_duration: 1s, action: count}}
+    outputs:
+      - {{type: file, id: out, path: '{{dir}}/out.log'}}
+      - {{type: blackhole, id: sink}}
+    dead_letter_queue: {{enabled: true}}
+  search:
+    inputs: [{{type: generator, id: gen2, count: 5}}]
+    outputs:
+      - {{type: elasticsearch, id: es, hosts: ['http://127.0.0.1:{engine}'], index: logs,
+          retry: {{initial_backoff: 20ms, max_backoff: 100ms}}}}
+  replay:
+    inputs: [{{type: dead_letter_queue, id: dlq_in, pipeline: web}}]
+    outputs: [{{type: blackhole, id: drain}}]
+"
+    ));
+    let api = s.api();
+    (s, api)
+}
+
+/// The shape of a `/metrics` scrape: each family's name, type and help, then the names and label
+/// names of its samples (values, and label values, left out: they move).
+fn metrics_shape(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut samples = std::collections::BTreeSet::new();
+    let flush = |out: &mut Vec<String>, samples: &mut std::collections::BTreeSet<String>| {
+        out.extend(samples.iter().map(|s| format!("  {s}")));
+        samples.clear();
+    };
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            flush(&mut out, &mut samples);
+            out.push(format!("HELP {rest}"));
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            out.push(format!("TYPE {rest}"));
+        } else if line.starts_with('#') {
+            out.push(line.to_string());
+        } else {
+            let series = line.rsplit_once(' ').map_or(line, |(s, _)| s);
+            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+            // Label names: what precedes each `="` outside a quoted value.
+            let (mut names, mut quoted, mut escaped, mut word) = (Vec::new(), false, false, String::new());
+            for c in labels.chars() {
+                match (quoted, c) {
+                    (true, '\\') if !escaped => escaped = true,
+                    (true, '"') if !escaped => quoted = false,
+                    (true, _) => escaped = false,
+                    (false, '"') => quoted = true,
+                    (false, '=') => names.push(std::mem::take(&mut word)),
+                    (false, ',' | '}') => word.clear(),
+                    (false, c) => word.push(c),
+                }
+            }
+            names.sort();
+            samples.insert(format!("{name}{{{}}}", names.join(",")));
+        }
+    }
+    flush(&mut out, &mut samples);
+    out
+}
+
+/// The shape of a JSON document: every path with the types found there (`[]` for any element
+/// of an array: elements' shapes are merged, so that a count of shards does not matter).
+fn json_shape(
+    v: &serde_json::Value,
+    path: &str,
+    out: &mut std::collections::BTreeMap<String, std::collections::BTreeSet<&'static str>>,
+) {
+    use serde_json::Value;
+    let kind = match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_f64() => "float",
+        Value::Number(_) => "int",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    out.entry(path.to_string()).or_default().insert(kind);
+    match v {
+        Value::Array(items) => items.iter().for_each(|i| json_shape(i, &format!("{path}[]"), out)),
+        Value::Object(map) => map.iter().for_each(|(k, v)| json_shape(v, &format!("{path}.{k}"), out)),
+        _ => {}
+    }
+}
+
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/figures.golden");
+
+/// Every figure's name, type, help and labels at `/metrics`, and the keys and value types of
+/// `/stats`, are as recorded in `tests/figures.golden`: a figure renamed, retyped or dropped
+/// fails here. After a change meant to show, `SLUICE_BLESS=1` rewrites the file.
+#[test]
+fn metrics_and_stats_keep_their_names_and_shapes() {
+    let (sluice, api) = many_components();
+    std::fs::create_dir_all(sluice.path("in")).unwrap();
+    std::fs::write(sluice.path("in/a.log"), "{\"user\":\"b\"}\n").unwrap();
+    // Settled: events went through every pipeline, the dead letter queue holds some and was
+    // replayed, the output that cannot reach its engine failed an attempt, groups concluded.
+    let settled = || {
+        let stats = get_json(&api, "/stats");
+        let web = &stats["pipelines"]["web"];
+        let count = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+        let es = component(&stats, "search", "id", "es");
+        count(&web["events"]["out"]) > 0
+            && count(&web["dead_letter_queue"]["entries"]) > 0
+            && count(&component(&stats, "web", "id", "files")["events"]["out"]) > 0
+            && count(&component(&stats, "web", "id", "per_user")["state"]["groups_concluded"]) > 0
+            && count(&component(&stats, "replay", "id", "dlq_in")["events"]["out"]) > 0
+            && !web["ack_latency"]["p50_seconds"].is_null()
+            && !stats["pipelines"]["replay"]["ack_latency"]["p50_seconds"].is_null()
+            && es["output_state"] == "retrying"
+            && !es["last_error"].is_null()
+    };
+    assert!(eventually(Duration::from_secs(30), settled), "the node did not settle: {}", get_json(&api, "/stats"));
+    let (status, metrics) = http(&api, "GET", "/metrics", &[], b"");
+    assert_eq!(status, 200, "{metrics}");
+    let stats = get_json(&api, "/stats");
+    // Killed: a clean stop would wait out the drain of the output that cannot deliver.
+    drop(sluice.kill_into_dir());
+
+    let mut shape = vec!["# /metrics".to_string()];
+    shape.extend(metrics_shape(&metrics));
+    shape.push("# /stats".to_string());
+    let mut paths = std::collections::BTreeMap::new();
+    json_shape(&stats, "", &mut paths);
+    shape.extend(
+        paths.iter().map(|(path, kinds)| format!("{path}: {}", kinds.iter().copied().collect::<Vec<_>>().join("|"))),
+    );
+    let shape = shape.join("\n") + "\n";
+    if std::env::var_os("SLUICE_BLESS").is_some() {
+        std::fs::write(GOLDEN, &shape).unwrap();
+    }
+    let golden = std::fs::read_to_string(GOLDEN).unwrap_or_default();
+    if golden != shape {
+        let (old, new): (Vec<&str>, Vec<&str>) = (golden.lines().collect(), shape.lines().collect());
+        let gone: Vec<&&str> = old.iter().filter(|l| !new.contains(l)).collect();
+        let added: Vec<&&str> = new.iter().filter(|l| !old.contains(l)).collect();
+        panic!("the figures' shape changed (SLUICE_BLESS=1 records it)\ngone: {gone:#?}\nnew: {added:#?}");
+    }
 }

@@ -40,7 +40,8 @@ use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ByteSize, ConfigError, HumanDuration};
 use sluice_core::event::{METADATA, TIMESTAMP};
-use sluice_core::metrics::{ComponentState, Counter, StateFigure};
+use sluice_core::figures::{Figure, Publish, Spec};
+use sluice_core::metrics::Counter;
 use sluice_core::{Event, Map, Value};
 use sluice_tls::{ServerTls, TlsConfig};
 use tokio::net::TcpListener;
@@ -152,9 +153,11 @@ pub(crate) struct Figures {
     pub write_timeouts: Counter,
 }
 
-impl ComponentState for Figures {
-    fn figures(&self) -> Vec<StateFigure> {
-        let f = |name, help, counter, value| StateFigure { name, help, counter, value };
+impl Publish for Figures {
+    fn figures(&self) -> Vec<Figure> {
+        let f = |name, help, counter: bool, value| {
+            if counter { Spec::counter(name, help) } else { Spec::gauge(name, help) }.value(value)
+        };
         vec![
             f(
                 "beats_connections_open",

@@ -410,8 +410,8 @@ impl Running {
         got
     }
 
-    fn figures(&self) -> Vec<(&'static str, u64)> {
-        self.ctx.metrics.state.get().unwrap().figures().into_iter().map(|f| (f.name, f.value)).collect()
+    fn figures(&self) -> Vec<(String, u64)> {
+        self.ctx.metrics.state.get().unwrap().figures().into_iter().map(|f| (f.name.to_string(), f.count())).collect()
     }
 
     fn figure(&self, name: &str) -> u64 {

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use sluice_core::metrics::{ComponentState, StateFigure};
+use sluice_core::figures::{Figure, Publish, Spec, Unit};
 
 /// How many files `/stats` lists, the furthest behind first.
 pub(crate) const LARGEST: usize = 10;
@@ -47,17 +47,12 @@ impl FileLag {
     }
 }
 
-impl ComponentState for FileLag {
-    fn figures(&self) -> Vec<StateFigure> {
-        vec![StateFigure {
-            name: "file_lag_bytes",
-            help: "Bytes of the files a file input reads that it has not read yet (size at the last look minus the read position), summed.",
-            counter: false,
-            value: self.total(),
-        }]
+impl Publish for FileLag {
+    fn figures(&self) -> Vec<Figure> {
+        vec![Spec::gauge("file_lag_bytes", "Bytes of the files a file input reads that it has not read yet (size at the last look minus the read position), summed.").in_unit(Unit::Bytes).value(self.total())]
     }
 
-    fn stats(&self) -> Option<(&'static str, serde_json::Value)> {
+    fn detail(&self) -> Option<(&'static str, serde_json::Value)> {
         let files: Vec<serde_json::Value> = self
             .inner
             .lock()
@@ -88,6 +83,6 @@ mod tests {
         lag.publish(paths.iter().map(|p| (Path::new(p.as_str()), 0)));
         assert_eq!(lag.total(), 0);
         assert!(lag.inner.lock().largest.is_empty());
-        assert_eq!(lag.figures()[0].value, 0);
+        assert_eq!(lag.figures()[0].count(), 0);
     }
 }

@@ -49,7 +49,7 @@ use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ByteSize, ConfigError, HumanDuration};
 use sluice_core::ack::AckOutcome;
-use sluice_core::metrics::{ComponentState, StateFigure};
+use sluice_core::figures::{Figure, Publish, Spec};
 use sluice_core::value::now_nanos;
 use sluice_core::{AckSet, Acker, Batch};
 use sluice_tls::ServerTls;
@@ -192,21 +192,12 @@ struct Shared {
 /// The input's own figures at `/metrics` and `/stats`.
 struct HttpFigures(Arc<Shared>);
 
-impl ComponentState for HttpFigures {
-    fn figures(&self) -> Vec<StateFigure> {
+impl Publish for HttpFigures {
+    fn figures(&self) -> Vec<Figure> {
         vec![
-            StateFigure {
-                name: "auth_failures_total",
-                help: "Requests answered 401: missing or wrong credentials.",
-                counter: true,
-                value: self.0.auth_failures.load(Ordering::Relaxed),
-            },
-            StateFigure {
-                name: "connections_open",
-                help: "Client connections open now.",
-                counter: false,
-                value: self.0.slots.open() as u64,
-            },
+            Spec::counter("auth_failures_total", "Requests answered 401: missing or wrong credentials.")
+                .value(self.0.auth_failures.load(Ordering::Relaxed)),
+            Spec::gauge("connections_open", "Client connections open now.").value(self.0.slots.open() as u64),
         ]
     }
 }

@@ -391,7 +391,7 @@ async fn bearer_token() {
 
 fn auth_failures(ctx: &InputContext) -> u64 {
     let figures = ctx.metrics.state.get().expect("the http input reports its figures").figures();
-    figures.iter().find(|f| f.name == "auth_failures_total").unwrap().value
+    figures.iter().find(|f| f.name == "auth_failures_total").unwrap().count()
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use sluice_core::metrics::{ComponentState, LabelledFigure, StateFigure};
+use sluice_core::figures::{Figure, Publish, Spec};
 
 use super::offsets::PartitionKey;
 
@@ -56,12 +56,12 @@ impl Figures {
     }
 }
 
-impl ComponentState for Figures {
-    fn figures(&self) -> Vec<StateFigure> {
+impl Publish for Figures {
+    fn figures(&self) -> Vec<Figure> {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let counter = |name, help, value| StateFigure { name, help, counter: true, value };
-        let gauge = |name, help, value| StateFigure { name, help, counter: false, value };
-        vec![
+        let counter = |name, help, value| Spec::counter(name, help).value(value);
+        let gauge = |name, help, value| Spec::gauge(name, help).value(value);
+        let mut out = vec![
             counter("records_consumed_total", "Records polled from Kafka.", get(&self.consumed)),
             counter(
                 "records_skipped_revoked_total",
@@ -83,35 +83,19 @@ impl ComponentState for Figures {
             counter("pauses_total", "Times consumption was paused because the pipeline was full.", get(&self.pauses)),
             gauge("paused", "1 while consumption is paused because the pipeline is full.", get(&self.paused)),
             gauge("partitions_assigned", "Partitions this member owns.", get(&self.assigned)),
-        ]
-    }
-
-    fn labelled_figures(&self) -> Vec<LabelledFigure> {
+        ];
+        const COMMITTED: Spec =
+            Spec::gauge("committed_offset", "The offset last committed for the partition (the next record to read).");
+        const LAG: Spec =
+            Spec::gauge("lag", "Records of the partition after the committed offset (its end offset as last fetched).");
         let p = self.partitions.lock();
-        let mut out = Vec::with_capacity(p.len() * 2);
         for ((topic, partition), Offsets { committed, high }) in p.iter() {
             let labels = vec![("topic", topic.clone()), ("partition", partition.to_string())];
             if let Some(c) = committed {
-                out.push(LabelledFigure {
-                    figure: StateFigure {
-                        name: "committed_offset",
-                        help: "The offset last committed for the partition (the next record to read).",
-                        counter: false,
-                        value: (*c).max(0) as u64,
-                    },
-                    labels: labels.clone(),
-                });
+                out.push(COMMITTED.labelled(labels.clone(), (*c).max(0) as u64));
             }
             if let (Some(c), Some(h)) = (committed, high) {
-                out.push(LabelledFigure {
-                    figure: StateFigure {
-                        name: "lag",
-                        help: "Records of the partition after the committed offset (its end offset as last fetched).",
-                        counter: false,
-                        value: (h - c).max(0) as u64,
-                    },
-                    labels,
-                });
+                out.push(LAG.labelled(labels, (h - c).max(0) as u64));
             }
         }
         out

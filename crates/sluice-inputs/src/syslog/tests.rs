@@ -299,7 +299,7 @@ async fn udp_datagrams_are_messages_batched_and_cut() {
     assert_eq!(ctx.metrics.failed.get(), 1);
     let state = ctx.metrics.state.get().expect("the udp input reports its figures").figures();
     let received = state.iter().find(|f| f.name == "datagrams_received_total").unwrap();
-    assert_eq!(received.value, 52);
+    assert_eq!(received.count(), 52);
     // What was read of each datagram: the one cut to max_message_bytes counts 40.
     let whole: usize = (0..50).map(|i| format!("<13>Nov 26 07:16:16 h app: n{i}").len()).sum();
     assert_eq!(ctx.metrics.bytes_in.get(), (whole + 40 + b"two\nlines".len()) as u64);
@@ -328,7 +328,7 @@ async fn udp_drops_are_counted_when_the_buffer_overflows() {
         events += b.len() as u64;
     }
     let figures = ctx.metrics.state.get().unwrap().figures();
-    let value = |name: &str| figures.iter().find(|f| f.name == name).unwrap().value;
+    let value = |name: &str| figures.iter().find(|f| f.name == name).unwrap().count();
     let (received, dropped) = (value("datagrams_received_total"), value("datagrams_dropped_total"));
     assert_eq!(received, events);
     assert!(dropped > 0, "received {received}, dropped {dropped}");

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice_core::metrics::{ComponentState, StateFigure};
+use sluice_core::figures::{Figure, Publish, Spec, Unit};
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, Event, Str};
 use socket2::{Domain, MaybeUninitSlice, MsgHdrMut, Protocol, SockAddr, SockRef, Socket, Type};
@@ -135,27 +135,21 @@ impl UdpFigures {
     }
 }
 
-impl ComponentState for UdpFigures {
-    fn figures(&self) -> Vec<StateFigure> {
+impl Publish for UdpFigures {
+    fn figures(&self) -> Vec<Figure> {
         vec![
-            StateFigure {
-                name: "datagrams_received_total",
-                help: "Datagrams a syslog UDP input received.",
-                counter: true,
-                value: self.received(),
-            },
-            StateFigure {
-                name: "datagrams_dropped_total",
-                help: "Datagrams the kernel dropped for a syslog UDP input because its receive buffer was full.",
-                counter: true,
-                value: self.dropped(),
-            },
-            StateFigure {
-                name: "receive_buffer_bytes",
-                help: "The receive buffer size the kernel reports for a syslog UDP input's socket.",
-                counter: false,
-                value: self.buffer,
-            },
+            Spec::counter("datagrams_received_total", "Datagrams a syslog UDP input received.").value(self.received()),
+            Spec::counter(
+                "datagrams_dropped_total",
+                "Datagrams the kernel dropped for a syslog UDP input because its receive buffer was full.",
+            )
+            .value(self.dropped()),
+            Spec::gauge(
+                "receive_buffer_bytes",
+                "The receive buffer size the kernel reports for a syslog UDP input's socket.",
+            )
+            .in_unit(Unit::Bytes)
+            .value(self.buffer),
         ]
     }
 }

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use sluice_core::metrics::{ComponentState, Histogram, LabelledFigure, StateFigure, StateHistogram};
+use sluice_core::figures::{Figure, Publish, Spec, Unit};
+use sluice_core::metrics::Histogram;
 
 #[derive(Default)]
 pub struct Figures {
@@ -43,60 +44,44 @@ impl Figures {
     }
 }
 
-impl ComponentState for Figures {
-    fn figures(&self) -> Vec<StateFigure> {
+const INDEXED: Spec = Spec::counter("documents_indexed_total", "Documents the engine accepted (2xx).");
+const REQUESTS: Spec = Spec::counter("bulk_requests_total", "Bulk requests sent, answered or not.");
+const IN_FLIGHT: Spec = Spec::gauge("bulk_requests_in_flight", "Bulk requests waiting for their answer now.");
+const BYTES_ENCODED: Spec =
+    Spec::counter("bulk_bytes_encoded_total", "Bytes of bulk request bodies before compression.").in_unit(Unit::Bytes);
+const BYTES_SENT: Spec =
+    Spec::counter("bulk_bytes_sent_total", "Bytes of bulk request bodies sent (after compression).")
+        .in_unit(Unit::Bytes);
+const REFUSED: Spec = Spec::counter(
+    "documents_refused_total",
+    "Documents refused for good, by the engine's status and error type (status 0: not sent, a field the index or id template names is missing).",
+);
+const RETRIED: Spec = Spec::counter(
+    "documents_retried_total",
+    "Documents the engine refused for a reason not their own (429, 5xx, 401, 403, a write block), sent again on their own, by status and error type.",
+);
+const LATENCY: Spec =
+    Spec::histogram("bulk_request_duration_seconds", "Time from sending a bulk request to its whole answer.");
+
+impl Publish for Figures {
+    fn figures(&self) -> Vec<Figure> {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let counter = |name, help, value| StateFigure { name, help, counter: true, value };
-        vec![
-            counter("documents_indexed_total", "Documents the engine accepted (2xx).", get(&self.indexed)),
-            counter("bulk_requests_total", "Bulk requests sent, answered or not.", get(&self.requests)),
-            StateFigure {
-                name: "bulk_requests_in_flight",
-                help: "Bulk requests waiting for their answer now.",
-                counter: false,
-                value: get(&self.requests_in_flight),
-            },
-            counter(
-                "bulk_bytes_encoded_total",
-                "Bytes of bulk request bodies before compression.",
-                get(&self.bytes_encoded),
-            ),
-            counter(
-                "bulk_bytes_sent_total",
-                "Bytes of bulk request bodies sent (after compression).",
-                get(&self.bytes_sent),
-            ),
-        ]
-    }
-
-    fn labelled_figures(&self) -> Vec<LabelledFigure> {
-        let rows = |figures: &BTreeMap<(u16, String), u64>, name, help| {
-            figures
-                .iter()
-                .map(|((status, error_type), n)| LabelledFigure {
-                    figure: StateFigure { name, help, counter: true, value: *n },
-                    labels: vec![("status", status.to_string()), ("error_type", error_type.clone())],
-                })
-                .collect::<Vec<_>>()
+        let mut out = vec![
+            INDEXED.value(get(&self.indexed)),
+            REQUESTS.value(get(&self.requests)),
+            IN_FLIGHT.value(get(&self.requests_in_flight)),
+            BYTES_ENCODED.value(get(&self.bytes_encoded)),
+            BYTES_SENT.value(get(&self.bytes_sent)),
+        ];
+        let by_reason = |spec: Spec, figures: &BTreeMap<(u16, String), u64>| {
+            let series = figures.iter().map(move |((status, error_type), n)| {
+                spec.labelled(vec![("status", status.to_string()), ("error_type", error_type.clone())], *n)
+            });
+            series.collect::<Vec<_>>()
         };
-        let mut out = rows(
-            &self.refused.lock(),
-            "documents_refused_total",
-            "Documents refused for good, by the engine's status and error type (status 0: not sent, a field the index or id template names is missing).",
-        );
-        out.extend(rows(
-            &self.retried.lock(),
-            "documents_retried_total",
-            "Documents the engine refused for a reason not their own (429, 5xx, 401, 403, a write block), sent again on their own, by status and error type.",
-        ));
+        out.extend(by_reason(REFUSED, &self.refused.lock()));
+        out.extend(by_reason(RETRIED, &self.retried.lock()));
+        out.push(LATENCY.observed(&self.latency));
         out
-    }
-
-    fn histograms(&self) -> Vec<StateHistogram<'_>> {
-        vec![StateHistogram {
-            name: "bulk_request_duration_seconds",
-            help: "Time from sending a bulk request to its whole answer.",
-            histogram: &self.latency,
-        }]
     }
 }

@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use parking_lot::Mutex;
-use sluice_core::metrics::ComponentState;
+use sluice_core::figures::{FigureValue, Publish};
 use sluice_core::{Event, Value};
 
 use super::*;
@@ -191,11 +191,12 @@ async fn refused_documents_carry_the_engines_reason_and_the_rest_are_delivered()
     assert!(compressed < out.figures.bytes_encoded.load(Ordering::Relaxed));
     assert_eq!(out.figures.indexed.load(Ordering::Relaxed), 5);
     assert_eq!(out.figures.refused_count(), 5);
-    let labelled = out.figures.labelled_figures();
+    let figures = out.figures.figures();
+    let labelled: Vec<_> = figures.iter().filter(|f| !f.labels.is_empty()).collect();
     assert_eq!(labelled.len(), 1);
     assert_eq!(
         labelled[0].labels,
-        [("status", "400".to_string()), ("error_type", "mapper_parsing_exception".to_string())]
+        [("status".into(), "400".to_string()), ("error_type".into(), "mapper_parsing_exception".to_string())]
     );
 }
 
@@ -245,13 +246,14 @@ async fn documents_behind_a_write_block_are_sent_again_alone_until_it_is_lifted(
     assert_eq!(out.figures.indexed.load(Ordering::Relaxed), 6);
     assert_eq!(out.figures.refused_count(), 0);
     assert_eq!(out.ctx.metrics.retries.get(), 3);
-    let labelled = out.figures.labelled_figures();
+    let figures = out.figures.figures();
+    let labelled: Vec<_> = figures.iter().filter(|f| !f.labels.is_empty()).collect();
     assert_eq!(labelled.len(), 1);
-    assert_eq!(labelled[0].figure.name, "documents_retried_total");
-    assert_eq!(labelled[0].figure.value, 9);
+    assert_eq!(labelled[0].name, "documents_retried_total");
+    assert_eq!(labelled[0].value, FigureValue::Count(9));
     assert_eq!(
         labelled[0].labels,
-        [("status", "403".to_string()), ("error_type", "cluster_block_exception".to_string())]
+        [("status".into(), "403".to_string()), ("error_type".into(), "cluster_block_exception".to_string())]
     );
 
     // With a retry limit, a block that outlasts it gives the documents up, not as their fault.

@@ -44,7 +44,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::Event;
-use sluice_core::metrics::{ComponentState, LabelledFigure, StateFigure};
+use sluice_core::figures::{Figure, Publish, Spec, Unit};
 use sluice_expr::Template;
 use sluice_kafka::LogAs;
 
@@ -493,44 +493,24 @@ impl Figures {
     }
 }
 
-impl ComponentState for Figures {
-    fn figures(&self) -> Vec<StateFigure> {
+impl Publish for Figures {
+    fn figures(&self) -> Vec<Figure> {
+        const PRODUCED: Spec = Spec::counter("records_produced_total", "Records the broker acknowledged.");
+        const BYTES: Spec = Spec::counter(
+            "record_bytes_produced_total",
+            "Payload bytes of the records the broker acknowledged (before compression).",
+        )
+        .in_unit(Unit::Bytes);
+        const RETRIED: Spec =
+            Spec::counter("records_retried_total", "Records sent again after a failure that was not theirs.");
+        const REFUSED: Spec = Spec::counter(
+            "records_refused_total",
+            "Records refused for good, by error (MessageSizeTooLarge, UnknownTopic, ...; missing_field: not sent).",
+        );
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        vec![
-            StateFigure {
-                name: "records_produced_total",
-                help: "Records the broker acknowledged.",
-                counter: true,
-                value: get(&self.produced),
-            },
-            StateFigure {
-                name: "record_bytes_produced_total",
-                help: "Payload bytes of the records the broker acknowledged (before compression).",
-                counter: true,
-                value: get(&self.bytes),
-            },
-            StateFigure {
-                name: "records_retried_total",
-                help: "Records sent again after a failure that was not theirs.",
-                counter: true,
-                value: get(&self.retried),
-            },
-        ]
-    }
-
-    fn labelled_figures(&self) -> Vec<LabelledFigure> {
-        self.refused
-            .lock()
-            .iter()
-            .map(|(code, n)| LabelledFigure {
-                figure: StateFigure {
-                    name: "records_refused_total",
-                    help: "Records refused for good, by error (MessageSizeTooLarge, UnknownTopic, ...; missing_field: not sent).",
-                    counter: true,
-                    value: *n,
-                },
-                labels: vec![("error", code.clone())],
-            })
-            .collect()
+        let mut out =
+            vec![PRODUCED.value(get(&self.produced)), BYTES.value(get(&self.bytes)), RETRIED.value(get(&self.retried))];
+        out.extend(self.refused.lock().iter().map(|(code, n)| REFUSED.labelled(vec![("error", code.clone())], *n)));
+        out
     }
 }

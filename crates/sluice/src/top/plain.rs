@@ -1,6 +1,8 @@
 //! `sluice top` as plain text, when the output is not a terminal or with `--once`: each refresh
 //! prints one `key=value` line per pipeline, component and cluster peer, so the output can be
-//! piped, logged or parsed. A figure the API did not give is `-`.
+//! piped, logged or parsed. A figure the API did not give is `-`. A component's own figures
+//! (those without labels of their own) close its line as `state.<key>=<value>`, by the keys of
+//! its `/stats` `state`: they come from the component, and top names none of them.
 
 use std::io::Write;
 use std::time::{Duration, Instant, SystemTime};
@@ -98,7 +100,7 @@ pub fn write_rows(out: &mut impl Write, stamp: String, rows: &Rows) -> std::io::
             writeln!(
                 out,
                 "{stamp} pipeline={} component={} kind={} type={} state={} in_per_sec={} out_per_sec={} failed={} \
-                 dropped={} retries={} refused={}{}{}",
+                 dropped={} retries={} refused={}{}{}{}",
                 v(&p.name),
                 v(&c.id),
                 opt(&c.kind),
@@ -112,6 +114,7 @@ pub fn write_rows(out: &mut impl Write, stamp: String, rows: &Rows) -> std::io::
                 fmt_count(c.refused),
                 c.output_state.as_deref().map_or_else(String::new, |s| format!(" output_state={}", v(s))),
                 c.reason.as_deref().map_or_else(String::new, |r| format!(" reason={}", v(r))),
+                c.own.iter().map(|(key, n)| format!(" state.{key}={n}")).collect::<String>(),
             )?;
         }
     }

@@ -1,13 +1,18 @@
 //! The `/stats` document read into a snapshot, and the rows `sluice top` shows: rates come from
 //! two successive snapshots, so they cover exactly one refresh.
 //!
-//! Every figure is optional: the document's shape moves with the server's version (fields are
-//! added, renamed, or change type), and a figure that cannot be read is shown as `-` rather
-//! than failing the whole view.
+//! The document is read with the types the server wrote it from
+//! ([`sluice_core::snapshot::NodeSnapshot`]), so a figure has one name on both sides; a
+//! component's own figures come with it, by their `/stats` keys. The rows keep every figure
+//! optional (`-`) for what a document does not give, such as a queue a pipeline lacks or
+//! rates before a second refresh.
 
 use std::time::{Instant, SystemTime};
 
 use serde_json::Value as Json;
+use sluice_cluster::metrics::ClusterSnapshot;
+use sluice_core::figures::FigureKind;
+use sluice_core::snapshot::{NodeSnapshot, PipelineSnapshot};
 
 /// One `/stats` document as read at one moment.
 pub struct Snapshot {
@@ -75,6 +80,8 @@ pub struct ComponentSnap {
     pub reason: Option<String>,
     /// Outputs: `up`, `retrying` or `down` (`/stats`' `output_state`).
     pub output_state: Option<String>,
+    /// The component's own figures without labels, by their `/stats` key (in its `state`).
+    pub own: Vec<(String, u64)>,
 }
 
 pub struct PeerSnap {
@@ -87,62 +94,45 @@ pub struct PeerSnap {
     pub latency_mean_seconds: Option<f64>,
 }
 
-fn at<'a>(v: &'a Json, path: &[&str]) -> Option<&'a Json> {
-    path.iter().try_fold(v, |cur, key| cur.get(key))
-}
-
-/// A count; a float that is a whole non-negative number is taken too (some encoders write
-/// `5.0` for `5`).
-fn count(v: &Json, path: &[&str]) -> Option<u64> {
-    let v = at(v, path)?;
-    v.as_u64().or_else(|| v.as_f64().filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0).map(|f| f as u64))
-}
-
-fn number(v: &Json, path: &[&str]) -> Option<f64> {
-    at(v, path)?.as_f64().filter(|f| f.is_finite())
-}
-
-fn text(v: &Json, path: &[&str]) -> Option<String> {
-    at(v, path)?.as_str().map(str::to_string)
-}
-
 impl Snapshot {
-    /// Reads a `/stats` document; only a document that is not a JSON object is refused.
+    /// Reads a `/stats` document into the server's own types ([`NodeSnapshot`]): a figure
+    /// renamed there is renamed here. A field the document lacks reads as zero; one of another
+    /// type refuses the document, saying where.
     pub fn parse(doc: &Json, at_: Instant, wall: SystemTime) -> Result<Snapshot, String> {
         if !doc.is_object() {
             return Err("the /stats answer is not a JSON object".to_string());
         }
-        let pipelines = doc
-            .get("pipelines")
-            .and_then(Json::as_object)
-            .map(|m| m.iter().map(|(name, p)| PipelineSnap::parse(name, p)).collect())
-            .unwrap_or_default();
-        let memory = doc
-            .get("memory")
-            .filter(|m| m.is_object())
-            .map(|m| Memory { used_bytes: count(m, &["used_bytes"]), budget_bytes: count(m, &["budget_bytes"]) });
-        let peers = at(doc, &["cluster", "peers"])
-            .and_then(Json::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(name, p)| PeerSnap {
-                        name: name.clone(),
-                        state: text(p, &["state"]),
-                        events_forwarded: count(p, &["events_forwarded"]),
-                        failures: count(p, &["failures"]),
-                        batches_retried: count(p, &["batches_retried"]),
-                        bytes_in_flight: count(p, &["bytes_in_flight"]),
-                        latency_mean_seconds: number(p, &["latency_mean_seconds"]),
-                    })
-                    .collect()
+        let figures = NodeSnapshot::read(doc).map_err(|e| format!("the /stats answer does not read: {e}"))?;
+        let pipelines = figures.pipelines.iter().map(PipelineSnap::of).collect();
+        let memory =
+            figures.memory.map(|m| Memory { used_bytes: Some(m.used_bytes), budget_bytes: Some(m.budget_bytes) });
+        // The cluster's section, with its own crate's types.
+        let cluster = match figures.sections.get("cluster") {
+            Some(c) => Some(
+                serde_json::from_value::<ClusterSnapshot>(c.clone())
+                    .map_err(|e| format!("the /stats answer's cluster does not read: {e}"))?,
+            ),
+            None => None,
+        };
+        let peers = cluster
+            .iter()
+            .flat_map(|c| &c.peers)
+            .map(|(name, p)| PeerSnap {
+                name: name.clone(),
+                state: Some(p.state.clone()),
+                events_forwarded: Some(p.events_forwarded),
+                failures: Some(p.failures),
+                batches_retried: Some(p.batches_retried),
+                bytes_in_flight: Some(p.bytes_in_flight),
+                latency_mean_seconds: Some(p.latency_mean_seconds),
             })
-            .unwrap_or_default();
+            .collect();
         Ok(Snapshot {
             at: at_,
             wall,
-            uptime_seconds: number(doc, &["uptime_seconds"]),
+            uptime_seconds: Some(figures.uptime_seconds),
             memory,
-            node: text(doc, &["cluster", "node"]),
+            node: cluster.map(|c| c.node),
             pipelines,
             peers,
         })
@@ -150,54 +140,57 @@ impl Snapshot {
 }
 
 impl PipelineSnap {
-    fn parse(name: &str, p: &Json) -> PipelineSnap {
-        let queue = p.get("queue").filter(|q| q.is_object()).map(|q| QueueSnap {
-            kind: text(q, &["kind"]),
-            events: count(q, &["events"]),
-            bytes: count(q, &["bytes"]),
-            max_events: count(q, &["max_events"]),
-            max_bytes: count(q, &["max_bytes"]),
-            blocked_nanos: count(q, &["blocked_nanos"]),
+    fn of(p: &PipelineSnapshot) -> PipelineSnap {
+        let queue = p.queue.as_ref().map(|q| QueueSnap {
+            kind: Some(q.kind.to_string()),
+            events: Some(q.events),
+            bytes: Some(q.bytes),
+            max_events: Some(q.max_events),
+            max_bytes: Some(q.max_bytes),
+            blocked_nanos: Some(q.blocked_nanos),
         });
-        let dlq = p.get("dead_letter_queue").filter(|d| d.is_object()).map(|d| DlqSnap {
-            entries: count(d, &["entries"]),
-            bytes: count(d, &["bytes"]),
-            max_bytes: count(d, &["max_bytes"]),
+        let dlq = p.dead_letter_queue.as_ref().map(|d| DlqSnap {
+            entries: Some(d.stats.store.entries),
+            bytes: Some(d.stats.store.bytes),
+            max_bytes: Some(d.stats.max_bytes),
         });
         let components = p
-            .get("components")
-            .and_then(Json::as_array)
-            .map(|list| {
-                list.iter()
-                    .map(|c| ComponentSnap {
-                        id: text(c, &["id"]).unwrap_or_else(|| "?".to_string()),
-                        kind: text(c, &["kind"]),
-                        type_name: text(c, &["type"]),
-                        events_in: count(c, &["events", "in"]),
-                        events_out: count(c, &["events", "out"]),
-                        failed: count(c, &["events", "failed"]),
-                        dropped: count(c, &["events", "dropped"]),
-                        retries: count(c, &["retries"]),
-                        refused: count(c, &["refused"]),
-                        state: text(c, &["health", "state"]),
-                        reason: text(c, &["health", "reason"]),
-                        output_state: text(c, &["output_state"]),
-                    })
-                    .collect()
+            .components
+            .iter()
+            .map(|c| ComponentSnap {
+                id: c.id.clone(),
+                kind: Some(c.kind.as_str().to_string()),
+                type_name: Some(c.type_name.clone()),
+                events_in: Some(c.events.in_),
+                events_out: Some(c.events.out),
+                failed: Some(c.events.failed),
+                dropped: Some(c.events.dropped),
+                retries: Some(c.retries),
+                refused: Some(c.refused),
+                state: Some(c.health.state.clone()).filter(|s| !s.is_empty()),
+                reason: c.health.reason.clone(),
+                output_state: c.output.as_ref().map(|o| o.output_state.as_str().to_string()),
+                own: c
+                    .state
+                    .iter()
+                    .flat_map(|s| &s.figures)
+                    .filter(|f| f.labels.is_empty() && f.kind != FigureKind::Histogram)
+                    .map(|f| (f.stats_key().to_string(), f.count()))
+                    .collect(),
             })
-            .unwrap_or_default();
+            .collect();
         PipelineSnap {
-            name: name.to_string(),
-            events_in: count(p, &["events", "in"]),
-            events_out: count(p, &["events", "out"]),
-            events_taken: count(p, &["events", "taken"]),
-            failed: count(p, &["events", "failed"]),
-            dropped: count(p, &["events", "dropped"]),
-            dead_lettered: count(p, &["events", "dead_lettered"]),
+            name: p.name.clone(),
+            events_in: Some(p.events.in_),
+            events_out: Some(p.events.out),
+            events_taken: Some(p.events.taken),
+            failed: Some(p.events.failed),
+            dropped: Some(p.events.dropped),
+            dead_lettered: Some(p.events.dead_lettered),
             queue,
             dlq,
-            workers: count(p, &["workers"]),
-            utilization: number(p, &["worker_utilization"]),
+            workers: Some(p.workers as u64),
+            utilization: Some(p.worker_utilization),
             components,
         }
     }
@@ -240,6 +233,8 @@ pub struct ComponentRow {
     pub reason: Option<String>,
     /// Outputs: `up`, `retrying` or `down` (`/stats`' `output_state`).
     pub output_state: Option<String>,
+    /// The component's own figures without labels, by their `/stats` key.
+    pub own: Vec<(String, u64)>,
 }
 
 pub struct PeerRow {
@@ -311,6 +306,7 @@ pub fn rows(prev: Option<&Snapshot>, cur: &Snapshot) -> Rows {
                         state: c.state.clone(),
                         reason: c.reason.clone(),
                         output_state: c.output_state.clone(),
+                        own: c.own.clone(),
                     }
                 })
                 .collect();
@@ -448,23 +444,64 @@ mod tests {
         assert_eq!(p.blocked, Some(0.25));
         assert_eq!(p.queue_fill, Some(0.5), "the fuller limit (bytes) counts");
         assert_eq!(p.components[0].out_rate, Some(100.0));
-        assert_eq!(p.taken_rate, None, "a missing field is no rate");
+        assert_eq!(p.taken_rate, Some(0.0), "a field the document lacks reads as zero");
     }
 
     #[test]
-    fn odd_documents_do_not_fail() {
+    fn missing_fields_read_as_zero_and_a_mistyped_one_is_refused_saying_what() {
         let t0 = Instant::now();
         let a = snap(
-            json!({"pipelines": {"p": {"events": {"in": "many"}, "queue": null, "components": [{"events": 3}]}}}),
+            json!({"pipelines": {"p": {"queue": null, "components": [{"id": "x", "kind": "input", "type": "tcp"}]}}}),
             t0,
         );
-        let b = snap(json!({"pipelines": {"p": {"events": {"in": 5.0, "out": -1}, "components": "none"}}}), t0);
-        let r = rows(Some(&a), &b);
-        assert_eq!(r.pipelines[0].in_rate, None);
-        assert_eq!(r.pipelines[0].queue_fill, None);
-        assert!(r.pipelines[0].components.is_empty());
+        let p = &rows(None, &a).pipelines[0];
+        assert_eq!((p.failed, p.queue_fill), (Some(0), None), "no queue is no fill");
+        assert_eq!(p.components[0].state, None, "no health given is `-`, not an empty state");
         assert!(snap(json!({}), t0).pipelines.is_empty());
+        for odd in [
+            json!({"pipelines": {"p": {"events": {"in": "many"}}}}),
+            json!({"pipelines": {"p": {"components": "none"}}}),
+            json!({"pipelines": {"p": {"events": {"out": -1}}}}),
+        ] {
+            let e = Snapshot::parse(&odd, t0, SystemTime::now()).err().unwrap_or_else(|| panic!("{odd} read"));
+            assert!(e.starts_with("the /stats answer does not read: invalid"), "{e}");
+        }
         assert!(Snapshot::parse(&json!([1, 2]), t0, SystemTime::now()).is_err());
+    }
+
+    /// A component's own figures come through by their `/stats` keys, whatever they are named:
+    /// a figure renamed in its component is renamed here with no change to this module.
+    #[test]
+    fn a_components_own_figures_come_by_their_keys() {
+        use sluice_core::figures::{Figure, OwnFigures, Spec};
+        use sluice_core::metrics::{ComponentKind, MetricsRegistry, PipelineMetrics};
+
+        struct Own;
+        impl sluice_core::figures::Publish for Own {
+            fn figures(&self) -> Vec<Figure> {
+                const RENAMED: Spec = Spec::gauge("sockets_open", "Renamed from connections_open.");
+                const LABELLED: Spec = Spec::counter("refused_total", "By reason.");
+                vec![RENAMED.value(3), LABELLED.labelled(vec![("reason", "size".into())], 1)]
+            }
+        }
+        let registry = MetricsRegistry::default();
+        let p = std::sync::Arc::new(PipelineMetrics::new("web", 1));
+        let _ = p.component("in", ComponentKind::Input, "tcp").state.set(std::sync::Arc::new(Own));
+        registry.register(p);
+        let figures = NodeSnapshot::take(&registry, Duration::from_secs(1), Default::default());
+        let doc = serde_json::to_value(&figures).unwrap();
+        let text = sluice_core::exposition::text(move |out| figures.encode(out)).unwrap();
+        let series = "sluice_component_sockets_open{pipeline=\"web\",component=\"in\",kind=\"input\",type=\"tcp\"} 3\n";
+        assert!(text.contains(series), "{text}");
+        assert!(text.contains("# TYPE sluice_component_refused counter\n"), "{text}");
+        assert_eq!(doc["pipelines"]["web"]["components"][0]["state"]["sockets_open"], 3, "{doc}");
+        let s = snap(doc, Instant::now());
+        let c = &rows(None, &s).pipelines[0].components[0];
+        assert_eq!(c.own, [("sockets_open".to_string(), 3)], "labelled series stay at /stats and /metrics");
+        let read: OwnFigures =
+            serde_json::from_value(json!({"sockets_open": 3, "refused": [{"reason": "size", "value": 1}]})).unwrap();
+        assert_eq!(read.get("sockets_open").map(Figure::count), Some(3));
+        assert_eq!(read.get("refused").map(|f| f.labels.len()), Some(1));
     }
 
     #[test]
