@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use sluice_config::ConfigError;
-use sluice_config::model::{ComponentSpec, default_dead_letter_queue_dir};
+use sluice_config::model::ComponentSpec;
 use sluice_core::ack::AckOutcome;
 use sluice_core::{AckSet, Acker, Batch, Event, Map, Value};
 use sluice_dlq::{DeadLetter, DlqReader, Position, ReadFrom};
@@ -181,7 +181,7 @@ impl Input for DeadLetterQueueInput {
     async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
         let dir = match &self.source {
             Source::Path(p) => p.clone(),
-            Source::Pipeline(name) => default_dead_letter_queue_dir(&ctx.data_dir, name),
+            Source::Pipeline(name) => sluice_dlq::default_dir(&ctx.data_dir, name),
         };
         // A `path` that is not there is most likely mistyped: replaying it would create an
         // empty directory and end with nothing said. Following it waits for a writer instead.

@@ -37,6 +37,7 @@ mod generator;
 mod http;
 mod kafka;
 pub mod limits;
+pub mod listener;
 mod pipeline;
 mod stdin;
 mod syslog;

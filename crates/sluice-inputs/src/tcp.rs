@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use bytes::BufMut;
 use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
-use sluice_config::{ByteSize, ConfigError, HumanDuration};
+use sluice_config::{ByteSize, ConfigError};
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, Event, FieldPath, SharedText, Str, TextPool, Value};
 use sluice_tls::ServerTls;
@@ -54,78 +54,54 @@ use crate::limits::{
     Activity, ConnectionFigures, ConnectionSlots, HandshakeLog, Step, StreamReader, WatchedIo, serve_connections,
     tls_handshake,
 };
+use crate::listener::Listener;
 use crate::{Input, InputContext, InputError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TcpConfig {
-    /// `host:port` to listen on.
-    address: String,
     #[serde(default)]
     codec: Codec,
     #[serde(default = "default_max_line")]
     max_line_bytes: ByteSize,
-    #[serde(default = "default_max_connections")]
-    max_connections: usize,
     #[serde(default = "default_read_buffer")]
     read_buffer: ByteSize,
     /// Where to put the client's `ip:port`; absent means nowhere.
     peer_field: Option<FieldPath>,
-    /// A connection that sends nothing for this long is closed; `0` never.
-    #[serde(default = "default_idle_timeout")]
-    idle_timeout: HumanDuration,
-    /// TLS, with client certificates per `client_auth` (see docs/tls.md).
-    tls: Option<sluice_tls::TlsConfig>,
 }
 
 fn default_max_line() -> ByteSize {
     ByteSize(1 << 20)
 }
-fn default_max_connections() -> usize {
-    1024
-}
 fn default_read_buffer() -> ByteSize {
     ByteSize(256 << 10)
 }
-fn default_idle_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(300))
-}
+/// A connection that sends nothing for this long is closed.
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 struct Tcp {
+    listener: Listener,
     config: TcpConfig,
     tls: Option<Arc<ServerTls>>,
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
-    let config: TcpConfig = spec.settings()?;
-    check_address(&config.address).map_err(|m| spec.key_error("address", m))?;
+    let (listener, config): (Listener, TcpConfig) = Listener::read(spec, DEFAULT_IDLE_TIMEOUT)?;
     if config.max_line_bytes.0 == 0 {
         return Err(spec.key_error("max_line_bytes", "must be at least 1 byte"));
-    }
-    if config.max_connections == 0 {
-        return Err(spec.key_error("max_connections", "must be at least 1"));
     }
     if config.read_buffer.0 < 1024 || config.read_buffer.0 > 64 << 20 {
         return Err(spec.key_error("read_buffer", "must be between 1KiB and 64MiB"));
     }
-    let tls = ServerTls::for_component(spec, config.tls.as_ref())?;
-    Ok(Box::new(Tcp { config, tls }))
-}
-
-/// `host:port` with a port that is a number; the host is resolved when the input starts.
-pub(crate) fn check_address(address: &str) -> Result<(), String> {
-    match address.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
-        _ => Err(format!("`{address}` is not a `host:port` address (like 0.0.0.0:5000)")),
-    }
+    let tls = listener.server_tls(spec)?;
+    Ok(Box::new(Tcp { listener, config, tls }))
 }
 
 #[async_trait]
 impl Input for Tcp {
     async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
-        let address = &self.config.address;
-        let listener = ctx.listen_tcp(address).await?;
-        serve(self.config, self.tls, listener, ctx).await
+        let socket = ctx.listen_tcp(&self.listener.address).await?;
+        serve(self.listener, self.config, self.tls, socket, ctx).await
     }
 
     fn listens(&self) -> bool {
@@ -156,14 +132,15 @@ pub(crate) const WAIT_FOR_ROOM: Duration = Duration::from_secs(5);
 
 /// Accepts connections on `listener` until shutdown, then waits for the connection tasks.
 async fn serve(
+    keys: Listener,
     config: TcpConfig,
     tls: Option<Arc<ServerTls>>,
     listener: TcpListener,
     ctx: InputContext,
 ) -> Result<(), InputError> {
-    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.address.clone());
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| keys.address.clone());
     tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, tls = tls.is_some(), "tcp input listening");
-    let (max_connections, idle_timeout) = (config.max_connections, config.idle_timeout.0);
+    let (max_connections, idle_timeout) = (keys.max_connections, keys.idle_timeout);
     let texts = TextPool::new(TEXTS_KEPT, config.read_buffer.as_usize() * 2);
     let figures = Arc::new(ConnectionFigures::default());
     let _ = ctx.metrics.state.set(figures.clone());
@@ -324,8 +301,8 @@ pub(crate) mod tests {
         root.pipelines.into_iter().next().unwrap().inputs.remove(0)
     }
 
-    fn config(yaml: &str) -> TcpConfig {
-        spec(yaml).settings().unwrap()
+    fn config(yaml: &str) -> (Listener, TcpConfig) {
+        Listener::read(&spec(yaml), DEFAULT_IDLE_TIMEOUT).unwrap()
     }
 
     async fn start(
@@ -336,9 +313,9 @@ pub(crate) mod tests {
         let (ctx, rx) = context();
         let c = ctx.clone();
         let spec = spec(yaml);
-        let cfg: TcpConfig = spec.settings().unwrap();
-        let tls = ServerTls::for_component(&spec, cfg.tls.as_ref()).unwrap();
-        let task = tokio::spawn(async move { serve(cfg, tls, listener, c).await.unwrap() });
+        let (keys, cfg) = Listener::read(&spec, DEFAULT_IDLE_TIMEOUT).unwrap();
+        let tls = keys.server_tls(&spec).unwrap();
+        let task = tokio::spawn(async move { serve(keys, cfg, tls, listener, c).await.unwrap() });
         (addr, ctx, rx, task)
     }
 
@@ -424,9 +401,9 @@ pub(crate) mod tests {
         assert!(e.contains("not a `host:port`"), "{e}");
         assert!(build(&spec("{type: tcp, address: '127.0.0.1:1', colour: red}")).is_err());
         assert!(build(&spec("{type: tcp, address: '127.0.0.1:1', max_connections: 0}")).is_err());
-        let c = config("{type: tcp, address: 'h:1'}");
-        assert_eq!((c.max_line_bytes.0, c.max_connections, c.read_buffer.0), (1 << 20, 1024, 256 << 10));
-        assert_eq!(c.idle_timeout.0, Duration::from_secs(300));
+        let (l, c) = config("{type: tcp, address: 'h:1'}");
+        assert_eq!((c.max_line_bytes.0, l.max_connections, c.read_buffer.0), (1 << 20, 1024, 256 << 10));
+        assert_eq!(l.idle_timeout, Duration::from_secs(300));
         assert_eq!(c.codec, Codec::Lines);
     }
 
@@ -655,8 +632,8 @@ pub(crate) mod tests {
         let counter = Arc::new(CountingQueue(std::sync::atomic::AtomicU64::new(0)));
         ctx.queue = counter.clone();
         let read_buffer = std::env::var("READ_BUFFER").unwrap_or_else(|_| "256KiB".into());
-        let cfg = config(&format!("{{type: tcp, address: 'x:0', read_buffer: {read_buffer}}}"));
-        let task = tokio::spawn(serve(cfg, None, listener, ctx.clone()));
+        let (keys, cfg) = config(&format!("{{type: tcp, address: 'x:0', read_buffer: {read_buffer}}}"));
+        let task = tokio::spawn(serve(keys, cfg, None, listener, ctx.clone()));
         let line = format!("{}\n", "a".repeat(249));
         let chunk = line.repeat(4096);
         let total_lines = 10_000_000usize;

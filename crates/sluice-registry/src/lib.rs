@@ -42,6 +42,7 @@
 //! Limits: a key is at most 64 KiB and metadata at most 1 MiB of JSON; beyond that the update is
 //! refused and logged rather than written as a record recovery would reject.
 
+pub mod config;
 mod format;
 
 use std::collections::HashMap;

@@ -4,11 +4,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice_config::model::{ComponentSpec, PipelineSpec, RootConfig, default_dead_letter_queue_dir};
+use sluice_config::model::{ComponentSpec, PipelineSpec, RootConfig};
 use sluice_config::{ConfigError, ConfigErrors};
 use sluice_core::Queue;
 use sluice_core::bus::PipelineBus;
 use sluice_core::metrics::{ComponentKind, ComponentMetrics, PipelineMetrics};
+use sluice_dlq::DeadLetterQueueConfig;
 use sluice_expr::Condition;
 use sluice_inputs::Input;
 use sluice_outputs::{Output, OutputContext};
@@ -69,6 +70,10 @@ pub fn build_pipeline(
     let metrics = Arc::new(PipelineMetrics::new(&spec.name, spec.workers));
     let abort = CancellationToken::new();
     let queue = sluice_queue::build(&spec.queue, &spec.name, data_dir).map_err(|e| errors.push(e)).ok();
+    let dead_letter_queue = DeadLetterQueueConfig::of(spec).unwrap_or_else(|e| {
+        errors.0.extend(e.0);
+        DeadLetterQueueConfig::of_or_assumed(spec)
+    });
 
     let mut inputs = Vec::new();
     for c in &spec.inputs {
@@ -92,7 +97,7 @@ pub fn build_pipeline(
     let mut processors = Vec::new();
     for c in &spec.processors {
         let cond = condition(c).map_err(|e| errors.push(e)).ok().flatten();
-        if !spec.dead_letter_queue.enabled && sluice_processors::sends_to_dead_letter_queue(c) {
+        if !dead_letter_queue.enabled && sluice_processors::sends_to_dead_letter_queue(c) {
             errors.push(c.key_error(
                 "on_failure",
                 format!(
@@ -263,8 +268,11 @@ pub fn upstream_first(feeds: &BTreeMap<String, BTreeSet<String>>) -> Vec<String>
 pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigErrors> {
     let mut errors = ConfigErrors::default();
     let mut taken: BTreeMap<std::path::PathBuf, &str> = BTreeMap::new();
-    for p in config.pipelines.iter().filter(|p| p.dead_letter_queue.enabled) {
-        let dir = p.dead_letter_queue_dir(&config.data_dir);
+    // Each section's own errors are reported when its pipeline is built.
+    let sections: BTreeMap<&str, DeadLetterQueueConfig> =
+        config.pipelines.iter().map(|p| (p.name.as_str(), DeadLetterQueueConfig::of_or_assumed(p))).collect();
+    for p in config.pipelines.iter().filter(|p| sections[p.name.as_str()].enabled) {
+        let dir = sections[p.name.as_str()].dir(&config.data_dir, &p.name);
         if let Some(first) = taken.get(&dir) {
             let section = p.node.get("dead_letter_queue");
             let mark = section.and_then(|n| n.get("path")).or(section).map(|n| n.mark.clone());
@@ -283,8 +291,9 @@ pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigEr
         for c in p.inputs.iter().filter(|c| c.type_name == "dead_letter_queue") {
             let Some(name) = c.settings.get("pipeline").and_then(|n| n.as_str()) else { continue };
             let Some(source) = config.pipelines.iter().find(|q| q.name == name) else { continue };
-            let dir = source.dead_letter_queue_dir(&config.data_dir);
-            if source.dead_letter_queue.path.is_some() && dir != default_dead_letter_queue_dir(&config.data_dir, name) {
+            let section = &sections[source.name.as_str()];
+            let dir = section.dir(&config.data_dir, name);
+            if section.path.is_some() && dir != sluice_dlq::default_dir(&config.data_dir, name) {
                 errors.push(c.key_error(
                     "pipeline",
                     format!(

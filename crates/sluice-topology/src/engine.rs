@@ -63,16 +63,16 @@ pub struct Engine {
 impl Engine {
     /// Builds every component of a config without starting anything.
     pub fn validate(config: &RootConfig) -> Result<(), ConfigErrors> {
-        let cluster = cluster_config(config);
-        let built = build_all(config, &Arc::new(PipelineBus::default())).map(|_| ());
-        match (cluster, built) {
-            (Ok(_), b) => b,
-            (Err(mut e), Ok(())) => Err(std::mem::take(&mut e)),
-            (Err(mut e), Err(b)) => {
-                e.0.extend(b.0);
-                Err(e)
+        let mut errors = ConfigErrors::default();
+        for section in [cluster_config(config).map(|_| ()), registry_options(config).map(|_| ())] {
+            if let Err(e) = section {
+                errors.0.extend(e.0);
             }
         }
+        if let Err(e) = build_all(config, &Arc::new(PipelineBus::default())) {
+            errors.0.extend(e.0);
+        }
+        errors.into_result(())
     }
 
     /// Builds and starts every pipeline; nothing starts if anything fails to build.
@@ -82,6 +82,7 @@ impl Engine {
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
         let cluster_config = cluster_config(&config)?;
+        registry_options(&config)?;
         let built = build_all(&config, &bus)?;
         let cluster = match cluster_config {
             Some(c) => {
@@ -410,6 +411,11 @@ async fn abandon_start(
     }
 }
 
+/// How the registry writes, from the checked `registry:` section.
+pub fn registry_options(config: &RootConfig) -> Result<RegistryOptions, ConfigErrors> {
+    RegistryOptions::from_section(config.registry.as_ref())
+}
+
 /// The checked `cluster:` section, if there is one.
 pub fn cluster_config(config: &RootConfig) -> Result<Option<ClusterConfig>, ConfigErrors> {
     config.cluster.as_ref().map(ClusterConfig::from_node).transpose()
@@ -430,10 +436,7 @@ fn uses_registry(b: &crate::build::BuiltPipeline) -> bool {
 /// Opens the registry in `data_dir/registry` with the config's options and publishes its figures.
 async fn open_registry(config: &RootConfig, metrics: &MetricsRegistry) -> Result<Arc<Registry>, ConfigErrors> {
     let dir = config.data_dir.join("registry");
-    let opts = RegistryOptions {
-        flush_interval: config.registry.flush_interval.0,
-        compact_after_bytes: config.registry.compact_after.0,
-    };
+    let opts = registry_options(config)?;
     let opened = tokio::task::spawn_blocking({
         let dir = dir.clone();
         move || Registry::open(&dir, opts)
