@@ -26,8 +26,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use serde::Deserialize;
-use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
+use sluice_config::{ConfigError, Link};
 use sluice_core::ack::AckOutcome;
 use sluice_core::{AckSet, Acker, Batch, Event, Map, Value};
 use sluice_dlq::{DeadLetter, DlqReader, Position, ReadFrom};
@@ -83,6 +83,16 @@ struct DeadLetterQueueInput {
     clean_consumed: bool,
     follow: bool,
     batch_size: usize,
+}
+
+/// The pipeline whose queue it reads from that pipeline's default directory, when it names one.
+pub(crate) fn links(spec: &ComponentSpec) -> Vec<Link> {
+    match spec.settings::<DeadLetterQueueInputConfig>() {
+        Ok(DeadLetterQueueInputConfig { pipeline: Some(pipeline), path: None, .. }) => {
+            vec![Link::ReadsDeadLetterQueueOf { pipeline, key: "pipeline" }]
+        }
+        _ => Vec::new(),
+    }
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {

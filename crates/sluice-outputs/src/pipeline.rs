@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Deserialize;
-use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
+use sluice_config::{ConfigError, Link};
 use sluice_core::ack::AckOutcome;
 use sluice_core::{AckSet, Acker, Batch, Event};
 
@@ -37,6 +37,15 @@ struct PipelineOutput {
     send_to: Vec<String>,
     stall: StallLog,
     ctx: OutputContext,
+}
+
+/// The addresses it sends to (an unreadable section links nothing; building it reports why).
+pub(crate) fn links(spec: &ComponentSpec) -> Vec<Link> {
+    match spec.settings::<PipelineOutputConfig>().map(|c| c.send_to) {
+        Ok(OneOrMany::One(address)) => vec![Link::SendsTo { address, key: "send_to" }],
+        Ok(OneOrMany::Many(all)) => all.into_iter().map(|address| Link::SendsTo { address, key: "send_to" }).collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
