@@ -1,4 +1,6 @@
-//! Building (and so validating) pipelines from their specs.
+//! Building (and so validating) pipelines from their specs, and the checks across pipelines:
+//! links between them (from the links each component's settings declare), dead letter queue
+//! directories, the one stdin. Every error is collected, none stops the others.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -6,50 +8,14 @@ use std::sync::Arc;
 
 use sluice_config::model::{ComponentSpec, PipelineSpec, RootConfig};
 use sluice_config::{ConfigError, ConfigErrors, Link};
-use sluice_core::Queue;
 use sluice_core::bus::PipelineBus;
-use sluice_core::metrics::{ComponentKind, ComponentMetrics, PipelineMetrics};
+use sluice_core::metrics::{ComponentKind, PipelineMetrics};
 use sluice_dlq::DeadLetterQueueConfig;
 use sluice_expr::Condition;
-use sluice_inputs::Input;
-use sluice_outputs::{Output, OutputContext};
-use sluice_processors::Processor;
+use sluice_outputs::OutputContext;
 use tokio_util::sync::CancellationToken;
 
-pub struct BuiltInput {
-    pub id: String,
-    pub input: Box<dyn Input>,
-    pub metrics: Arc<ComponentMetrics>,
-}
-
-pub struct BuiltProcessor {
-    pub id: String,
-    pub processor: Arc<dyn Processor>,
-    pub condition: Option<Condition>,
-    pub metrics: Arc<ComponentMetrics>,
-}
-
-pub struct BuiltOutput {
-    pub id: String,
-    pub output: Arc<dyn Output>,
-    pub condition: Option<Condition>,
-    pub metrics: Arc<ComponentMetrics>,
-}
-
-/// A pipeline with every component built, ready to start.
-pub struct BuiltPipeline {
-    pub spec: PipelineSpec,
-    pub metrics: Arc<PipelineMetrics>,
-    pub queue: Arc<dyn Queue>,
-    pub inputs: Vec<BuiltInput>,
-    pub processors: Arc<Vec<BuiltProcessor>>,
-    pub outputs: Arc<Vec<BuiltOutput>>,
-    /// Cancelled when the drain timeout runs out, to cut output retries short.
-    pub abort: CancellationToken,
-    /// The first processor that declares identification keys, and its keys: in cluster mode
-    /// the forwarding stage runs just before it.
-    pub keyed: Option<(usize, sluice_core::KeySpec)>,
-}
+pub use crate::built::{BuiltInput, BuiltOutput, BuiltPipeline, BuiltProcessor};
 
 fn condition(spec: &ComponentSpec) -> Result<Option<Condition>, ConfigError> {
     let Some((text, mark)) = &spec.condition else { return Ok(None) };
