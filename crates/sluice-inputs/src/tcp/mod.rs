@@ -44,12 +44,12 @@ use bytes::BufMut;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::value::now_nanos;
-use sluice_core::{Batch, Event, FieldPath, SharedText, Str, TextPool, Value};
+use sluice_core::{Batch, Event, SharedText, Str, TextPool, Value};
 use sluice_tls::ServerTls;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::admission;
-use crate::codec::{Codec, Decoded};
+use crate::codec::Decoded;
 use crate::framing::{Line, LineFramer};
 use crate::limits::{
     Activity, ConnectionFigures, ConnectionSlots, HandshakeLog, Step, StreamReader, WatchedIo, serve_connections,

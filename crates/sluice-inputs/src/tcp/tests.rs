@@ -16,7 +16,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
+use crate::codec::Codec;
 use crate::codec::{TAG_JSON_FAILURE, TAG_TRUNCATED};
+use sluice_core::FieldPath;
 
 /// Hands pushed batches to the test over a channel.
 pub(crate) struct ChannelQueue {
