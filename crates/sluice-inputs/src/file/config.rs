@@ -14,8 +14,9 @@ use sluice_core::{FieldPath, Str};
 
 use super::decode::TextEncoding;
 use super::discovery::Patterns;
+use super::events::Shape;
+use super::framing::Framing;
 use super::multiline::{Multiline, Rule};
-use super::reader::{Framing, Shape};
 use crate::codec::Codec;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]

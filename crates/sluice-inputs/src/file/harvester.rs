@@ -16,8 +16,9 @@ use super::acks::AckTracker;
 use super::builders::{Builders, Chunk};
 use super::config::{ReadFrom, Settings};
 use super::discovery::{Change, Notifications};
+use super::events::BatchBuilder;
 use super::identity::{FINGERPRINT_MAX, FileId, Fingerprint};
-use super::reader::{BatchBuilder, CountedFile, Source, Tracked, Turn};
+use super::reader::{CountedFile, Source, Tracked, Turn};
 use super::{identity, lag, reader};
 use crate::{InputContext, InputError};
 

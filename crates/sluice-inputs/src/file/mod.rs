@@ -10,7 +10,8 @@
 //! the registry only once every event before it is acknowledged (see [`acks`]).
 //!
 //! Layout: [`config`] reads the settings, [`harvester`] is the reader thread, [`reader`] reads
-//! and frames a file's bytes, [`builders`] makes events on more threads.
+//! a file in turns, [`framing`] cuts its lines, [`events`] makes them events, and [`builders`]
+//! does that on more threads.
 //!
 //! Guarantees:
 //! - At-least-once: an offset is committed only after the events before it reached the ack
@@ -30,6 +31,8 @@ mod builders;
 mod config;
 mod decode;
 mod discovery;
+mod events;
+mod framing;
 mod harvester;
 mod identity;
 mod lag;

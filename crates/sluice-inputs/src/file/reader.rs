@@ -1,4 +1,6 @@
-//! One file being read: its framing state, its position, and how its lines become events.
+//! One file being read: its source (plain or gzip), its position and identity, and a read turn
+//! (at most `read_buffer` bytes) that cuts its lines ([`super::framing`]) and hands them to
+//! event making ([`super::events`]).
 //!
 //! Reads use `pread` at the file's own position into a buffer shared by all files (only one
 //! file reads at a time), so an open file costs a descriptor and a small state, not a buffer.
@@ -18,210 +20,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use memchr::memmem;
+use sluice_core::Map;
 use sluice_core::metrics::ComponentMetrics;
-use sluice_core::{Event, FieldPath, Map, SharedText, Str, Value};
 
 use super::acks::AckTracker;
-use super::decode::TextEncoding;
 use super::identity::{FileId, Fingerprint};
-use super::multiline::{self, Multiline};
-use crate::codec::{Codec, Decoded};
-
-/// How lines are cut: delimiter, code unit, length cap.
-#[derive(Debug, Clone)]
-pub(crate) struct Framing {
-    delimiter: Vec<u8>,
-    finder: memmem::Finder<'static>,
-    /// Bytes of an encoded `\r`, stripped from the end of lines when the delimiter is `\n`.
-    cr: Option<Vec<u8>>,
-    unit: usize,
-    max_line_bytes: usize,
-}
-
-impl Framing {
-    pub(crate) fn new(delimiter: &str, encoding: TextEncoding, max_line_bytes: usize) -> Framing {
-        let bytes = encoding.encode_delimiter(delimiter);
-        let unit = encoding.unit();
-        let max = (max_line_bytes.max(unit) / unit) * unit;
-        Framing {
-            finder: memmem::Finder::new(&bytes).into_owned(),
-            cr: (delimiter == "\n").then(|| encoding.encode_delimiter("\r")),
-            delimiter: bytes,
-            unit,
-            max_line_bytes: max,
-        }
-    }
-}
-
-/// A line cut out of a file: its bytes, where it starts, and the offset just past its delimiter.
-pub(crate) struct RawLine<'a> {
-    pub bytes: &'a [u8],
-    pub start: u64,
-    pub end: u64,
-    pub truncated: bool,
-}
-
-/// The unfinished line of one file.
-#[derive(Debug, Default)]
-pub(crate) struct Partial {
-    kept: Vec<u8>,
-    /// Bytes of the line seen so far, skipped ones included.
-    len: u64,
-    start: u64,
-    /// The line's last bytes (up to the delimiter's length), to find a delimiter that straddles
-    /// two reads.
-    tail: Vec<u8>,
-}
-
-impl Partial {
-    /// Bytes of the unfinished line, if all of them are kept (none skipped for being over
-    /// `max_line_bytes`), so that it can be framed again from its start.
-    fn carry_len(&self) -> Option<usize> {
-        (self.len == self.kept.len() as u64).then_some(self.kept.len())
-    }
-
-    /// The unfinished line, to be framed again from its start followed by the next read (see
-    /// [`Partial::carry_len`]): its file offset (none if there is no such line) and its bytes.
-    /// [`Partial::clear`] once they are placed.
-    fn carried(&self) -> (Option<u64>, &[u8]) {
-        debug_assert!(self.carry_len().is_some());
-        ((self.len > 0).then_some(self.start), &self.kept)
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.kept = Vec::new();
-        self.tail.clear();
-        self.len = 0;
-    }
-
-    /// A delimiter split between the end of the unfinished line and the start of `data`:
-    /// how many of its bytes are in `data`.
-    fn straddling(&self, f: &Framing, data: &[u8]) -> Option<usize> {
-        let d = &f.delimiter;
-        (1..d.len())
-            .find(|&k| {
-                self.tail.ends_with(&d[..k])
-                    && data.starts_with(&d[k..])
-                    && (self.len - k as u64).is_multiple_of(f.unit as u64)
-            })
-            .map(|k| d.len() - k)
-    }
-
-    /// Splits `data`, read at offset `at`, into lines.
-    pub(crate) fn feed(&mut self, f: &Framing, mut data: &[u8], mut at: u64, emit: &mut impl FnMut(RawLine<'_>)) {
-        if self.len > 0
-            && f.delimiter.len() > 1
-            && let Some(rest) = self.straddling(f, data)
-        {
-            let head = (f.delimiter.len() - rest) as u64;
-            let truncated = self.len - head > f.max_line_bytes as u64;
-            let kept = std::mem::take(&mut self.kept);
-            let keep = kept.len().min((self.len - head) as usize);
-            let bytes = if truncated { &kept[..keep] } else { strip_cr(f, &kept[..keep]) };
-            emit(RawLine { bytes, start: self.start, end: at + rest as u64, truncated });
-            self.kept = kept;
-            self.kept.clear();
-            self.tail.clear();
-            self.len = 0;
-            data = &data[rest..];
-            at += rest as u64;
-        }
-        let mut line_start = 0usize;
-        let mut from = 0usize;
-        while from < data.len() {
-            let found = if f.delimiter.len() == 1 {
-                memchr::memchr(f.delimiter[0], &data[from..])
-            } else {
-                f.finder.find(&data[from..])
-            };
-            let Some(rel) = found else { break };
-            let pos = from + rel;
-            let before = self.len + (pos - line_start) as u64;
-            if f.unit > 1 && !before.is_multiple_of(f.unit as u64) {
-                from = pos + 1;
-                continue;
-            }
-            let end = at + (pos + f.delimiter.len()) as u64;
-            if self.len == 0 {
-                let bytes = &data[line_start..pos];
-                let (bytes, truncated) = cap(f, bytes);
-                emit(RawLine { bytes: strip_cr(f, bytes), start: at + line_start as u64, end, truncated });
-            } else {
-                self.keep(f, &data[line_start..pos]);
-                let truncated = self.len > f.max_line_bytes as u64;
-                let kept = std::mem::take(&mut self.kept);
-                let bytes = if truncated { &kept[..] } else { strip_cr(f, &kept) };
-                emit(RawLine { bytes, start: self.start, end, truncated });
-                self.kept = kept;
-                self.kept.clear();
-                self.tail.clear();
-                self.len = 0;
-            }
-            line_start = pos + f.delimiter.len();
-            from = line_start;
-        }
-        if line_start < data.len() {
-            if self.len == 0 {
-                self.start = at + line_start as u64;
-            }
-            self.keep(f, &data[line_start..]);
-        }
-    }
-
-    fn keep(&mut self, f: &Framing, piece: &[u8]) {
-        let room = (f.max_line_bytes as u64).saturating_sub(self.kept.len() as u64) as usize;
-        self.kept.extend_from_slice(&piece[..piece.len().min(room)]);
-        self.len += piece.len() as u64;
-        let want = f.delimiter.len() - 1;
-        if want > 0 {
-            self.tail.extend_from_slice(&piece[piece.len().saturating_sub(want)..]);
-            let extra = self.tail.len().saturating_sub(want);
-            self.tail.drain(..extra);
-        }
-    }
-
-    /// Hands out an unterminated last line ending at `end`.
-    pub(crate) fn finish(&mut self, f: &Framing, end: u64, emit: &mut impl FnMut(RawLine<'_>)) {
-        if self.len > 0 {
-            let kept = std::mem::take(&mut self.kept);
-            let truncated = self.len > f.max_line_bytes as u64;
-            emit(RawLine { bytes: &kept, start: self.start, end, truncated });
-        }
-        self.clear();
-    }
-}
-
-fn cap<'a>(f: &Framing, bytes: &'a [u8]) -> (&'a [u8], bool) {
-    if bytes.len() > f.max_line_bytes { (&bytes[..f.max_line_bytes], true) } else { (bytes, false) }
-}
-
-fn strip_cr<'a>(f: &Framing, bytes: &'a [u8]) -> &'a [u8] {
-    match f.cr.as_deref() {
-        // One byte in UTF-8 and the other single-byte encodings: compared inline (this runs
-        // once per line; a slice comparison would be a call).
-        Some(&[cr]) => match bytes.split_last() {
-            Some((&last, rest)) if last == cr => rest,
-            _ => bytes,
-        },
-        Some(cr) => bytes.strip_suffix(cr).unwrap_or(bytes),
-        None => bytes,
-    }
-}
-
-/// Everything needed to turn lines of any file into events.
-pub(crate) struct Shape {
-    pub framing: Framing,
-    pub codec: Codec,
-    pub encoding: TextEncoding,
-    pub multiline: Option<Multiline>,
-    pub path_field: Option<FieldPath>,
-    pub offset_field: Option<FieldPath>,
-    pub host_field: Option<FieldPath>,
-    pub host: Str,
-    /// A metadata field is `message` or `@timestamp` itself (or under them).
-    pub meta_overlaps_text: bool,
-}
+use super::multiline::{self};
+use super::{events::*, framing::*};
 
 /// The open source of a file's bytes.
 pub(crate) enum Source {
@@ -233,8 +38,8 @@ pub(crate) enum Source {
 /// `bytes_in`: the compressed bytes the disk gave. (The decoder reads ahead, its header as soon
 /// as it is made, so its reads cannot be matched to the read turns that use them.)
 pub(crate) struct CountedFile {
-    file: File,
-    metrics: Arc<ComponentMetrics>,
+    pub(super) file: File,
+    pub(super) metrics: Arc<ComponentMetrics>,
 }
 
 impl CountedFile {
@@ -337,7 +142,7 @@ impl Tracked {
 
     /// Takes note of `read`, just read at `at`: the fingerprint grows, the position moves on.
     /// Returns the length of a byte order mark that starts the file (to skip), else 0.
-    fn advance(&mut self, shape: &Shape, at: u64, read: &[u8], now: Instant) -> usize {
+    pub(super) fn advance(&mut self, shape: &Shape, at: u64, read: &[u8], now: Instant) -> usize {
         if !self.gzip {
             self.fingerprint.extend(at, read);
         }
@@ -355,145 +160,6 @@ impl Tracked {
     }
 }
 
-/// Lines cut on the reader thread and turned into events by a builder thread: the bytes they
-/// were cut from (mostly the file's own bytes, read straight into `text`), and where each is.
-#[derive(Default)]
-pub(crate) struct Lines {
-    pub text: Vec<u8>,
-    pub spans: Vec<Span>,
-}
-
-/// One line of [`Lines`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Span {
-    /// The line is `text[start..end]`.
-    pub start: usize,
-    pub end: usize,
-    /// File offset where the line starts.
-    pub offset: u64,
-    /// Cut at `max_line_bytes`.
-    pub truncated: bool,
-}
-
-impl Lines {
-    pub(crate) fn clear(&mut self) {
-        self.text.clear();
-        self.spans.clear();
-    }
-
-    /// Appends a copy of a line that starts at `offset` in its file.
-    #[cfg(test)]
-    pub(crate) fn push_copy(&mut self, bytes: &[u8], offset: u64) {
-        let start = self.text.len();
-        self.text.extend_from_slice(bytes);
-        self.spans.push(Span { start, end: self.text.len(), offset, truncated: false });
-    }
-}
-
-/// One file's consecutive events (or lines) in a batch: what their events are made with, and
-/// the acknowledgement piece they form.
-pub(crate) struct Group {
-    pub tracker: Arc<AckTracker>,
-    pub template: Arc<Map>,
-    pub timestamp: i64,
-    pub count: usize,
-    /// The offset just past the group's last line.
-    pub end: u64,
-}
-
-/// Events read in one pass over the files, or the lines they will be made of, with the
-/// acknowledgement groups they need.
-#[derive(Default)]
-pub(crate) struct BatchBuilder {
-    /// Lines are kept in `lines` for builder threads instead of becoming events here.
-    pub deferred: bool,
-    pub events: Vec<Event>,
-    pub lines: Lines,
-    pub groups: Vec<Group>,
-    pub bytes: usize,
-    pub failed: u64,
-}
-
-impl BatchBuilder {
-    pub(crate) fn len(&self) -> usize {
-        self.events.len() + self.lines.spans.len()
-    }
-
-    fn push(&mut self, file: &FileContext<'_>, event: Event, end: u64, bytes: usize) {
-        self.events.push(event);
-        self.count(file, end, bytes);
-    }
-
-    /// Keeps a line for the builders by copying it into `lines.text`.
-    fn push_line(&mut self, file: &FileContext<'_>, line: &RawLine<'_>) {
-        let start = self.lines.text.len();
-        self.lines.text.extend_from_slice(line.bytes);
-        let end = self.lines.text.len();
-        self.push_span(file, line, start, end);
-    }
-
-    /// Keeps a line for the builders that is already `lines.text[start..end]`.
-    fn push_span(&mut self, file: &FileContext<'_>, line: &RawLine<'_>, start: usize, end: usize) {
-        self.lines.spans.push(Span { start, end, offset: line.start, truncated: line.truncated });
-        self.count(file, line.end, (line.end - line.start) as usize);
-    }
-
-    fn count(&mut self, file: &FileContext<'_>, end: u64, bytes: usize) {
-        self.bytes += bytes;
-        match self.groups.last_mut() {
-            Some(g)
-                if Arc::ptr_eq(&g.tracker, file.tracker)
-                    && Arc::ptr_eq(&g.template, file.template)
-                    && g.timestamp == file.timestamp =>
-            {
-                g.count += 1;
-                g.end = end;
-            }
-            _ => self.groups.push(Group {
-                tracker: file.tracker.clone(),
-                template: file.template.clone(),
-                timestamp: file.timestamp,
-                count: 1,
-                end,
-            }),
-        }
-    }
-}
-
-/// What every line of one file in one turn shares.
-struct FileContext<'a> {
-    tracker: &'a Arc<AckTracker>,
-    template: &'a Arc<Map>,
-    timestamp: i64,
-}
-
-/// Makes the events of lines collected with [`BatchBuilder::deferred`], group by group.
-/// `spans` say where in `text` each line is. A plain text line's `message` points into `text`
-/// rather than being copied (see [`SharedText`]).
-pub(crate) fn build_events(
-    shape: &Shape,
-    text: &SharedText,
-    spans: &[Span],
-    groups: &[Group],
-    failed: &mut u64,
-) -> Vec<Event> {
-    let mut events = Vec::with_capacity(spans.len());
-    let mut spans = spans.iter();
-    // The metadata with shared objects of this chunk's own (see `Map::reshared`).
-    let mut local: Option<(&Arc<Map>, Map)> = None;
-    for g in groups {
-        let template = match &local {
-            Some((of, copy)) if Arc::ptr_eq(of, &g.template) => copy,
-            _ => &local.insert((&g.template, g.template.reshared())).1,
-        };
-        for &Span { start: from, end: to, offset: start, truncated } in spans.by_ref().take(g.count) {
-            let decoded = decode_line(shape, Some(text), &text.as_bytes()[from..to], truncated, g.timestamp);
-            events.push(make_event(shape, decoded, template, start, failed));
-        }
-    }
-    events
-}
-
 /// What one read turn found.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Turn {
@@ -504,7 +170,7 @@ pub(crate) enum Turn {
 }
 
 /// Longest unfinished line moved in front of the next read, for [`read_in_place`].
-const CARRY_MAX: usize = 64 << 10;
+pub(super) const CARRY_MAX: usize = 64 << 10;
 
 /// Reads up to `buf.len()` bytes of `t` and turns the complete lines into events.
 pub(crate) fn read_turn(
@@ -546,7 +212,7 @@ pub(crate) fn read_turn(
 /// into the chunk's text, after the file's unfinished line (moved there from the framer), so
 /// every complete line is already where the builders read it and none is copied. Only a line
 /// still unfinished at the end of the read is copied back into the framer.
-fn read_in_place(
+pub(super) fn read_in_place(
     t: &mut Tracked,
     shape: &Shape,
     want: usize,
@@ -610,7 +276,7 @@ fn read_in_place(
 
 /// `pread` of up to `want` bytes at `pos` into the spare capacity of `text`, which must have
 /// room for them. Retries when interrupted.
-fn pread_into(file: &File, text: &mut Vec<u8>, want: usize, pos: u64) -> std::io::Result<usize> {
+pub(super) fn pread_into(file: &File, text: &mut Vec<u8>, want: usize, pos: u64) -> std::io::Result<usize> {
     use std::os::fd::AsRawFd;
     debug_assert!(text.capacity() - text.len() >= want);
     loop {
@@ -654,7 +320,7 @@ pub(crate) fn flush_idle(t: &mut Tracked, shape: &Shape, out: &mut BatchBuilder,
     }
 }
 
-fn take_line(
+pub(super) fn take_line(
     shape: &Shape,
     pending: &mut multiline::Pending,
     file: &FileContext<'_>,
@@ -679,132 +345,12 @@ fn take_line(
     }
 }
 
-fn push_joined(shape: &Shape, file: &FileContext<'_>, j: multiline::Joined, out: &mut BatchBuilder) {
-    // Joined lines are already decoded from the file's encoding.
-    let decoded = shape.codec.decode(j.text.as_bytes(), j.truncated, file.timestamp);
-    let mut event = make_event(shape, decoded, file.template, j.start, &mut out.failed);
-    if j.max_lines {
-        event.add_tag(multiline::TAG_MAX_LINES);
-    }
-    out.push(file, event, j.end, (j.end - j.start) as usize);
-}
-
-/// A line's event before its metadata: decoded from the file's encoding first unless that is
-/// UTF-8, and with a text line cut out of `shared` pointing into it (see `Codec::decode_in`).
-#[inline]
-fn decode_line(
-    shape: &Shape,
-    shared: Option<&SharedText>,
-    bytes: &[u8],
-    truncated: bool,
-    timestamp: i64,
-) -> (Event, Decoded) {
-    if !shape.encoding.is_utf8() {
-        return shape.codec.decode(shape.encoding.decode(bytes).as_bytes(), truncated, timestamp);
-    }
-    match shared {
-        Some(text) => shape.codec.decode_in(text, bytes, truncated, timestamp),
-        None => shape.codec.decode(bytes, truncated, timestamp),
-    }
-}
-
-/// A decoded line's event, finished: a failed decode counted, the file's metadata added.
-fn make_event(
-    shape: &Shape,
-    (event, decoded): (Event, Decoded),
-    template: &Map,
-    offset: u64,
-    failed: &mut u64,
-) -> Event {
-    if decoded == Decoded::Failed {
-        *failed += 1;
-    }
-    with_metadata(shape, event, template, offset)
-}
-
-/// Adds a file's metadata fields (`template`, with the line's `offset`) to its event.
-fn with_metadata(shape: &Shape, mut event: Event, template: &Map, offset: u64) -> Event {
-    if template.is_empty() {
-        return event;
-    }
-    if shape.codec == Codec::Lines && !shape.meta_overlaps_text {
-        // A text event holds only `message` and `@timestamp`: the metadata's top-level keys
-        // are new, so they are cloned straight in, the offset put in place on the way (no
-        // walk, no growth of the nested objects, no temporary copy of the template).
-        let offset_path = shape.offset_field.as_ref().map_or(&[][..], FieldPath::segments);
-        event.fields.reserve(template.len());
-        for (k, v) in template.iter() {
-            let v = match offset_path {
-                [first, rest @ ..] if first == k => clone_with_offset(v, rest, offset as i64),
-                _ => v.clone(),
-            };
-            event.fields.push_unchecked(k.clone(), v);
-        }
-    } else {
-        let mut meta = template.clone();
-        if let Some(slot) = shape.offset_field.as_ref().and_then(|p| p.get_mut(&mut meta)) {
-            *slot = Value::Int(offset as i64);
-        }
-        for p in [&shape.path_field, &shape.offset_field, &shape.host_field].into_iter().flatten() {
-            if let Some(v) = p.get(&meta) {
-                let _ = event.insert(p, v.clone());
-            }
-        }
-    }
-    event
-}
-
-/// `value` cloned with `offset` at `path` inside it (where the template holds its
-/// placeholder), in one pass.
-fn clone_with_offset(value: &Value, path: &[Str], offset: i64) -> Value {
-    match (path, value) {
-        ([], _) => Value::Int(offset),
-        ([first, rest @ ..], Value::Object(m)) => {
-            let mut copy = Map::with_capacity(m.len());
-            for (k, v) in m.iter() {
-                let v = if k == first { clone_with_offset(v, rest, offset) } else { v.clone() };
-                copy.push_unchecked(k.clone(), v);
-            }
-            Value::Object(copy)
-        }
-        _ => value.clone(),
-    }
-}
-
-impl Shape {
-    /// The metadata fields of events from a file at `path`, with the offset at 0.
-    pub(crate) fn template(&self, path: &std::path::Path) -> Arc<Map> {
-        let mut m = Map::new();
-        if let Some(p) = &self.path_field {
-            let _ = p.insert(&mut m, Value::String(Str::from(path.to_string_lossy().as_ref())));
-        }
-        if let Some(p) = &self.offset_field {
-            let _ = p.insert(&mut m, Value::Int(0));
-        }
-        if let Some(p) = &self.host_field {
-            let _ = p.insert(&mut m, Value::String(self.host.clone()));
-        }
-        share_constant(&mut m, self.offset_field.as_ref().map(FieldPath::segments));
-        Arc::new(m)
-    }
-}
-
-/// Makes every nested object of a template that the offset does not go through a shared map
-/// (`log.file`, `host`): each event then shares it instead of getting a copy of its own.
-fn share_constant(map: &mut Map, offset: Option<&[Str]>) {
-    for (key, value) in map.iter_mut() {
-        if let Value::Object(inner) = value {
-            match offset {
-                Some([first, rest @ ..]) if first == key => share_constant(inner, Some(rest)),
-                _ => *inner = std::mem::take(inner).shared(),
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::Codec;
+    use crate::file::decode::TextEncoding;
+    use sluice_core::{FieldPath, SharedText, Str, Value};
 
     fn split(delim: &str, enc: &str, max: usize, chunks: &[&[u8]]) -> Vec<(Vec<u8>, u64, u64, bool)> {
         let f = Framing::new(delim, TextEncoding::for_label(enc).unwrap(), max);
