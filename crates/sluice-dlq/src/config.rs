@@ -17,20 +17,14 @@ use sluice_config::{ByteSize, ConfigError, ConfigErrors, HumanDuration, Node, fr
 
 use crate::{DlqOptions, DlqSync, MIN_SEGMENT_BYTES, StoragePolicy};
 
-/// A pipeline's dead letter queue as its section asks for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A pipeline's dead letter queue as its section asks for it (by default: disabled).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadLetterQueueConfig {
     pub enabled: bool,
     /// As written; by default the queue is at [`default_dir`].
     pub path: Option<PathBuf>,
     /// The store's settings, `segment_bytes` already capped at `max_bytes`.
     pub options: DlqOptions,
-}
-
-impl Default for DeadLetterQueueConfig {
-    fn default() -> Self {
-        DeadLetterQueueConfig { enabled: false, path: None, options: DlqOptions::default() }
-    }
 }
 
 /// The directory of a pipeline's dead letter queue when its section gives no `path`.

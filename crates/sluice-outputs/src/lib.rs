@@ -126,12 +126,15 @@ pub struct OutputContext {
     pub abort: CancellationToken,
 }
 
+/// How an output is built from its config section and context.
+pub type BuildOutput = fn(&ComponentSpec, OutputContext) -> Result<Arc<dyn Output>, ConfigError>;
+
 /// One kind of output: its `type`, how it is built, what it links to beyond its pipeline, and
 /// what `sluice validate` warns about in its settings.
 pub struct OutputKind {
     pub name: &'static str,
     /// Builds it from its config section; network outputs connect lazily, on first send.
-    pub build: fn(&ComponentSpec, OutputContext) -> Result<Arc<dyn Output>, ConfigError>,
+    pub build: BuildOutput,
     /// What its settings make of other pipelines (see [`Link`]).
     pub links: fn(&ComponentSpec) -> Vec<Link>,
     /// Settings that build but are risky.
