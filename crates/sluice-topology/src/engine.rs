@@ -148,6 +148,9 @@ impl Engine {
     /// wrong, nothing changes and the errors are returned.
     pub async fn reload(&self, config: RootConfig) -> Result<ReloadReport, ConfigErrors> {
         let mut state = self.state.lock().await;
+        // The registry's settings take effect at the next start, but a reload to a config that
+        // would not start is refused, as one with any other error.
+        registry_options(&config)?;
         let feeds = check_links(&config)?;
         check_dead_letter_queue_paths(&config)?;
         check_stdin_inputs(&config)?;
@@ -474,6 +477,24 @@ mod tests {
             data_dir.display()
         );
         sluice_config::model::load_str(&text, "test.yml").unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reload_with_a_bad_registry_or_dead_letter_queue_section_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let engine = Engine::start(config(&data)).await.unwrap();
+        let good = format!(
+            "data_dir: {}\napi: {{enabled: false}}\npipelines:\n  p:\n    inputs: [{{type: generator, count: 10}}]\n    outputs: [{{type: blackhole}}]\n",
+            data.display()
+        );
+        let bad = sluice_config::model::load_str(&format!("registry: {{compact_after: 10}}\n{good}"), "r.yml").unwrap();
+        let e = engine.reload(bad).await.unwrap_err().to_string();
+        assert!(e.contains("r.yml:1:27: registry.compact_after: `compact_after` of 10B is too small"), "{e}");
+        let bad = format!("{good}    dead_letter_queue: {{enabled: true, sync: sometimes}}\n");
+        let e = engine.reload(sluice_config::model::load_str(&bad, "d.yml").unwrap()).await.unwrap_err().to_string();
+        assert!(e.contains("d.yml:7:46: pipelines.p.dead_letter_queue.sync: unknown variant `sometimes`"), "{e}");
+        engine.shutdown(true).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
