@@ -38,6 +38,8 @@ mod identity;
 mod lag;
 mod multiline;
 mod reader;
+#[cfg(test)]
+mod tests;
 
 use async_trait::async_trait;
 use sluice_config::ConfigError;
