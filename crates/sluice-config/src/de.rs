@@ -15,6 +15,66 @@ pub fn from_node<T: DeserializeOwned>(node: &Node, path: &str) -> Result<T, Conf
     T::deserialize(NodeDe { node, path: path.to_string() })
 }
 
+/// The keys a struct read with serde takes (its fields, as renamed), in declaration order; empty
+/// for a type that is not a struct. Used to name every key a component takes when some of them
+/// are read by a block it shares with others.
+pub fn struct_fields<T: DeserializeOwned>() -> &'static [&'static str] {
+    struct Fields(&'static [&'static str]);
+    impl serde::de::Error for Fields {
+        fn custom<M: std::fmt::Display>(_: M) -> Self {
+            Fields(&[])
+        }
+    }
+    impl std::fmt::Display for Fields {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("fields")
+        }
+    }
+    impl std::fmt::Debug for Fields {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("fields")
+        }
+    }
+    impl std::error::Error for Fields {}
+    /// Answers every request with its struct's field names, as an error that stops serde.
+    struct Probe;
+    impl<'de> de::Deserializer<'de> for Probe {
+        type Error = Fields;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Fields> {
+            Err(Fields(&[]))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Fields> {
+            Err(Fields(fields))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+    match T::deserialize(Probe) {
+        Err(Fields(fields)) => fields,
+        Ok(_) => &[],
+    }
+}
+
+/// serde's message for a key a struct does not take, listing those it does.
+pub(crate) fn unknown_field_message(key: &str, expected: &[&str]) -> String {
+    let quoted = |k: &&str| format!("`{k}`");
+    match expected {
+        [] => format!("unknown field `{key}`, there are no fields"),
+        [one] => format!("unknown field `{key}`, expected `{one}`"),
+        [a, b] => format!("unknown field `{key}`, expected `{a}` or `{b}`"),
+        many => {
+            format!("unknown field `{key}`, expected one of {}", many.iter().map(quoted).collect::<Vec<_>>().join(", "))
+        }
+    }
+}
+
 struct NodeDe<'a> {
     node: &'a Node,
     path: String,
@@ -351,6 +411,22 @@ mod tests {
         assert!(e.to_string().contains("out.codec: unknown variant `xml`, expected `json` or `text`"), "{e}");
         let e = load::<Out>("hosts: [a]\ncodec: json\nbatch: {size: 1, delay: 7}\n").unwrap_err();
         assert!(e.to_string().contains("out.batch.delay: `7` has no unit"), "{e}");
+    }
+
+    #[test]
+    fn struct_fields_are_named_in_order() {
+        assert_eq!(struct_fields::<Batch>(), ["size", "delay", "max_bytes"]);
+        assert_eq!(struct_fields::<Out>(), ["hosts", "port", "codec", "batch"]);
+        assert!(struct_fields::<String>().is_empty());
+        // The message serde itself gives.
+        let e = load::<Batch>(
+            "size: 1
+delay: 1s
+sise: 3
+",
+        )
+        .unwrap_err();
+        assert_eq!(e.message, unknown_field_message("sise", struct_fields::<Batch>()));
     }
 
     #[test]

@@ -24,11 +24,13 @@
 mod de;
 mod env;
 mod error;
+pub mod link;
 pub mod model;
 mod node;
 mod units;
 
-pub use de::from_node;
+pub use de::{from_node, struct_fields};
 pub use error::{ConfigError, ConfigErrors};
+pub use link::{Link, no_links};
 pub use node::{Mark, Node, NodeKind, parse_yaml, parse_yaml_with_env};
 pub use units::{ByteSize, HumanDuration};

@@ -20,8 +20,11 @@
 //!
 //! This module checks the layout and the settings that belong to the engine; each component's
 //! own keys are left in [`ComponentSpec::settings`] for the component to read with
-//! [`ComponentSpec::settings`]. Every problem found is collected, so `sluice validate` can list
-//! them all at once.
+//! [`ComponentSpec::settings`], and the sections that belong to one crate (`registry`,
+//! `cluster`, a pipeline's `dead_letter_queue`; `queue` and `tls` are components' sections) are
+//! kept as written for that crate to read with [`from_node`], so that their keys and defaults are
+//! declared once, where they are used. Every problem found is collected, so `sluice validate`
+//! can list them all at once.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -40,7 +43,8 @@ pub struct RootConfig {
     pub api: ApiConfig,
     pub log: LogConfig,
     pub shutdown_timeout: Duration,
-    pub registry: RegistryConfig,
+    /// The `registry:` section as written, read by the registry crate (`None`: not written).
+    pub registry: Option<Node>,
     pub memory: MemoryConfig,
     /// The `cluster:` section as written, checked by the cluster crate (`None`: a single node).
     pub cluster: Option<Node>,
@@ -59,22 +63,6 @@ pub struct MemoryConfig {
 impl Default for MemoryConfig {
     fn default() -> Self {
         MemoryConfig { budget: ByteSize(256 << 20) }
-    }
-}
-
-/// The registry of input positions in `data_dir/registry` (see the `sluice-registry` crate).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RegistryConfig {
-    /// How often acknowledged positions are written and fsynced; `0` after every batch of updates.
-    pub flush_interval: HumanDuration,
-    /// Op log size past which it is compacted into the snapshot.
-    pub compact_after: ByteSize,
-}
-
-impl Default for RegistryConfig {
-    fn default() -> Self {
-        RegistryConfig { flush_interval: HumanDuration(Duration::from_secs(1)), compact_after: ByteSize(16 << 20) }
     }
 }
 
@@ -179,8 +167,9 @@ pub struct PipelineSpec {
     pub inputs: Vec<ComponentSpec>,
     pub processors: Vec<ComponentSpec>,
     pub outputs: Vec<ComponentSpec>,
-    /// The `dead_letter_queue` section (disabled when absent).
-    pub dead_letter_queue: DeadLetterQueueConfig,
+    /// The `dead_letter_queue:` section as written, read by the dead letter queue's crate
+    /// (`None`: not written, so disabled).
+    pub dead_letter_queue: Option<Node>,
     /// The pipeline's whole section, to tell on reload whether it changed.
     pub node: Node,
 }
@@ -199,81 +188,6 @@ impl PipelineSpec {
     /// True when both were written the same way (places in the file do not count).
     pub fn same_as(&self, other: &PipelineSpec) -> bool {
         same_content(&self.node, &other.node)
-    }
-
-    /// Where this pipeline's dead letter queue lives: `path`, or `<data_dir>/dlq/<pipeline>`.
-    pub fn dead_letter_queue_dir(&self, data_dir: &std::path::Path) -> PathBuf {
-        match &self.dead_letter_queue.path {
-            Some(p) => p.clone(),
-            None => default_dead_letter_queue_dir(data_dir, &self.name),
-        }
-    }
-}
-
-/// The directory of a pipeline's dead letter queue when its config gives no `path`.
-pub fn default_dead_letter_queue_dir(data_dir: &std::path::Path, pipeline: &str) -> PathBuf {
-    data_dir.join("dlq").join(pipeline)
-}
-
-/// What happens to a new entry when the dead letter queue is at `max_bytes`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum DlqStoragePolicy {
-    /// The new entry is refused (and counted).
-    #[default]
-    DropNewer,
-    /// The oldest whole segments are deleted to make room (and their entries counted).
-    DropOlder,
-}
-
-/// When a dead letter queue write is durable, and so when the batch it came from is acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum DlqSyncMode {
-    /// fdatasync before each write returns (one fsync for concurrent writes). Dead letters are
-    /// rare, so this costs little, and nothing acknowledged is lost even to a power cut.
-    #[default]
-    Commit,
-    /// A write returns once written; fdatasync every `sync_interval`. A machine crash can lose
-    /// up to one interval of entries whose events were already acknowledged.
-    Interval,
-    /// Never fdatasync: a write returns once the bytes are handed to the operating system.
-    None,
-}
-
-/// A pipeline's `dead_letter_queue:` section.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DeadLetterQueueConfig {
-    pub enabled: bool,
-    /// By default `<data_dir>/dlq/<pipeline>`.
-    pub path: Option<PathBuf>,
-    pub max_bytes: ByteSize,
-    /// A segment is sealed (and a new one started) once it holds this much.
-    pub segment_bytes: ByteSize,
-    pub storage_policy: DlqStoragePolicy,
-    /// Segments whose newest entry is older than this are deleted.
-    pub retain_age: Option<HumanDuration>,
-    pub sync: DlqSyncMode,
-    /// With `sync: interval`: the longest a write waits to be made durable.
-    pub sync_interval: HumanDuration,
-    /// A segment that has had no write for this long is sealed.
-    pub seal_idle: HumanDuration,
-}
-
-impl Default for DeadLetterQueueConfig {
-    fn default() -> Self {
-        DeadLetterQueueConfig {
-            enabled: false,
-            path: None,
-            max_bytes: ByteSize(1 << 30),
-            segment_bytes: ByteSize(16 << 20),
-            storage_policy: DlqStoragePolicy::DropNewer,
-            retain_age: None,
-            sync: DlqSyncMode::Commit,
-            sync_interval: HumanDuration(Duration::from_secs(1)),
-            seal_idle: HumanDuration(Duration::from_secs(5)),
-        }
     }
 }
 
@@ -297,6 +211,29 @@ impl ComponentSpec {
     /// Reads the component's own settings; unknown keys and wrong types name their place.
     pub fn settings<T: DeserializeOwned>(&self) -> Result<T, ConfigError> {
         from_node(&self.settings, &self.path)
+    }
+
+    /// Reads the component's settings when some of its keys belong to a block `B` that it
+    /// shares with other components (the listener of every network input, the Kafka
+    /// connection), written among its own keys `T`: each is declared once, the file stays flat.
+    /// A key neither takes is an error at that key, listing the keys of both.
+    pub fn settings_with<B: DeserializeOwned, T: DeserializeOwned>(&self) -> Result<(B, T), ConfigError> {
+        let shared = crate::de::struct_fields::<B>();
+        let own = crate::de::struct_fields::<T>();
+        for (key, _) in self.settings.as_map().unwrap_or_default() {
+            let k = key.as_str().unwrap_or_default();
+            if !own.contains(&k) && !shared.contains(&k) {
+                let expected: Vec<&str> = own.iter().chain(shared).copied().collect();
+                return Err(ConfigError::at(
+                    crate::de::unknown_field_message(k, &expected),
+                    &format!("{}.{k}", self.path),
+                    key.mark.clone(),
+                ));
+            }
+        }
+        let block = from_node(&self.settings.only_keys(shared), &self.path)?;
+        let rest = from_node(&self.settings.without_keys(shared), &self.path)?;
+        Ok((block, rest))
     }
 
     /// An error about the component as a whole.
@@ -467,21 +404,6 @@ fn read_root(root: &Node) -> (Option<RootConfig>, ConfigErrors) {
             errors.push(e);
             None
         });
-    let registry =
-        read("registry").map(|n| from_node::<RegistryConfig>(n, "registry")).transpose().unwrap_or_else(|e| {
-            errors.push(e);
-            None
-        });
-    if let Some(r) = &registry
-        && r.compact_after.0 < 4096
-    {
-        let node = root.get("registry").and_then(|n| n.get("compact_after")).unwrap_or(root);
-        errors.push(ConfigError::at(
-            format!("`compact_after` of {} is too small; use at least 4KiB", r.compact_after),
-            "registry.compact_after",
-            node.mark.clone(),
-        ));
-    }
     let memory = read("memory").map(|n| from_node::<MemoryConfig>(n, "memory")).transpose().unwrap_or_else(|e| {
         errors.push(e);
         None
@@ -539,7 +461,7 @@ fn read_root(root: &Node) -> (Option<RootConfig>, ConfigErrors) {
         api: api.unwrap_or_default(),
         log: log.unwrap_or_default(),
         shutdown_timeout: shutdown_timeout.map(|d| d.0).unwrap_or(Duration::from_secs(30)),
-        registry: registry.unwrap_or_default(),
+        registry: read("registry").cloned(),
         memory: memory.unwrap_or_default(),
         cluster: read("cluster").cloned(),
         pipelines,
@@ -636,7 +558,7 @@ fn read_pipeline(name: &str, node: &Node, errors: &mut ConfigErrors) -> Option<P
         None => BatchConfig::default(),
     };
 
-    let dead_letter_queue = read_dead_letter_queue(node, &path, errors);
+    let dead_letter_queue = node.get("dead_letter_queue").filter(|n| !n.is_null()).cloned();
 
     let queue_node = node.get("queue").cloned().unwrap_or_else(|| Node::empty_map(node.mark.clone()));
     let mut queue = read_component(&queue_node, &format!("{path}.queue"), Some("memory"), errors);
@@ -708,55 +630,6 @@ fn set_default(node: &mut Node, key: &str, value: &str) {
         let scalar =
             |v: &str| Node { kind: NodeKind::Scalar { value: v.to_string(), plain: true }, mark: mark.clone() };
         entries.push((scalar(key), scalar(value)));
-    }
-}
-
-fn read_dead_letter_queue(pipeline: &Node, path: &str, errors: &mut ConfigErrors) -> DeadLetterQueueConfig {
-    let Some(n) = pipeline.get("dead_letter_queue").filter(|n| !n.is_null()) else {
-        return DeadLetterQueueConfig::default();
-    };
-    let place = format!("{path}.dead_letter_queue");
-    let c = match from_node::<DeadLetterQueueConfig>(n, &place) {
-        Ok(c) => c,
-        Err(e) => {
-            errors.push(e);
-            // Keep what `enabled` says (when in doubt, enabled), so that checking the components
-            // against it does not add errors that only follow from this one.
-            let enabled = n.get("enabled").map(|v| from_node::<bool>(v, &place).unwrap_or(true)).unwrap_or(false);
-            return DeadLetterQueueConfig { enabled, ..DeadLetterQueueConfig::default() };
-        }
-    };
-    let at = |key: &str| n.get(key).map(|v| v.mark.clone()).unwrap_or_else(|| n.mark.clone());
-    let mut check = |bad: bool, key: &str, message: String| {
-        if bad {
-            errors.push(ConfigError::at(message, &format!("{place}.{key}"), at(key)));
-        }
-    };
-    // A frame header and a small event need a few hundred bytes; less cannot hold an entry.
-    const SMALLEST: u64 = 1024;
-    check(c.max_bytes.0 < SMALLEST, "max_bytes", format!("must be at least {}", ByteSize(SMALLEST)));
-    check(c.segment_bytes.0 < SMALLEST, "segment_bytes", format!("must be at least {}", ByteSize(SMALLEST)));
-    check(
-        c.segment_bytes.0 > c.max_bytes.0 && n.get("segment_bytes").is_some(),
-        "segment_bytes",
-        format!("({}) must not be more than max_bytes ({})", c.segment_bytes, c.max_bytes),
-    );
-    check(c.retain_age.is_some_and(|a| a.0.is_zero()), "retain_age", "must be more than 0".to_string());
-    check(c.sync_interval.0.is_zero(), "sync_interval", "must be more than 0".to_string());
-    check(c.seal_idle.0.is_zero(), "seal_idle", "must be more than 0".to_string());
-    check(
-        n.get("sync_interval").is_some() && c.sync != DlqSyncMode::Interval,
-        "sync_interval",
-        "applies only with `sync: interval`".to_string(),
-    );
-    check(c.path.as_ref().is_some_and(|p| p.as_os_str().is_empty()), "path", "must not be empty".to_string());
-    c
-}
-
-impl DeadLetterQueueConfig {
-    /// The segment size actually used: `segment_bytes`, but never more than `max_bytes`.
-    pub fn effective_segment_bytes(&self) -> u64 {
-        self.segment_bytes.0.min(self.max_bytes.0)
     }
 }
 
@@ -863,7 +736,6 @@ fn read_component(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     const GOOD: &str = "\
 pipelines:
@@ -908,29 +780,6 @@ pipelines:
     }
 
     #[test]
-    fn registry_section() {
-        let c = load_str(GOOD, "g.yml").unwrap();
-        assert_eq!(c.registry, RegistryConfig::default());
-        assert_eq!(c.registry.flush_interval.0, Duration::from_secs(1));
-        let text = format!("registry: {{flush_interval: 0, compact_after: 1MiB}}\n{GOOD}");
-        let c = load_str(&text, "g.yml").unwrap();
-        assert_eq!((c.registry.flush_interval.0, c.registry.compact_after.0), (Duration::ZERO, 1 << 20));
-        let text = format!("registry: {{flush_interval: 5s}}\n{GOOD}");
-        let c = load_str(&text, "g.yml").unwrap();
-        assert_eq!((c.registry.flush_interval.0, c.registry.compact_after.0), (Duration::from_secs(5), 16 << 20));
-
-        let text = format!("registry: {{flush_intervall: 5s}}\n{GOOD}");
-        let e = load_str(&text, "g.yml").unwrap_err().to_string();
-        assert!(e.contains("flush_intervall") && e.contains("registry") && e.contains("g.yml:1"), "{e}");
-        let text = format!("registry:\n  flush_interval: 5\n{GOOD}");
-        let e = load_str(&text, "g.yml").unwrap_err().to_string();
-        assert!(e.contains("registry.flush_interval") && e.contains("g.yml:2"), "{e}");
-        let text = format!("registry:\n  compact_after: 10\n{GOOD}");
-        let e = load_str(&text, "g.yml").unwrap_err().to_string();
-        assert!(e.contains("registry.compact_after") && e.contains("too small"), "{e}");
-    }
-
-    #[test]
     fn collects_every_error_with_places() {
         let text = "\
 dat_dir: x
@@ -953,44 +802,6 @@ pipelines:
             all.contains(
                 "pipelines.web.outputs[2].id: duplicate component id `a` (also used by pipelines.web.outputs[1])"
             ),
-            "{all}"
-        );
-    }
-
-    #[test]
-    fn dead_letter_queue_defaults_and_errors() {
-        let c = load_str(GOOD, "g.yml").unwrap();
-        let d = &c.pipelines[0].dead_letter_queue;
-        assert!(!d.enabled);
-        assert_eq!(d.max_bytes, ByteSize(1 << 30));
-        assert_eq!(d.sync, DlqSyncMode::Commit);
-        assert_eq!(c.pipelines[0].dead_letter_queue_dir(Path::new("/d")), PathBuf::from("/d/dlq/web"));
-
-        let text = format!(
-            "{GOOD}    dead_letter_queue: {{enabled: true, path: /x/dlq, max_bytes: 4MiB, storage_policy: drop_older, \
-             retain_age: 1h, sync: interval, sync_interval: 200ms}}\n"
-        );
-        let c = load_str(&text, "g.yml").unwrap();
-        let d = &c.pipelines[0].dead_letter_queue;
-        assert!(d.enabled);
-        assert_eq!(d.storage_policy, DlqStoragePolicy::DropOlder);
-        assert_eq!(d.effective_segment_bytes(), 4 << 20);
-        assert_eq!(c.pipelines[0].dead_letter_queue_dir(Path::new("/d")), PathBuf::from("/x/dlq"));
-
-        let bad = format!("{GOOD}    dead_letter_queue:\n      enabled: true\n      storage_policy: newest\n");
-        let all = load_str(&bad, "b.yml").unwrap_err().to_string();
-        assert!(all.contains("b.yml:14:23: pipelines.web.dead_letter_queue.storage_policy:"), "{all}");
-        assert!(all.contains("drop_newer"), "{all}");
-
-        let bad = format!("{GOOD}    dead_letter_queue:\n      colour: red\n");
-        let all = load_str(&bad, "b.yml").unwrap_err().to_string();
-        assert!(all.contains("pipelines.web.dead_letter_queue.colour: unknown field"), "{all}");
-        let bad =
-            format!("{GOOD}    dead_letter_queue:\n      max_bytes: 10\n      sync: none\n      sync_interval: 1s\n");
-        let all = load_str(&bad, "b.yml").unwrap_err().to_string();
-        assert!(all.contains("b.yml:13:18: pipelines.web.dead_letter_queue.max_bytes: must be at least 1KiB"), "{all}");
-        assert!(
-            all.contains("pipelines.web.dead_letter_queue.sync_interval: applies only with `sync: interval`"),
             "{all}"
         );
     }

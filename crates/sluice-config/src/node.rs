@@ -101,6 +101,20 @@ impl Node {
         }
     }
 
+    /// A mapping node with only the given keys (used to read a block of keys several components
+    /// share, written among each one's own).
+    pub fn only_keys(&self, keys: &[&str]) -> Node {
+        match &self.kind {
+            NodeKind::Map(m) => Node {
+                kind: NodeKind::Map(
+                    m.iter().filter(|(k, _)| k.as_str().is_some_and(|k| keys.contains(&k))).cloned().collect(),
+                ),
+                mark: self.mark.clone(),
+            },
+            _ => self.clone(),
+        }
+    }
+
     /// An empty mapping at the given place, for optional sections that were left out.
     pub fn empty_map(mark: Mark) -> Node {
         Node { kind: NodeKind::Map(Vec::new()), mark }

@@ -11,6 +11,8 @@
 //!   no writer is open, and deletes fully consumed segments ([`DlqReader::delete_consumed`]).
 //! - [`inspect`] reads a directory offline: statistics, segments, entries with their positions
 //!   and any damage, and purge.
+//! - [`config`] reads a pipeline's `dead_letter_queue:` section into [`DlqOptions`] (their
+//!   defaults are the section's), naming the key and line of every error.
 //!
 //! # The index, and why nothing lists the directory after start-up
 //!
@@ -96,6 +98,7 @@
 //!   of it closes it at once, so its space returns. (A reader nobody is reading from holds the
 //!   segment it is in until its next read.)
 
+pub mod config;
 mod entry;
 pub mod inspect;
 mod naming;
@@ -110,6 +113,7 @@ mod tests;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use config::{DeadLetterQueueConfig, default_dir};
 pub use entry::{decode_entry, encode_entry, entry_time};
 pub use reader::DlqReader;
 pub use writer::DeadLetterQueue;
@@ -153,7 +157,7 @@ pub enum DlqSync {
 }
 
 /// Settings of a [`DeadLetterQueue`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DlqOptions {
     /// Upper bound of the bytes of all segment files (headers and frames). Default 1 GiB.
     pub max_bytes: u64,

@@ -20,8 +20,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
+use sluice_config::{ConfigError, Link, no_links};
 use sluice_core::bus::PipelineBus;
 use sluice_core::metrics::ComponentMetrics;
 use sluice_core::{Batch, MemoryBudget, MemoryCharge, Queue, QueueClosed};
@@ -37,6 +37,7 @@ mod generator;
 mod http;
 mod kafka;
 pub mod limits;
+pub mod listener;
 mod pipeline;
 mod stdin;
 mod syslog;
@@ -151,31 +152,47 @@ impl InputContext {
     }
 }
 
-/// The input types this build knows, for messages.
-pub const TYPES: &[&str] =
-    &["beats", "dead_letter_queue", "file", "generator", "http", "kafka", "pipeline", "stdin", "syslog", "tcp"];
+/// One kind of input: its `type`, how it is built, and what it links to beyond its pipeline.
+pub struct InputKind {
+    pub name: &'static str,
+    /// Builds it from its config section; nothing is opened or bound until it runs.
+    pub build: fn(&ComponentSpec) -> Result<Box<dyn Input>, ConfigError>,
+    /// What its settings make of other pipelines and the process (see [`Link`]).
+    pub links: fn(&ComponentSpec) -> Vec<Link>,
+}
+
+/// Every input this build knows, by `type`, in the order messages list them. Adding an input
+/// is its module, one line here, and its section in `docs/inputs.md` (a test checks it).
+pub const KINDS: &[InputKind] = &[
+    InputKind { name: "beats", build: beats::build, links: no_links },
+    InputKind { name: "dead_letter_queue", build: dead_letter_queue::build, links: dead_letter_queue::links },
+    InputKind { name: "file", build: file::build, links: no_links },
+    InputKind { name: "generator", build: generator::build, links: no_links },
+    InputKind { name: "http", build: http::build, links: no_links },
+    InputKind { name: "kafka", build: kafka::build, links: no_links },
+    InputKind { name: "pipeline", build: pipeline::build, links: pipeline::links },
+    InputKind { name: "stdin", build: stdin::build, links: stdin::links },
+    InputKind { name: "syslog", build: syslog::build, links: no_links },
+    InputKind { name: "tcp", build: tcp::build, links: no_links },
+];
+
+/// The kind of input `spec` is; an unknown `type` is an error listing the known ones.
+pub fn kind(spec: &ComponentSpec) -> Result<&'static InputKind, ConfigError> {
+    KINDS.iter().find(|k| k.name == spec.type_name).ok_or_else(|| {
+        spec.error(format!(
+            "unknown input type `{}`, expected one of {}",
+            spec.type_name,
+            KINDS.iter().map(|k| format!("`{}`", k.name)).collect::<Vec<_>>().join(", ")
+        ))
+    })
+}
 
 /// Builds an input from its config section; nothing is opened or bound until it runs.
 pub fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
-    match spec.type_name.as_str() {
-        "beats" => beats::build(spec),
-        "dead_letter_queue" => dead_letter_queue::build(spec),
-        "file" => file::build(spec),
-        "generator" => generator::build(spec),
-        "http" => http::build(spec),
-        "kafka" => kafka::build(spec),
-        "pipeline" => pipeline::build(spec),
-        "stdin" => stdin::build(spec),
-        "syslog" => syslog::build(spec),
-        "tcp" => tcp::build(spec),
-        other => Err(spec.error(format!(
-            "unknown input type `{other}`, expected one of {}",
-            TYPES.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
-        ))),
-    }
+    (kind(spec)?.build)(spec)
 }
 
-/// The address a `pipeline` input serves, if `spec` is one (for checking pipeline links).
-pub fn pipeline_address(spec: &ComponentSpec) -> Option<String> {
-    (spec.type_name == "pipeline").then(|| spec.settings.get("address")?.as_str().map(str::to_string)).flatten()
+/// What an input's settings link to (none for an unknown `type`, which [`build`] refuses).
+pub fn links(spec: &ComponentSpec) -> Vec<Link> {
+    kind(spec).map(|k| (k.links)(spec)).unwrap_or_default()
 }

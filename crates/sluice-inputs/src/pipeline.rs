@@ -4,8 +4,8 @@
 
 use async_trait::async_trait;
 use serde::Deserialize;
-use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
+use sluice_config::{ConfigError, Link};
 use sluice_core::bus::BusTarget;
 
 use crate::{Input, InputContext, InputError};
@@ -18,6 +18,14 @@ struct PipelineInputConfig {
 
 struct PipelineInput {
     address: String,
+}
+
+/// The address it serves (an unreadable section links nothing; building it reports why).
+pub(crate) fn links(spec: &ComponentSpec) -> Vec<Link> {
+    match spec.settings::<PipelineInputConfig>() {
+        Ok(c) => vec![Link::Serves { address: c.address, key: "address" }],
+        Err(_) => Vec::new(),
+    }
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {

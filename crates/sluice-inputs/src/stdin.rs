@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use bytes::BufMut;
 use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
-use sluice_config::{ByteSize, ConfigError};
+use sluice_config::{ByteSize, ConfigError, Link};
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, SharedText, TextPool};
 use tokio::io::AsyncReadExt;
@@ -37,6 +37,11 @@ const READ_BYTES: usize = 64 << 10;
 
 struct Stdin {
     config: StdinConfig,
+}
+
+/// The process has one standard input, which this input takes.
+pub(crate) fn links(_: &ComponentSpec) -> Vec<Link> {
+    vec![Link::TakesStdin]
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {

@@ -22,16 +22,26 @@ use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_tls::{TlsConfig, TlsVersion};
 
-/// The connection keys of a `kafka` input or output (each declares them in its own section:
-/// `bootstrap_servers`, `tls`, `sasl`, `librdkafka_options`).
-#[derive(Debug, Clone)]
+/// The connection keys of a `kafka` input or output, declared once here and written flat among
+/// the component's own keys: `bootstrap_servers`, `tls`, `sasl`, `librdkafka_options`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Connection {
     /// `host:port[,host:port...]` of brokers to learn the cluster from.
     pub bootstrap_servers: String,
     pub tls: Option<TlsConfig>,
     pub sasl: Option<Sasl>,
     /// librdkafka settings by their own names, for what the component has no key for.
+    #[serde(default)]
     pub librdkafka_options: BTreeMap<String, String>,
+}
+
+impl Connection {
+    /// Reads a component's connection keys and its own keys `T` (which must not declare the
+    /// connection's); an unknown key is an error listing both.
+    pub fn read<T: serde::de::DeserializeOwned>(spec: &ComponentSpec) -> Result<(Connection, T), ConfigError> {
+        spec.settings_with()
+    }
 }
 
 /// `sasl:`: the mechanism and the credentials (give them through `${VAR}`).

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
+use sluice_config::{ConfigError, Link, no_links};
 use sluice_core::Event;
 use sluice_core::bus::PipelineBus;
 use sluice_core::metrics::ComponentMetrics;
@@ -126,49 +126,63 @@ pub struct OutputContext {
     pub abort: CancellationToken,
 }
 
-/// The output types this build knows, for messages.
-pub const TYPES: &[&str] =
-    &["blackhole", "elasticsearch", "file", "http", "kafka", "opensearch", "pipeline", "stdout", "tcp"];
+/// How an output is built from its config section and context.
+pub type BuildOutput = fn(&ComponentSpec, OutputContext) -> Result<Arc<dyn Output>, ConfigError>;
+
+/// One kind of output: its `type`, how it is built, what it links to beyond its pipeline, and
+/// what `sluice validate` warns about in its settings.
+pub struct OutputKind {
+    pub name: &'static str,
+    /// Builds it from its config section; network outputs connect lazily, on first send.
+    pub build: BuildOutput,
+    /// What its settings make of other pipelines (see [`Link`]).
+    pub links: fn(&ComponentSpec) -> Vec<Link>,
+    /// Settings that build but are risky.
+    pub warnings: fn(&ComponentSpec) -> Vec<ConfigError>,
+}
+
+/// Every output this build knows, by `type`, in the order messages list them. Adding an output
+/// is its module, one line here, and its section in `docs/outputs.md` (a test checks it).
+pub const KINDS: &[OutputKind] = &[
+    OutputKind { name: "blackhole", build: blackhole::build, links: no_links, warnings: no_warnings },
+    OutputKind { name: "elasticsearch", build: elasticsearch::build, links: no_links, warnings: no_warnings },
+    OutputKind { name: "file", build: file::build, links: no_links, warnings: file::warnings },
+    OutputKind { name: "http", build: http::build, links: no_links, warnings: no_warnings },
+    OutputKind { name: "kafka", build: kafka::build, links: no_links, warnings: no_warnings },
+    OutputKind { name: "opensearch", build: elasticsearch::build, links: no_links, warnings: no_warnings },
+    OutputKind { name: "pipeline", build: pipeline::build, links: pipeline::links, warnings: no_warnings },
+    OutputKind { name: "stdout", build: stdout::build, links: no_links, warnings: no_warnings },
+    OutputKind { name: "tcp", build: tcp::build, links: no_links, warnings: no_warnings },
+];
+
+fn no_warnings(_: &ComponentSpec) -> Vec<ConfigError> {
+    Vec::new()
+}
+
+/// The kind of output `spec` is; an unknown `type` is an error listing the known ones.
+pub fn kind(spec: &ComponentSpec) -> Result<&'static OutputKind, ConfigError> {
+    KINDS.iter().find(|k| k.name == spec.type_name).ok_or_else(|| {
+        spec.error(format!(
+            "unknown output type `{}`, expected one of {}",
+            spec.type_name,
+            KINDS.iter().map(|k| format!("`{}`", k.name)).collect::<Vec<_>>().join(", ")
+        ))
+    })
+}
 
 /// Builds an output from its config section. Network outputs connect lazily, on first send.
 pub fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
-    match spec.type_name.as_str() {
-        "blackhole" => blackhole::build(spec, ctx),
-        "elasticsearch" | "opensearch" => elasticsearch::build(spec, ctx),
-        "file" => file::build(spec, ctx),
-        "http" => http::build(spec, ctx),
-        "kafka" => kafka::build(spec, ctx),
-        "pipeline" => pipeline::build(spec, ctx),
-        "stdout" => stdout::build(spec, ctx),
-        "tcp" => tcp::build(spec, ctx),
-        other => Err(spec.error(format!(
-            "unknown output type `{other}`, expected one of {}",
-            TYPES.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
-        ))),
-    }
+    (kind(spec)?.build)(spec, ctx)
 }
 
 /// What `sluice validate` should warn about in an output's config (it builds either way).
 pub fn warnings(spec: &ComponentSpec) -> Vec<ConfigError> {
-    match spec.type_name.as_str() {
-        "file" => file::warnings(spec),
-        _ => Vec::new(),
-    }
+    kind(spec).map(|k| (k.warnings)(spec)).unwrap_or_default()
 }
 
-/// The addresses a `pipeline` output sends to, if `spec` is one (for checking pipeline links).
-pub fn pipeline_targets(spec: &ComponentSpec) -> Vec<String> {
-    if spec.type_name != "pipeline" {
-        return Vec::new();
-    }
-    match spec.settings.get("send_to") {
-        Some(n) => match (n.as_str(), n.as_seq()) {
-            (Some(s), _) => vec![s.to_string()],
-            (_, Some(items)) => items.iter().filter_map(|i| i.as_str().map(str::to_string)).collect(),
-            _ => Vec::new(),
-        },
-        None => Vec::new(),
-    }
+/// What an output's settings link to (none for an unknown `type`, which [`build`] refuses).
+pub fn links(spec: &ComponentSpec) -> Vec<Link> {
+    kind(spec).map(|k| (k.links)(spec)).unwrap_or_default()
 }
 
 /// Newline-delimited JSON of the events, for outputs that write lines.

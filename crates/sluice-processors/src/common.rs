@@ -7,6 +7,8 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::Verdict;
+use sluice_config::Link;
+use sluice_config::model::ComponentSpec;
 use sluice_core::{Event, FieldPath, Str, Value};
 
 /// A config mapping read in the order it was written (a `HashMap` would lose it).
@@ -87,6 +89,21 @@ pub(crate) enum OnFailure {
     Tag,
     /// Take it out of the batch into the pipeline's dead letter queue.
     Dlq,
+}
+
+/// The links of a processor that takes `on_failure`: with `dlq`, its pipeline's dead letter
+/// queue. Read apart from the processor's other keys, so that a mistake there (reported when it
+/// is built) does not hide this link.
+pub(crate) fn on_failure_links(spec: &ComponentSpec) -> Vec<Link> {
+    #[derive(serde::Deserialize)]
+    struct Keys {
+        #[serde(default)]
+        on_failure: OnFailure,
+    }
+    match sluice_config::from_node::<Keys>(&spec.settings.only_keys(&["on_failure"]), &spec.path) {
+        Ok(Keys { on_failure: OnFailure::Dlq }) => vec![Link::WritesDeadLetterQueue { key: "on_failure" }],
+        _ => Vec::new(),
+    }
 }
 
 impl OnFailure {

@@ -26,8 +26,8 @@
 
 use std::sync::Arc;
 
-use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
+use sluice_config::{ConfigError, Link, no_links};
 use sluice_core::Event;
 
 mod aggregate;
@@ -54,13 +54,6 @@ pub enum Verdict {
     DeadLetter(String),
 }
 
-/// Whether a config may send failures to the dead letter queue (`on_failure: dlq`), for the
-/// check that the pipeline has one.
-pub fn sends_to_dead_letter_queue(spec: &ComponentSpec) -> bool {
-    matches!(spec.type_name.as_str(), "date" | "dissect" | "grok" | "json")
-        && spec.settings.get("on_failure").and_then(|n| n.as_str()) == Some("dlq")
-}
-
 pub trait Processor: Send + Sync {
     fn process(&self, event: &mut Event) -> Verdict;
 
@@ -71,24 +64,47 @@ pub trait Processor: Send + Sync {
     }
 }
 
-/// The processor types this build knows, for messages.
-pub const TYPES: &[&str] = &["aggregate", "date", "dissect", "drop", "grok", "json", "mutate"];
+/// One kind of processor: its `type`, how it is built, and what it links to beyond itself.
+pub struct ProcessorKind {
+    pub name: &'static str,
+    /// Builds it from its config section; every setting is checked here.
+    pub build: fn(&ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError>,
+    /// What its settings link to: its pipeline's dead letter queue with `on_failure: dlq`.
+    pub links: fn(&ComponentSpec) -> Vec<Link>,
+}
+
+/// Every processor this build knows, by `type`, in the order messages list them. Adding a
+/// processor is its module, one line here, and its section in `docs/processors.md` (a test
+/// checks it).
+pub const KINDS: &[ProcessorKind] = &[
+    ProcessorKind { name: "aggregate", build: aggregate::build, links: no_links },
+    ProcessorKind { name: "date", build: date::build, links: common::on_failure_links },
+    ProcessorKind { name: "dissect", build: dissect::build, links: common::on_failure_links },
+    ProcessorKind { name: "drop", build: drop::build, links: no_links },
+    ProcessorKind { name: "grok", build: grok::build, links: common::on_failure_links },
+    ProcessorKind { name: "json", build: json::build, links: common::on_failure_links },
+    ProcessorKind { name: "mutate", build: mutate::build, links: no_links },
+];
+
+/// The kind of processor `spec` is; an unknown `type` is an error listing the known ones.
+pub fn kind(spec: &ComponentSpec) -> Result<&'static ProcessorKind, ConfigError> {
+    KINDS.iter().find(|k| k.name == spec.type_name).ok_or_else(|| {
+        spec.error(format!(
+            "unknown processor type `{}`, expected one of {}",
+            spec.type_name,
+            KINDS.iter().map(|k| format!("`{}`", k.name)).collect::<Vec<_>>().join(", ")
+        ))
+    })
+}
 
 /// Builds a processor from its config section; every setting is checked here.
 pub fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
-    match spec.type_name.as_str() {
-        "aggregate" => aggregate::build(spec),
-        "date" => date::build(spec),
-        "dissect" => dissect::build(spec),
-        "drop" => drop::build(spec),
-        "grok" => grok::build(spec),
-        "json" => json::build(spec),
-        "mutate" => mutate::build(spec),
-        other => Err(spec.error(format!(
-            "unknown processor type `{other}`, expected one of {}",
-            TYPES.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
-        ))),
-    }
+    (kind(spec)?.build)(spec)
+}
+
+/// What a processor's settings link to (none for an unknown `type`, which [`build`] refuses).
+pub fn links(spec: &ComponentSpec) -> Vec<Link> {
+    kind(spec).map(|k| (k.links)(spec)).unwrap_or_default()
 }
 
 /// A component spec from a YAML snippet, for tests and examples.

@@ -6,6 +6,10 @@ use serde_json::json;
 use sluice_testkit::SmallTmpfs;
 
 use super::*;
+use crate::format;
+use std::fs::{self, File};
+use std::sync::atomic::Ordering;
+use std::time::{Instant, UNIX_EPOCH};
 
 /// No timed flushes: tests flush explicitly (or close).
 fn manual() -> RegistryOptions {

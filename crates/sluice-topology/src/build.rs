@@ -1,54 +1,21 @@
-//! Building (and so validating) pipelines from their specs.
+//! Building (and so validating) pipelines from their specs, and the checks across pipelines:
+//! links between them (from the links each component's settings declare), dead letter queue
+//! directories, the one stdin. Every error is collected, none stops the others.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice_config::model::{ComponentSpec, PipelineSpec, RootConfig, default_dead_letter_queue_dir};
-use sluice_config::{ConfigError, ConfigErrors};
-use sluice_core::Queue;
+use sluice_config::model::{ComponentSpec, PipelineSpec, RootConfig};
+use sluice_config::{ConfigError, ConfigErrors, Link};
 use sluice_core::bus::PipelineBus;
-use sluice_core::metrics::{ComponentKind, ComponentMetrics, PipelineMetrics};
+use sluice_core::metrics::{ComponentKind, PipelineMetrics};
+use sluice_dlq::DeadLetterQueueConfig;
 use sluice_expr::Condition;
-use sluice_inputs::Input;
-use sluice_outputs::{Output, OutputContext};
-use sluice_processors::Processor;
+use sluice_outputs::OutputContext;
 use tokio_util::sync::CancellationToken;
 
-pub struct BuiltInput {
-    pub id: String,
-    pub input: Box<dyn Input>,
-    pub metrics: Arc<ComponentMetrics>,
-}
-
-pub struct BuiltProcessor {
-    pub id: String,
-    pub processor: Arc<dyn Processor>,
-    pub condition: Option<Condition>,
-    pub metrics: Arc<ComponentMetrics>,
-}
-
-pub struct BuiltOutput {
-    pub id: String,
-    pub output: Arc<dyn Output>,
-    pub condition: Option<Condition>,
-    pub metrics: Arc<ComponentMetrics>,
-}
-
-/// A pipeline with every component built, ready to start.
-pub struct BuiltPipeline {
-    pub spec: PipelineSpec,
-    pub metrics: Arc<PipelineMetrics>,
-    pub queue: Arc<dyn Queue>,
-    pub inputs: Vec<BuiltInput>,
-    pub processors: Arc<Vec<BuiltProcessor>>,
-    pub outputs: Arc<Vec<BuiltOutput>>,
-    /// Cancelled when the drain timeout runs out, to cut output retries short.
-    pub abort: CancellationToken,
-    /// The first processor that declares identification keys, and its keys: in cluster mode
-    /// the forwarding stage runs just before it.
-    pub keyed: Option<(usize, sluice_core::KeySpec)>,
-}
+pub use crate::built::{BuiltInput, BuiltOutput, BuiltPipeline, BuiltProcessor};
 
 fn condition(spec: &ComponentSpec) -> Result<Option<Condition>, ConfigError> {
     let Some((text, mark)) = &spec.condition else { return Ok(None) };
@@ -69,6 +36,10 @@ pub fn build_pipeline(
     let metrics = Arc::new(PipelineMetrics::new(&spec.name, spec.workers));
     let abort = CancellationToken::new();
     let queue = sluice_queue::build(&spec.queue, &spec.name, data_dir).map_err(|e| errors.push(e)).ok();
+    let dead_letter_queue = DeadLetterQueueConfig::of(spec).unwrap_or_else(|e| {
+        errors.0.extend(e.0);
+        DeadLetterQueueConfig::of_or_assumed(spec)
+    });
 
     let mut inputs = Vec::new();
     for c in &spec.inputs {
@@ -92,15 +63,19 @@ pub fn build_pipeline(
     let mut processors = Vec::new();
     for c in &spec.processors {
         let cond = condition(c).map_err(|e| errors.push(e)).ok().flatten();
-        if !spec.dead_letter_queue.enabled && sluice_processors::sends_to_dead_letter_queue(c) {
-            errors.push(c.key_error(
-                "on_failure",
-                format!(
-                    "`on_failure: dlq` needs the pipeline's dead letter queue: set \
-                     `pipelines.{}.dead_letter_queue.enabled: true`",
-                    spec.name
-                ),
-            ));
+        for link in sluice_processors::links(c) {
+            if let Link::WritesDeadLetterQueue { key } = link
+                && !dead_letter_queue.enabled
+            {
+                errors.push(c.key_error(
+                    key,
+                    format!(
+                        "`on_failure: dlq` needs the pipeline's dead letter queue: set \
+                         `pipelines.{}.dead_letter_queue.enabled: true`",
+                        spec.name
+                    ),
+                ));
+            }
         }
         match sluice_processors::build(c) {
             Ok(processor) => {
@@ -159,10 +134,11 @@ pub fn check_links(config: &RootConfig) -> Result<BTreeMap<String, BTreeSet<Stri
     let mut served: BTreeMap<String, (&str, &ComponentSpec)> = BTreeMap::new();
     for p in &config.pipelines {
         for c in &p.inputs {
-            if let Some(address) = sluice_inputs::pipeline_address(c) {
+            for link in sluice_inputs::links(c) {
+                let Link::Serves { address, key } = link else { continue };
                 if let Some((owner, first)) = served.get(&address) {
                     errors.push(c.key_error(
-                        "address",
+                        key,
                         format!(
                             "pipeline address `{address}` is already served by pipeline `{owner}` ({})",
                             first.path
@@ -178,14 +154,14 @@ pub fn check_links(config: &RootConfig) -> Result<BTreeMap<String, BTreeSet<Stri
     for p in &config.pipelines {
         feeds.entry(p.name.clone()).or_default();
         for c in &p.outputs {
-            for address in sluice_outputs::pipeline_targets(c) {
+            for link in sluice_outputs::links(c) {
+                let Link::SendsTo { address, key } = link else { continue };
                 match served.get(&address) {
                     Some((target, _)) => {
                         feeds.entry(p.name.clone()).or_default().insert(target.to_string());
                     }
-                    None => errors.push(
-                        c.key_error("send_to", format!("no pipeline has a `pipeline` input with address `{address}`")),
-                    ),
+                    None => errors
+                        .push(c.key_error(key, format!("no pipeline has a `pipeline` input with address `{address}`"))),
                 }
             }
         }
@@ -263,10 +239,13 @@ pub fn upstream_first(feeds: &BTreeMap<String, BTreeSet<String>>) -> Vec<String>
 pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigErrors> {
     let mut errors = ConfigErrors::default();
     let mut taken: BTreeMap<std::path::PathBuf, &str> = BTreeMap::new();
-    for p in config.pipelines.iter().filter(|p| p.dead_letter_queue.enabled) {
-        let dir = p.dead_letter_queue_dir(&config.data_dir);
+    // Each section's own errors are reported when its pipeline is built.
+    let sections: BTreeMap<&str, DeadLetterQueueConfig> =
+        config.pipelines.iter().map(|p| (p.name.as_str(), DeadLetterQueueConfig::of_or_assumed(p))).collect();
+    for p in config.pipelines.iter().filter(|p| sections[p.name.as_str()].enabled) {
+        let dir = sections[p.name.as_str()].dir(&config.data_dir, &p.name);
         if let Some(first) = taken.get(&dir) {
-            let section = p.node.get("dead_letter_queue");
+            let section = p.dead_letter_queue.as_ref();
             let mark = section.and_then(|n| n.get("path")).or(section).map(|n| n.mark.clone());
             errors.push(ConfigError::at(
                 format!("dead letter queue {} is already used by pipeline `{first}`", dir.display()),
@@ -280,19 +259,21 @@ pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigEr
     // A `dead_letter_queue` input that names a pipeline of this config whose queue is elsewhere
     // than `<data_dir>/dlq/<pipeline>` would read an empty directory.
     for p in &config.pipelines {
-        for c in p.inputs.iter().filter(|c| c.type_name == "dead_letter_queue") {
-            let Some(name) = c.settings.get("pipeline").and_then(|n| n.as_str()) else { continue };
-            let Some(source) = config.pipelines.iter().find(|q| q.name == name) else { continue };
-            let dir = source.dead_letter_queue_dir(&config.data_dir);
-            if source.dead_letter_queue.path.is_some() && dir != default_dead_letter_queue_dir(&config.data_dir, name) {
-                errors.push(c.key_error(
-                    "pipeline",
-                    format!(
-                        "pipeline `{name}` keeps its dead letter queue at {}: give `path: {}` instead",
-                        dir.display(),
-                        dir.display()
-                    ),
-                ));
+        for c in &p.inputs {
+            for link in sluice_inputs::links(c) {
+                let Link::ReadsDeadLetterQueueOf { pipeline: name, key } = link else { continue };
+                let Some(section) = sections.get(name.as_str()) else { continue };
+                let dir = section.dir(&config.data_dir, &name);
+                if section.path.is_some() && dir != sluice_dlq::default_dir(&config.data_dir, &name) {
+                    errors.push(c.key_error(
+                        key,
+                        format!(
+                            "pipeline `{name}` keeps its dead letter queue at {}: give `path: {}` instead",
+                            dir.display(),
+                            dir.display()
+                        ),
+                    ));
+                }
             }
         }
     }
@@ -304,7 +285,8 @@ pub fn check_dead_letter_queue_paths(config: &RootConfig) -> Result<(), ConfigEr
 pub fn check_stdin_inputs(config: &RootConfig) -> Result<(), ConfigErrors> {
     let mut errors = ConfigErrors::default();
     let mut first: Option<&ComponentSpec> = None;
-    for c in config.pipelines.iter().flat_map(|p| &p.inputs).filter(|c| c.type_name == "stdin") {
+    let takes_stdin = |c: &&ComponentSpec| sluice_inputs::links(c).contains(&Link::TakesStdin);
+    for c in config.pipelines.iter().flat_map(|p| &p.inputs).filter(takes_stdin) {
         match first {
             Some(f) => errors.push(
                 c.error(format!("only one `stdin` input may run in a process, and {} already reads stdin", f.path)),

@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use sluice_config::model::{DeadLetterQueueConfig, DlqStoragePolicy, DlqSyncMode, PipelineSpec};
+use sluice_config::model::PipelineSpec;
 use sluice_core::event::METADATA;
 use sluice_core::metrics::{DeadLetterStats, DeadLetterStatsSource, PipelineMetrics};
 use sluice_core::value::now_nanos;
 use sluice_core::{Event, Value};
-use sluice_dlq::{DeadLetter, DeadLetterQueue, DlqOptions, DlqSync, StoragePolicy};
+use sluice_dlq::{DeadLetter, DeadLetterQueue, DeadLetterQueueConfig};
 
 /// Where an event that came from a dead letter queue keeps what the queue said about it.
 pub const DLQ_METADATA_KEY: &str = "dead_letter_queue";
@@ -37,25 +37,6 @@ pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// True when the event was read from a dead letter queue (`/@metadata/dead_letter_queue` set).
 pub fn came_from_dead_letter_queue(event: &Event) -> bool {
     event.fields.get(METADATA).and_then(Value::as_object).is_some_and(|m| m.contains_key(DLQ_METADATA_KEY))
-}
-
-/// The store's settings from a pipeline's `dead_letter_queue` section.
-pub fn options(c: &DeadLetterQueueConfig) -> DlqOptions {
-    DlqOptions {
-        max_bytes: c.max_bytes.0,
-        segment_bytes: c.effective_segment_bytes(),
-        storage_policy: match c.storage_policy {
-            DlqStoragePolicy::DropNewer => StoragePolicy::DropNewer,
-            DlqStoragePolicy::DropOlder => StoragePolicy::DropOlder,
-        },
-        retain_age: c.retain_age.map(|d| d.0),
-        sync: match c.sync {
-            DlqSyncMode::Commit => DlqSync::Commit,
-            DlqSyncMode::Interval => DlqSync::Interval(c.sync_interval.0),
-            DlqSyncMode::None => DlqSync::None,
-        },
-        seal_idle: c.seal_idle.0,
-    }
 }
 
 /// An open dead letter queue and the settings and directory it was opened with (to tell on
@@ -70,25 +51,26 @@ pub struct OpenDeadLetterQueue {
 impl OpenDeadLetterQueue {
     /// Opens the pipeline's queue if it has one enabled.
     pub fn open(spec: &PipelineSpec, data_dir: &Path) -> Result<Option<OpenDeadLetterQueue>, String> {
-        let c = &spec.dead_letter_queue;
+        // The section was checked when the pipeline was built.
+        let c = DeadLetterQueueConfig::of(spec).map_err(|e| e.to_string())?;
         if !c.enabled {
             return Ok(None);
         }
-        let dir = spec.dead_letter_queue_dir(data_dir);
+        let dir = c.dir(data_dir, &spec.name);
         std::fs::create_dir_all(&dir).map_err(|e| {
             format!("pipeline {}: cannot create the dead letter queue {}: {e}", spec.name, dir.display())
         })?;
-        let queue = DeadLetterQueue::open(&dir, options(c)).map_err(|e| format!("pipeline {}: {e}", spec.name))?;
-        tracing::info!(pipeline = %spec.name, path = %dir.display(), max_bytes = c.max_bytes.0,
+        let queue =
+            DeadLetterQueue::open(&dir, c.options.clone()).map_err(|e| format!("pipeline {}: {e}", spec.name))?;
+        tracing::info!(pipeline = %spec.name, path = %dir.display(), max_bytes = c.options.max_bytes,
             "dead letter queue open");
-        Ok(Some(OpenDeadLetterQueue { queue, config: c.clone(), dir }))
+        Ok(Some(OpenDeadLetterQueue { queue, config: c, dir }))
     }
 
     /// True when the new spec would open the same queue the same way.
     pub fn fits(&self, spec: &PipelineSpec, data_dir: &Path) -> bool {
-        spec.dead_letter_queue.enabled
-            && spec.dead_letter_queue == self.config
-            && spec.dead_letter_queue_dir(data_dir) == self.dir
+        DeadLetterQueueConfig::of(spec)
+            .is_ok_and(|c| c.enabled && c.dir(data_dir, &spec.name) == self.dir && c == self.config)
     }
 
     pub fn close(&self, pipeline: &str) {
@@ -105,7 +87,7 @@ impl DeadLetterStatsSource for StatsSource {
     fn dead_letter_stats(&self) -> DeadLetterStats {
         DeadLetterStats {
             path: self.0.dir.display().to_string(),
-            max_bytes: self.0.config.max_bytes.0,
+            max_bytes: self.0.config.options.max_bytes,
             store: self.0.queue.stats(),
         }
     }

@@ -63,16 +63,16 @@ pub struct Engine {
 impl Engine {
     /// Builds every component of a config without starting anything.
     pub fn validate(config: &RootConfig) -> Result<(), ConfigErrors> {
-        let cluster = cluster_config(config);
-        let built = build_all(config, &Arc::new(PipelineBus::default())).map(|_| ());
-        match (cluster, built) {
-            (Ok(_), b) => b,
-            (Err(mut e), Ok(())) => Err(std::mem::take(&mut e)),
-            (Err(mut e), Err(b)) => {
-                e.0.extend(b.0);
-                Err(e)
+        let mut errors = ConfigErrors::default();
+        for section in [cluster_config(config).map(|_| ()), registry_options(config).map(|_| ())] {
+            if let Err(e) = section {
+                errors.0.extend(e.0);
             }
         }
+        if let Err(e) = build_all(config, &Arc::new(PipelineBus::default())) {
+            errors.0.extend(e.0);
+        }
+        errors.into_result(())
     }
 
     /// Builds and starts every pipeline; nothing starts if anything fails to build.
@@ -82,6 +82,7 @@ impl Engine {
         let inputs_changed = Arc::new(Notify::new());
         let feeds = check_links(&config)?;
         let cluster_config = cluster_config(&config)?;
+        registry_options(&config)?;
         let built = build_all(&config, &bus)?;
         let cluster = match cluster_config {
             Some(c) => {
@@ -147,6 +148,9 @@ impl Engine {
     /// wrong, nothing changes and the errors are returned.
     pub async fn reload(&self, config: RootConfig) -> Result<ReloadReport, ConfigErrors> {
         let mut state = self.state.lock().await;
+        // The registry's settings take effect at the next start, but a reload to a config that
+        // would not start is refused, as one with any other error.
+        registry_options(&config)?;
         let feeds = check_links(&config)?;
         check_dead_letter_queue_paths(&config)?;
         check_stdin_inputs(&config)?;
@@ -410,6 +414,11 @@ async fn abandon_start(
     }
 }
 
+/// How the registry writes, from the checked `registry:` section.
+pub fn registry_options(config: &RootConfig) -> Result<RegistryOptions, ConfigErrors> {
+    RegistryOptions::from_section(config.registry.as_ref())
+}
+
 /// The checked `cluster:` section, if there is one.
 pub fn cluster_config(config: &RootConfig) -> Result<Option<ClusterConfig>, ConfigErrors> {
     config.cluster.as_ref().map(ClusterConfig::from_node).transpose()
@@ -430,10 +439,7 @@ fn uses_registry(b: &crate::build::BuiltPipeline) -> bool {
 /// Opens the registry in `data_dir/registry` with the config's options and publishes its figures.
 async fn open_registry(config: &RootConfig, metrics: &MetricsRegistry) -> Result<Arc<Registry>, ConfigErrors> {
     let dir = config.data_dir.join("registry");
-    let opts = RegistryOptions {
-        flush_interval: config.registry.flush_interval.0,
-        compact_after_bytes: config.registry.compact_after.0,
-    };
+    let opts = registry_options(config)?;
     let opened = tokio::task::spawn_blocking({
         let dir = dir.clone();
         move || Registry::open(&dir, opts)
@@ -471,6 +477,24 @@ mod tests {
             data_dir.display()
         );
         sluice_config::model::load_str(&text, "test.yml").unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reload_with_a_bad_registry_or_dead_letter_queue_section_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let engine = Engine::start(config(&data)).await.unwrap();
+        let good = format!(
+            "data_dir: {}\napi: {{enabled: false}}\npipelines:\n  p:\n    inputs: [{{type: generator, count: 10}}]\n    outputs: [{{type: blackhole}}]\n",
+            data.display()
+        );
+        let bad = sluice_config::model::load_str(&format!("registry: {{compact_after: 10}}\n{good}"), "r.yml").unwrap();
+        let e = engine.reload(bad).await.unwrap_err().to_string();
+        assert!(e.contains("r.yml:1:27: registry.compact_after: `compact_after` of 10B is too small"), "{e}");
+        let bad = format!("{good}    dead_letter_queue: {{enabled: true, sync: sometimes}}\n");
+        let e = engine.reload(sluice_config::model::load_str(&bad, "d.yml").unwrap()).await.unwrap_err().to_string();
+        assert!(e.contains("d.yml:7:46: pipelines.p.dead_letter_queue.sync: unknown variant `sometimes`"), "{e}");
+        engine.shutdown(true).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

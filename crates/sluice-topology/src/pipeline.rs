@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::build::{BuiltOutput, BuiltPipeline};
+use crate::built::{BuiltOutput, BuiltPipeline};
 use crate::dead_letter::{DeadLetterSink, OpenDeadLetterQueue, StatsSource};
 use crate::inbound::InboundQueue;
 use crate::stateful::Emitters;

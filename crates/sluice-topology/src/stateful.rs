@@ -147,7 +147,7 @@ mod tests {
     use sluice_outputs::{Aborted, Delivery, Output};
 
     use super::*;
-    use crate::build::{BuiltOutput, BuiltProcessor};
+    use crate::built::{BuiltOutput, BuiltProcessor};
     use crate::dead_letter::DeadLetterSink;
 
     /// Keeps what it is sent.

@@ -33,7 +33,7 @@ use sluice_dlq::DeadLetter;
 use sluice_processors::Verdict;
 use tokio_util::sync::CancellationToken;
 
-use crate::build::{BuiltOutput, BuiltProcessor};
+use crate::built::{BuiltOutput, BuiltProcessor};
 use crate::dead_letter::DeadLetterSink;
 
 /// Everything a batch goes through after the queue: processors (with the forwarding stage

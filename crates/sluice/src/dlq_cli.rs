@@ -14,10 +14,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, anyhow, bail};
 use clap::{Args, Subcommand};
-use sluice_config::model::{RootConfig, default_dead_letter_queue_dir, load_file, load_str};
+use sluice_config::model::{RootConfig, load_file, load_str};
 use sluice_core::value::format_timestamp;
 use sluice_dlq::ReadFrom;
 use sluice_dlq::inspect::{self, Item};
+use sluice_dlq::{DeadLetterQueueConfig, default_dir as default_dead_letter_queue_dir};
 use sluice_topology::Engine;
 
 #[derive(Args, Clone)]
@@ -112,7 +113,7 @@ fn resolve(at: &Location) -> anyhow::Result<PathBuf> {
     };
     let c = load_config(config)?;
     Ok(match c.pipelines.iter().find(|p| &p.name == pipeline) {
-        Some(spec) => spec.dead_letter_queue_dir(&c.data_dir),
+        Some(spec) => DeadLetterQueueConfig::of(spec).map_err(|e| anyhow!("{e}"))?.dir(&c.data_dir, pipeline),
         None => default_dead_letter_queue_dir(&c.data_dir, pipeline),
     })
 }

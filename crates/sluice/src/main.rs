@@ -191,7 +191,7 @@ fn validate(path: &Path) -> ExitCode {
                 // A pipeline or component could not be read: checks across pipelines would
                 // report what is only missing, so build each pipeline on its own.
                 let bus = Arc::new(sluice_core::bus::PipelineBus::default());
-                let mut errors = sluice_config::ConfigErrors::default();
+                let mut errors = sluice_topology::engine::registry_options(&config).err().unwrap_or_default();
                 for p in &config.pipelines {
                     sluice_topology::build::build_pipeline(p, &bus, &config.data_dir, &mut errors);
                 }

@@ -167,3 +167,57 @@ fn pipeline_level_and_component_errors_are_listed_in_one_pass() {
     assert!(!text.contains("no pipeline has"), "{text}");
     assert!(text.contains("2 error(s)"), "{text}");
 }
+
+/// The sections read by their own crates (`registry:`, a pipeline's `dead_letter_queue:`) and
+/// the keys shared by every network input still name the file, line and key, whether the rest
+/// of the config is readable or not (a component missing its `type` leaves the config partial).
+#[test]
+fn sections_read_by_their_crates_name_their_place() {
+    for partial in ["", "      - {id: no_type}\n"] {
+        let text = invalid(&format!(
+            "registry:\n  compact_after: 10\npipelines:\n  web:\n    inputs:\n      - {{type: generator, count: 1}}\n{partial}    outputs: [{{type: blackhole}}]\n    dead_letter_queue:\n      enabled: true\n      max_bytes: 10\n"
+        ));
+        assert!(
+            text.contains(
+                "check.yml:2:18: registry.compact_after: `compact_after` of 10B is too small; use at least 4KiB"
+            ),
+            "{text}"
+        );
+        let line = if partial.is_empty() { 10 } else { 11 };
+        assert!(
+            text.contains(&format!(
+                "check.yml:{line}:18: pipelines.web.dead_letter_queue.max_bytes: must be at least 1KiB"
+            )),
+            "{text}"
+        );
+    }
+    let text = invalid(&format!("registry: {{flush_intervall: 1s}}\npipelines:\n  web:\n{OK_PIPE}"));
+    assert!(text.contains("check.yml:1:12: registry.flush_intervall: unknown field `flush_intervall`"), "{text}");
+
+    for (input, place) in [
+        (
+            "{type: tcp, address: 'h:1', max_connections: 0}",
+            "3:59: pipelines.web.inputs[0].max_connections: must be at least 1",
+        ),
+        ("{type: beats, address: nowhere}", "3:37: pipelines.web.inputs[0].address: `nowhere` is not a `host:port`"),
+        (
+            "{type: http, address: 'h:1', idle_timeout: 7}",
+            "3:57: pipelines.web.inputs[0].idle_timeout: `7` has no unit",
+        ),
+        (
+            "{type: syslog, mode: udp, address: 'h:1', idle_timeout: 1s}",
+            "3:70: pipelines.web.inputs[0].idle_timeout: `idle_timeout` applies to `mode: tcp` only",
+        ),
+        (
+            "{type: tcp, address: 'h:1', tls: {enabled: true, cert: /nonexistent/c.pem, key: /nonexistent/k.pem, colour: red}}",
+            "pipelines.web.inputs[0].tls.colour: unknown field `colour`",
+        ),
+        (
+            "{type: tcp, address: 'h:1', adress: 'h:2'}",
+            "3:42: pipelines.web.inputs[0].adress: unknown field `adress`, expected one of `codec`",
+        ),
+    ] {
+        let text = invalid(&format!("pipelines:\n  web:\n    inputs: [{input}]\n    outputs: [{{type: blackhole}}]\n"));
+        assert!(text.contains(place), "{input}: {text}");
+    }
+}

@@ -28,28 +28,30 @@
 //! `write_timeout` is closed and counted; connections are bounded by `max_connections` and
 //! `idle_timeout` ([`crate::limits`]).
 //!
-//! Layout: [`protocol`] decodes frames, [`window`] keeps the ACKs owed, [`connection`] runs a
-//! client's reader and writer.
+//! Layout: [`config`] reads and checks the settings, [`protocol`] decodes frames, [`window`]
+//! keeps the ACKs owed, [`connection`] runs a client's reader and writer.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Deserialize;
+use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
-use sluice_config::{ByteSize, ConfigError, HumanDuration};
 use sluice_core::event::{METADATA, TIMESTAMP};
 use sluice_core::figures::{Figure, Publish, Spec};
 use sluice_core::metrics::Counter;
 use sluice_core::{Event, Map, Value};
-use sluice_tls::{ServerTls, TlsConfig};
+use sluice_tls::ServerTls;
 use tokio::net::TcpListener;
 
 use crate::codec::{Codec, Decoded, json_object};
 use crate::limits::accept_connections;
+use crate::listener::Listener;
 use crate::{Input, InputContext, InputError};
+use config::BeatsConfig;
 
+mod config;
 mod connection;
 mod protocol;
 #[cfg(test)]
@@ -58,82 +60,24 @@ mod window;
 
 pub use crate::codec::TAG_TIMESTAMP_FAILURE;
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BeatsConfig {
-    /// `host:port` to listen on.
-    address: String,
-    /// TLS for every connection (the shared `tls:` section).
-    tls: Option<TlsConfig>,
-    #[serde(default = "default_max_frame")]
-    max_frame_bytes: ByteSize,
-    #[serde(default = "default_max_window")]
-    max_window_size: u32,
-    #[serde(default = "default_max_connections")]
-    max_connections: usize,
-    #[serde(default = "default_idle_timeout")]
-    idle_timeout: HumanDuration,
-    #[serde(default = "default_keepalive")]
-    keepalive_interval: HumanDuration,
-    #[serde(default = "default_write_timeout")]
-    write_timeout: HumanDuration,
-}
-
-fn default_max_frame() -> ByteSize {
-    ByteSize(64 << 20)
-}
-fn default_max_window() -> u32 {
-    65_536
-}
-fn default_max_connections() -> usize {
-    1024
-}
-/// Logstash's `client_inactivity_timeout`.
-fn default_idle_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(60))
-}
-/// Logstash's beats input sends a keep-alive after 5 s without writing while a batch waits.
-fn default_keepalive() -> HumanDuration {
-    HumanDuration(Duration::from_secs(5))
-}
-fn default_write_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(30))
-}
-
 struct Beats {
+    listener: Listener,
     config: BeatsConfig,
     tls: Option<Arc<ServerTls>>,
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
-    let config: BeatsConfig = spec.settings()?;
-    crate::tcp::check_address(&config.address).map_err(|m| spec.key_error("address", m))?;
-    if config.max_frame_bytes.0 < 1024 || config.max_frame_bytes.0 > 1 << 30 {
-        return Err(spec.key_error("max_frame_bytes", "must be between 1KiB and 1GiB"));
-    }
-    if config.max_window_size == 0 {
-        return Err(spec.key_error("max_window_size", "must be at least 1"));
-    }
-    if config.max_connections == 0 {
-        return Err(spec.key_error("max_connections", "must be at least 1"));
-    }
-    if config.keepalive_interval.0.is_zero() {
-        return Err(spec.key_error("keepalive_interval", "must be more than 0"));
-    }
-    if config.write_timeout.0.is_zero() {
-        return Err(spec.key_error("write_timeout", "must be more than 0"));
-    }
+    let (listener, config) = config::read(spec)?;
     // The files are read and checked now, so that `sluice validate` reports them.
-    let tls = ServerTls::for_component(spec, config.tls.as_ref())?;
-    Ok(Box::new(Beats { config, tls }))
+    let tls = listener.server_tls(spec)?;
+    Ok(Box::new(Beats { listener, config, tls }))
 }
 
 #[async_trait]
 impl Input for Beats {
     async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
-        let address = &self.config.address;
-        let listener = ctx.listen_tcp(address).await?;
-        serve(self.config, self.tls, listener, ctx).await
+        let socket = ctx.listen_tcp(&self.listener.address).await?;
+        serve(self.listener, self.config, self.tls, socket, ctx).await
     }
 
     fn listens(&self) -> bool {
@@ -230,17 +174,18 @@ pub(crate) struct Shared {
 
 /// Accepts connections on `listener` until shutdown, then waits for the connection tasks.
 async fn serve(
+    keys: Listener,
     config: BeatsConfig,
     tls: Option<Arc<ServerTls>>,
     listener: TcpListener,
     ctx: InputContext,
 ) -> Result<(), InputError> {
-    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.address.clone());
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| keys.address.clone());
     tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, tls = tls.is_some(),
         "beats input listening");
     let figures = Arc::new(Figures::default());
     let _ = ctx.metrics.state.set(figures.clone());
-    let (max_connections, idle_timeout) = (config.max_connections, config.idle_timeout.0);
+    let (max_connections, idle_timeout) = (keys.max_connections, keys.idle_timeout);
     let shared = Arc::new(Shared {
         ctx: ctx.clone(),
         limits: protocol::Limits { max_frame: config.max_frame_bytes.as_usize(), max_window: config.max_window_size },

@@ -349,12 +349,9 @@ fn events_keep_their_fields_and_bad_documents_are_tagged() {
 #[test]
 fn config_is_checked() {
     assert!(build(&spec("{type: beats, address: '127.0.0.1:5044'}")).is_ok());
-    let c: BeatsConfig = spec("{type: beats, address: 'h:1'}").settings().unwrap();
-    assert_eq!((c.max_frame_bytes.0, c.max_window_size, c.max_connections), (64 << 20, 65_536, 1024));
-    assert_eq!(
-        (c.idle_timeout.0.as_secs(), c.keepalive_interval.0.as_secs(), c.write_timeout.0.as_secs()),
-        (60, 5, 30)
-    );
+    let (l, c) = config::read(&spec("{type: beats, address: 'h:1'}")).unwrap();
+    assert_eq!((c.max_frame_bytes.0, c.max_window_size, l.max_connections), (64 << 20, 65_536, 1024));
+    assert_eq!((l.idle_timeout.as_secs(), c.keepalive_interval.0.as_secs(), c.write_timeout.0.as_secs()), (60, 5, 30));
     for bad in [
         "max_window_size: 0",
         "max_connections: 0",
@@ -389,9 +386,9 @@ async fn start_with_budget(yaml: &str, budget: usize) -> Running {
     let addr = listener.local_addr().unwrap();
     let (mut ctx, rx) = context();
     ctx.memory = sluice_core::MemoryBudget::new(budget);
-    let config: BeatsConfig = spec(yaml).settings().unwrap();
+    let (keys, config) = config::read(&spec(yaml)).unwrap();
     let c = ctx.clone();
-    let task = tokio::spawn(async move { serve(config, None, listener, c).await.unwrap() });
+    let task = tokio::spawn(async move { serve(keys, config, None, listener, c).await.unwrap() });
     Running { addr, ctx, rx, task }
 }
 
@@ -913,9 +910,9 @@ async fn tls_with_client_auth() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (ctx, mut rx) = context();
-    let config: BeatsConfig = spec("{type: beats, address: 'x:0'}").settings().unwrap();
+    let (keys, config) = config::read(&spec("{type: beats, address: 'x:0'}")).unwrap();
     let c = ctx.clone();
-    let task = tokio::spawn(async move { serve(config, Some(server_tls), listener, c).await.unwrap() });
+    let task = tokio::spawn(async move { serve(keys, config, Some(server_tls), listener, c).await.unwrap() });
 
     let connect = |tls: sluice_tls::TlsConfig| async move {
         let client = sluice_tls::ClientTls::new(&tls, "beats test client").unwrap();
@@ -981,8 +978,8 @@ async fn throughput() {
         let (mut ctx, _rx) = context();
         let counter = std::sync::Arc::new(CompletingQueue(std::sync::atomic::AtomicU64::new(0)));
         ctx.queue = counter.clone();
-        let config: BeatsConfig = spec("{type: beats, address: 'x:0'}").settings().unwrap();
-        let task = tokio::spawn(serve(config, None, listener, ctx.clone()));
+        let (keys, config) = config::read(&spec("{type: beats, address: 'x:0'}")).unwrap();
+        let task = tokio::spawn(serve(keys, config, None, listener, ctx.clone()));
         let window = 2048u32;
         let windows = 200u32;
         let mut data = Vec::new();

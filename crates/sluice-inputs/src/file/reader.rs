@@ -1,4 +1,6 @@
-//! One file being read: its framing state, its position, and how its lines become events.
+//! One file being read: its source (plain or gzip), its position and identity, and a read turn
+//! (at most `read_buffer` bytes) that cuts its lines ([`super::framing`]) and hands them to
+//! event making ([`super::events`]).
 //!
 //! Reads use `pread` at the file's own position into a buffer shared by all files (only one
 //! file reads at a time), so an open file costs a descriptor and a small state, not a buffer.
@@ -18,210 +20,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use memchr::memmem;
+use sluice_core::Map;
 use sluice_core::metrics::ComponentMetrics;
-use sluice_core::{Event, FieldPath, Map, SharedText, Str, Value};
 
 use super::acks::AckTracker;
-use super::decode::TextEncoding;
 use super::identity::{FileId, Fingerprint};
-use super::multiline::{self, Multiline};
-use crate::codec::{Codec, Decoded};
-
-/// How lines are cut: delimiter, code unit, length cap.
-#[derive(Debug, Clone)]
-pub(crate) struct Framing {
-    delimiter: Vec<u8>,
-    finder: memmem::Finder<'static>,
-    /// Bytes of an encoded `\r`, stripped from the end of lines when the delimiter is `\n`.
-    cr: Option<Vec<u8>>,
-    unit: usize,
-    max_line_bytes: usize,
-}
-
-impl Framing {
-    pub(crate) fn new(delimiter: &str, encoding: TextEncoding, max_line_bytes: usize) -> Framing {
-        let bytes = encoding.encode_delimiter(delimiter);
-        let unit = encoding.unit();
-        let max = (max_line_bytes.max(unit) / unit) * unit;
-        Framing {
-            finder: memmem::Finder::new(&bytes).into_owned(),
-            cr: (delimiter == "\n").then(|| encoding.encode_delimiter("\r")),
-            delimiter: bytes,
-            unit,
-            max_line_bytes: max,
-        }
-    }
-}
-
-/// A line cut out of a file: its bytes, where it starts, and the offset just past its delimiter.
-pub(crate) struct RawLine<'a> {
-    pub bytes: &'a [u8],
-    pub start: u64,
-    pub end: u64,
-    pub truncated: bool,
-}
-
-/// The unfinished line of one file.
-#[derive(Debug, Default)]
-pub(crate) struct Partial {
-    kept: Vec<u8>,
-    /// Bytes of the line seen so far, skipped ones included.
-    len: u64,
-    start: u64,
-    /// The line's last bytes (up to the delimiter's length), to find a delimiter that straddles
-    /// two reads.
-    tail: Vec<u8>,
-}
-
-impl Partial {
-    /// Bytes of the unfinished line, if all of them are kept (none skipped for being over
-    /// `max_line_bytes`), so that it can be framed again from its start.
-    fn carry_len(&self) -> Option<usize> {
-        (self.len == self.kept.len() as u64).then_some(self.kept.len())
-    }
-
-    /// The unfinished line, to be framed again from its start followed by the next read (see
-    /// [`Partial::carry_len`]): its file offset (none if there is no such line) and its bytes.
-    /// [`Partial::clear`] once they are placed.
-    fn carried(&self) -> (Option<u64>, &[u8]) {
-        debug_assert!(self.carry_len().is_some());
-        ((self.len > 0).then_some(self.start), &self.kept)
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.kept = Vec::new();
-        self.tail.clear();
-        self.len = 0;
-    }
-
-    /// A delimiter split between the end of the unfinished line and the start of `data`:
-    /// how many of its bytes are in `data`.
-    fn straddling(&self, f: &Framing, data: &[u8]) -> Option<usize> {
-        let d = &f.delimiter;
-        (1..d.len())
-            .find(|&k| {
-                self.tail.ends_with(&d[..k])
-                    && data.starts_with(&d[k..])
-                    && (self.len - k as u64).is_multiple_of(f.unit as u64)
-            })
-            .map(|k| d.len() - k)
-    }
-
-    /// Splits `data`, read at offset `at`, into lines.
-    pub(crate) fn feed(&mut self, f: &Framing, mut data: &[u8], mut at: u64, emit: &mut impl FnMut(RawLine<'_>)) {
-        if self.len > 0
-            && f.delimiter.len() > 1
-            && let Some(rest) = self.straddling(f, data)
-        {
-            let head = (f.delimiter.len() - rest) as u64;
-            let truncated = self.len - head > f.max_line_bytes as u64;
-            let kept = std::mem::take(&mut self.kept);
-            let keep = kept.len().min((self.len - head) as usize);
-            let bytes = if truncated { &kept[..keep] } else { strip_cr(f, &kept[..keep]) };
-            emit(RawLine { bytes, start: self.start, end: at + rest as u64, truncated });
-            self.kept = kept;
-            self.kept.clear();
-            self.tail.clear();
-            self.len = 0;
-            data = &data[rest..];
-            at += rest as u64;
-        }
-        let mut line_start = 0usize;
-        let mut from = 0usize;
-        while from < data.len() {
-            let found = if f.delimiter.len() == 1 {
-                memchr::memchr(f.delimiter[0], &data[from..])
-            } else {
-                f.finder.find(&data[from..])
-            };
-            let Some(rel) = found else { break };
-            let pos = from + rel;
-            let before = self.len + (pos - line_start) as u64;
-            if f.unit > 1 && !before.is_multiple_of(f.unit as u64) {
-                from = pos + 1;
-                continue;
-            }
-            let end = at + (pos + f.delimiter.len()) as u64;
-            if self.len == 0 {
-                let bytes = &data[line_start..pos];
-                let (bytes, truncated) = cap(f, bytes);
-                emit(RawLine { bytes: strip_cr(f, bytes), start: at + line_start as u64, end, truncated });
-            } else {
-                self.keep(f, &data[line_start..pos]);
-                let truncated = self.len > f.max_line_bytes as u64;
-                let kept = std::mem::take(&mut self.kept);
-                let bytes = if truncated { &kept[..] } else { strip_cr(f, &kept) };
-                emit(RawLine { bytes, start: self.start, end, truncated });
-                self.kept = kept;
-                self.kept.clear();
-                self.tail.clear();
-                self.len = 0;
-            }
-            line_start = pos + f.delimiter.len();
-            from = line_start;
-        }
-        if line_start < data.len() {
-            if self.len == 0 {
-                self.start = at + line_start as u64;
-            }
-            self.keep(f, &data[line_start..]);
-        }
-    }
-
-    fn keep(&mut self, f: &Framing, piece: &[u8]) {
-        let room = (f.max_line_bytes as u64).saturating_sub(self.kept.len() as u64) as usize;
-        self.kept.extend_from_slice(&piece[..piece.len().min(room)]);
-        self.len += piece.len() as u64;
-        let want = f.delimiter.len() - 1;
-        if want > 0 {
-            self.tail.extend_from_slice(&piece[piece.len().saturating_sub(want)..]);
-            let extra = self.tail.len().saturating_sub(want);
-            self.tail.drain(..extra);
-        }
-    }
-
-    /// Hands out an unterminated last line ending at `end`.
-    pub(crate) fn finish(&mut self, f: &Framing, end: u64, emit: &mut impl FnMut(RawLine<'_>)) {
-        if self.len > 0 {
-            let kept = std::mem::take(&mut self.kept);
-            let truncated = self.len > f.max_line_bytes as u64;
-            emit(RawLine { bytes: &kept, start: self.start, end, truncated });
-        }
-        self.clear();
-    }
-}
-
-fn cap<'a>(f: &Framing, bytes: &'a [u8]) -> (&'a [u8], bool) {
-    if bytes.len() > f.max_line_bytes { (&bytes[..f.max_line_bytes], true) } else { (bytes, false) }
-}
-
-fn strip_cr<'a>(f: &Framing, bytes: &'a [u8]) -> &'a [u8] {
-    match f.cr.as_deref() {
-        // One byte in UTF-8 and the other single-byte encodings: compared inline (this runs
-        // once per line; a slice comparison would be a call).
-        Some(&[cr]) => match bytes.split_last() {
-            Some((&last, rest)) if last == cr => rest,
-            _ => bytes,
-        },
-        Some(cr) => bytes.strip_suffix(cr).unwrap_or(bytes),
-        None => bytes,
-    }
-}
-
-/// Everything needed to turn lines of any file into events.
-pub(crate) struct Shape {
-    pub framing: Framing,
-    pub codec: Codec,
-    pub encoding: TextEncoding,
-    pub multiline: Option<Multiline>,
-    pub path_field: Option<FieldPath>,
-    pub offset_field: Option<FieldPath>,
-    pub host_field: Option<FieldPath>,
-    pub host: Str,
-    /// A metadata field is `message` or `@timestamp` itself (or under them).
-    pub meta_overlaps_text: bool,
-}
+use super::multiline::{self};
+use super::{events::*, framing::*};
 
 /// The open source of a file's bytes.
 pub(crate) enum Source {
@@ -233,8 +38,8 @@ pub(crate) enum Source {
 /// `bytes_in`: the compressed bytes the disk gave. (The decoder reads ahead, its header as soon
 /// as it is made, so its reads cannot be matched to the read turns that use them.)
 pub(crate) struct CountedFile {
-    file: File,
-    metrics: Arc<ComponentMetrics>,
+    pub(super) file: File,
+    pub(super) metrics: Arc<ComponentMetrics>,
 }
 
 impl CountedFile {
@@ -337,7 +142,7 @@ impl Tracked {
 
     /// Takes note of `read`, just read at `at`: the fingerprint grows, the position moves on.
     /// Returns the length of a byte order mark that starts the file (to skip), else 0.
-    fn advance(&mut self, shape: &Shape, at: u64, read: &[u8], now: Instant) -> usize {
+    pub(super) fn advance(&mut self, shape: &Shape, at: u64, read: &[u8], now: Instant) -> usize {
         if !self.gzip {
             self.fingerprint.extend(at, read);
         }
@@ -355,145 +160,6 @@ impl Tracked {
     }
 }
 
-/// Lines cut on the reader thread and turned into events by a builder thread: the bytes they
-/// were cut from (mostly the file's own bytes, read straight into `text`), and where each is.
-#[derive(Default)]
-pub(crate) struct Lines {
-    pub text: Vec<u8>,
-    pub spans: Vec<Span>,
-}
-
-/// One line of [`Lines`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Span {
-    /// The line is `text[start..end]`.
-    pub start: usize,
-    pub end: usize,
-    /// File offset where the line starts.
-    pub offset: u64,
-    /// Cut at `max_line_bytes`.
-    pub truncated: bool,
-}
-
-impl Lines {
-    pub(crate) fn clear(&mut self) {
-        self.text.clear();
-        self.spans.clear();
-    }
-
-    /// Appends a copy of a line that starts at `offset` in its file.
-    #[cfg(test)]
-    pub(crate) fn push_copy(&mut self, bytes: &[u8], offset: u64) {
-        let start = self.text.len();
-        self.text.extend_from_slice(bytes);
-        self.spans.push(Span { start, end: self.text.len(), offset, truncated: false });
-    }
-}
-
-/// One file's consecutive events (or lines) in a batch: what their events are made with, and
-/// the acknowledgement piece they form.
-pub(crate) struct Group {
-    pub tracker: Arc<AckTracker>,
-    pub template: Arc<Map>,
-    pub timestamp: i64,
-    pub count: usize,
-    /// The offset just past the group's last line.
-    pub end: u64,
-}
-
-/// Events read in one pass over the files, or the lines they will be made of, with the
-/// acknowledgement groups they need.
-#[derive(Default)]
-pub(crate) struct BatchBuilder {
-    /// Lines are kept in `lines` for builder threads instead of becoming events here.
-    pub deferred: bool,
-    pub events: Vec<Event>,
-    pub lines: Lines,
-    pub groups: Vec<Group>,
-    pub bytes: usize,
-    pub failed: u64,
-}
-
-impl BatchBuilder {
-    pub(crate) fn len(&self) -> usize {
-        self.events.len() + self.lines.spans.len()
-    }
-
-    fn push(&mut self, file: &FileContext<'_>, event: Event, end: u64, bytes: usize) {
-        self.events.push(event);
-        self.count(file, end, bytes);
-    }
-
-    /// Keeps a line for the builders by copying it into `lines.text`.
-    fn push_line(&mut self, file: &FileContext<'_>, line: &RawLine<'_>) {
-        let start = self.lines.text.len();
-        self.lines.text.extend_from_slice(line.bytes);
-        let end = self.lines.text.len();
-        self.push_span(file, line, start, end);
-    }
-
-    /// Keeps a line for the builders that is already `lines.text[start..end]`.
-    fn push_span(&mut self, file: &FileContext<'_>, line: &RawLine<'_>, start: usize, end: usize) {
-        self.lines.spans.push(Span { start, end, offset: line.start, truncated: line.truncated });
-        self.count(file, line.end, (line.end - line.start) as usize);
-    }
-
-    fn count(&mut self, file: &FileContext<'_>, end: u64, bytes: usize) {
-        self.bytes += bytes;
-        match self.groups.last_mut() {
-            Some(g)
-                if Arc::ptr_eq(&g.tracker, file.tracker)
-                    && Arc::ptr_eq(&g.template, file.template)
-                    && g.timestamp == file.timestamp =>
-            {
-                g.count += 1;
-                g.end = end;
-            }
-            _ => self.groups.push(Group {
-                tracker: file.tracker.clone(),
-                template: file.template.clone(),
-                timestamp: file.timestamp,
-                count: 1,
-                end,
-            }),
-        }
-    }
-}
-
-/// What every line of one file in one turn shares.
-struct FileContext<'a> {
-    tracker: &'a Arc<AckTracker>,
-    template: &'a Arc<Map>,
-    timestamp: i64,
-}
-
-/// Makes the events of lines collected with [`BatchBuilder::deferred`], group by group.
-/// `spans` say where in `text` each line is. A plain text line's `message` points into `text`
-/// rather than being copied (see [`SharedText`]).
-pub(crate) fn build_events(
-    shape: &Shape,
-    text: &SharedText,
-    spans: &[Span],
-    groups: &[Group],
-    failed: &mut u64,
-) -> Vec<Event> {
-    let mut events = Vec::with_capacity(spans.len());
-    let mut spans = spans.iter();
-    // The metadata with shared objects of this chunk's own (see `Map::reshared`).
-    let mut local: Option<(&Arc<Map>, Map)> = None;
-    for g in groups {
-        let template = match &local {
-            Some((of, copy)) if Arc::ptr_eq(of, &g.template) => copy,
-            _ => &local.insert((&g.template, g.template.reshared())).1,
-        };
-        for &Span { start: from, end: to, offset: start, truncated } in spans.by_ref().take(g.count) {
-            let decoded = decode_line(shape, Some(text), &text.as_bytes()[from..to], truncated, g.timestamp);
-            events.push(make_event(shape, decoded, template, start, failed));
-        }
-    }
-    events
-}
-
 /// What one read turn found.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Turn {
@@ -504,7 +170,7 @@ pub(crate) enum Turn {
 }
 
 /// Longest unfinished line moved in front of the next read, for [`read_in_place`].
-const CARRY_MAX: usize = 64 << 10;
+pub(super) const CARRY_MAX: usize = 64 << 10;
 
 /// Reads up to `buf.len()` bytes of `t` and turns the complete lines into events.
 pub(crate) fn read_turn(
@@ -546,7 +212,7 @@ pub(crate) fn read_turn(
 /// into the chunk's text, after the file's unfinished line (moved there from the framer), so
 /// every complete line is already where the builders read it and none is copied. Only a line
 /// still unfinished at the end of the read is copied back into the framer.
-fn read_in_place(
+pub(super) fn read_in_place(
     t: &mut Tracked,
     shape: &Shape,
     want: usize,
@@ -610,7 +276,7 @@ fn read_in_place(
 
 /// `pread` of up to `want` bytes at `pos` into the spare capacity of `text`, which must have
 /// room for them. Retries when interrupted.
-fn pread_into(file: &File, text: &mut Vec<u8>, want: usize, pos: u64) -> std::io::Result<usize> {
+pub(super) fn pread_into(file: &File, text: &mut Vec<u8>, want: usize, pos: u64) -> std::io::Result<usize> {
     use std::os::fd::AsRawFd;
     debug_assert!(text.capacity() - text.len() >= want);
     loop {
@@ -654,7 +320,7 @@ pub(crate) fn flush_idle(t: &mut Tracked, shape: &Shape, out: &mut BatchBuilder,
     }
 }
 
-fn take_line(
+pub(super) fn take_line(
     shape: &Shape,
     pending: &mut multiline::Pending,
     file: &FileContext<'_>,
@@ -676,318 +342,5 @@ fn take_line(
             let event = make_event(shape, decoded, file.template, line.start, &mut out.failed);
             out.push(file, event, line.end, bytes);
         }
-    }
-}
-
-fn push_joined(shape: &Shape, file: &FileContext<'_>, j: multiline::Joined, out: &mut BatchBuilder) {
-    // Joined lines are already decoded from the file's encoding.
-    let decoded = shape.codec.decode(j.text.as_bytes(), j.truncated, file.timestamp);
-    let mut event = make_event(shape, decoded, file.template, j.start, &mut out.failed);
-    if j.max_lines {
-        event.add_tag(multiline::TAG_MAX_LINES);
-    }
-    out.push(file, event, j.end, (j.end - j.start) as usize);
-}
-
-/// A line's event before its metadata: decoded from the file's encoding first unless that is
-/// UTF-8, and with a text line cut out of `shared` pointing into it (see `Codec::decode_in`).
-#[inline]
-fn decode_line(
-    shape: &Shape,
-    shared: Option<&SharedText>,
-    bytes: &[u8],
-    truncated: bool,
-    timestamp: i64,
-) -> (Event, Decoded) {
-    if !shape.encoding.is_utf8() {
-        return shape.codec.decode(shape.encoding.decode(bytes).as_bytes(), truncated, timestamp);
-    }
-    match shared {
-        Some(text) => shape.codec.decode_in(text, bytes, truncated, timestamp),
-        None => shape.codec.decode(bytes, truncated, timestamp),
-    }
-}
-
-/// A decoded line's event, finished: a failed decode counted, the file's metadata added.
-fn make_event(
-    shape: &Shape,
-    (event, decoded): (Event, Decoded),
-    template: &Map,
-    offset: u64,
-    failed: &mut u64,
-) -> Event {
-    if decoded == Decoded::Failed {
-        *failed += 1;
-    }
-    with_metadata(shape, event, template, offset)
-}
-
-/// Adds a file's metadata fields (`template`, with the line's `offset`) to its event.
-fn with_metadata(shape: &Shape, mut event: Event, template: &Map, offset: u64) -> Event {
-    if template.is_empty() {
-        return event;
-    }
-    if shape.codec == Codec::Lines && !shape.meta_overlaps_text {
-        // A text event holds only `message` and `@timestamp`: the metadata's top-level keys
-        // are new, so they are cloned straight in, the offset put in place on the way (no
-        // walk, no growth of the nested objects, no temporary copy of the template).
-        let offset_path = shape.offset_field.as_ref().map_or(&[][..], FieldPath::segments);
-        event.fields.reserve(template.len());
-        for (k, v) in template.iter() {
-            let v = match offset_path {
-                [first, rest @ ..] if first == k => clone_with_offset(v, rest, offset as i64),
-                _ => v.clone(),
-            };
-            event.fields.push_unchecked(k.clone(), v);
-        }
-    } else {
-        let mut meta = template.clone();
-        if let Some(slot) = shape.offset_field.as_ref().and_then(|p| p.get_mut(&mut meta)) {
-            *slot = Value::Int(offset as i64);
-        }
-        for p in [&shape.path_field, &shape.offset_field, &shape.host_field].into_iter().flatten() {
-            if let Some(v) = p.get(&meta) {
-                let _ = event.insert(p, v.clone());
-            }
-        }
-    }
-    event
-}
-
-/// `value` cloned with `offset` at `path` inside it (where the template holds its
-/// placeholder), in one pass.
-fn clone_with_offset(value: &Value, path: &[Str], offset: i64) -> Value {
-    match (path, value) {
-        ([], _) => Value::Int(offset),
-        ([first, rest @ ..], Value::Object(m)) => {
-            let mut copy = Map::with_capacity(m.len());
-            for (k, v) in m.iter() {
-                let v = if k == first { clone_with_offset(v, rest, offset) } else { v.clone() };
-                copy.push_unchecked(k.clone(), v);
-            }
-            Value::Object(copy)
-        }
-        _ => value.clone(),
-    }
-}
-
-impl Shape {
-    /// The metadata fields of events from a file at `path`, with the offset at 0.
-    pub(crate) fn template(&self, path: &std::path::Path) -> Arc<Map> {
-        let mut m = Map::new();
-        if let Some(p) = &self.path_field {
-            let _ = p.insert(&mut m, Value::String(Str::from(path.to_string_lossy().as_ref())));
-        }
-        if let Some(p) = &self.offset_field {
-            let _ = p.insert(&mut m, Value::Int(0));
-        }
-        if let Some(p) = &self.host_field {
-            let _ = p.insert(&mut m, Value::String(self.host.clone()));
-        }
-        share_constant(&mut m, self.offset_field.as_ref().map(FieldPath::segments));
-        Arc::new(m)
-    }
-}
-
-/// Makes every nested object of a template that the offset does not go through a shared map
-/// (`log.file`, `host`): each event then shares it instead of getting a copy of its own.
-fn share_constant(map: &mut Map, offset: Option<&[Str]>) {
-    for (key, value) in map.iter_mut() {
-        if let Value::Object(inner) = value {
-            match offset {
-                Some([first, rest @ ..]) if first == key => share_constant(inner, Some(rest)),
-                _ => *inner = std::mem::take(inner).shared(),
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn split(delim: &str, enc: &str, max: usize, chunks: &[&[u8]]) -> Vec<(Vec<u8>, u64, u64, bool)> {
-        let f = Framing::new(delim, TextEncoding::for_label(enc).unwrap(), max);
-        let mut p = Partial::default();
-        let mut out = Vec::new();
-        let mut at = 0;
-        for c in chunks {
-            p.feed(&f, c, at, &mut |l| out.push((l.bytes.to_vec(), l.start, l.end, l.truncated)));
-            at += c.len() as u64;
-        }
-        p.finish(&f, at, &mut |l| out.push((l.bytes.to_vec(), l.start, l.end, l.truncated)));
-        out
-    }
-
-    fn shape(path: &str, offset: &str, host: &str) -> Shape {
-        let utf8 = TextEncoding::for_label("utf-8").unwrap();
-        let field = |p: &str| Some(FieldPath::parse(p).unwrap());
-        Shape {
-            framing: Framing::new("\n", utf8, 1024),
-            codec: Codec::Lines,
-            encoding: utf8,
-            multiline: None,
-            path_field: field(path),
-            offset_field: field(offset),
-            host_field: field(host),
-            host: Str::new("box"),
-            meta_overlaps_text: false,
-        }
-    }
-
-    #[test]
-    fn built_events_carry_their_own_offsets_under_any_field_names() {
-        for (path, offset, host) in
-            [("/log/file/path", "/log/offset", "/host/name"), ("/src/path", "/src/pos", "/h"), ("/p", "/o", "/x/y/z")]
-        {
-            let shape = shape(path, offset, host);
-            let template = shape.template(std::path::Path::new("/var/log/app.log"));
-            let long = "a line long enough to be shared with its chunk, not copied";
-            let mut lines = Lines::default();
-            for (i, line) in ["short", long, "", long].iter().enumerate() {
-                lines.push_copy(line.as_bytes(), 100 * i as u64);
-            }
-            let (text, spans) = (lines.text, lines.spans);
-            let tracker = AckTracker::new(|_| {});
-            let group =
-                |count| Group { tracker: tracker.clone(), template: template.clone(), timestamp: 7, count, end: 0 };
-            let text = SharedText::new(text);
-            let events = build_events(&shape, &text, &spans, &[group(1), group(3)], &mut 0);
-            assert_eq!(events.len(), 4);
-            for (i, e) in events.iter().enumerate() {
-                let get = |p: &str| e.get(&FieldPath::parse(p).unwrap()).cloned();
-                assert_eq!(get(offset), Some(Value::Int(100 * i as i64)), "{offset}");
-                assert_eq!(get(path), Some(Value::from("/var/log/app.log")), "{path}");
-                assert_eq!(get(host), Some(Value::from("box")), "{host}");
-                assert_eq!(e.timestamp_nanos(), Some(7));
-            }
-            assert_eq!(events[1].message(), Some(long));
-            assert_eq!(events[2].message(), Some(""));
-            // The template keeps its placeholder.
-            assert_eq!(shape.offset_field.as_ref().unwrap().get(&template), Some(&Value::Int(0)));
-        }
-    }
-
-    /// Reads a whole file as the builder-thread path does (lines kept in place in the chunk's
-    /// text), `read` bytes per turn; returns each line with its offset and whether it was cut.
-    fn read_deferred(
-        content: &[u8],
-        framing: Framing,
-        encoding: TextEncoding,
-        read: usize,
-    ) -> Vec<(Vec<u8>, u64, bool)> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f.log");
-        std::fs::write(&path, content).unwrap();
-        let mut shape = shape("/p", "/o", "/h");
-        (shape.framing, shape.encoding) = (framing, encoding);
-        let now = Instant::now();
-        let mut t = Tracked::new(FileId { dev: 0, ino: 0 }, "k".into(), path.clone(), Arc::new(Map::new()), now);
-        t.source = Some(Source::Plain(File::open(&path).unwrap()));
-        t.tracker = Some(AckTracker::new(|_| {}));
-        let mut out = BatchBuilder { deferred: true, ..BatchBuilder::default() };
-        let mut buf = vec![0u8; read];
-        while read_turn(&mut t, &shape, &mut buf, &mut out, now, 0).unwrap() != Turn::End {}
-        out.lines.spans.iter().map(|s| (out.lines.text[s.start..s.end].to_vec(), s.offset, s.truncated)).collect()
-    }
-
-    #[test]
-    fn lines_read_in_place_match_the_framer_at_every_read_size() {
-        let utf8 = TextEncoding::for_label("utf-8").unwrap();
-        let text = b"\xef\xbb\xbffirst\r\nsecond line\n\nthird, a little longer than the others\nx\n".to_vec();
-        // (From 3 bytes: the byte order mark is looked for in the first read only, which is at
-        // least 4 KiB in use.)
-        for read in [3, 4, 5, 7, 16, 64, 4096] {
-            let got = read_deferred(&text, Framing::new("\n", utf8, 100), utf8, read);
-            assert_eq!(
-                got,
-                [
-                    (b"first".to_vec(), 3, false),
-                    (b"second line".to_vec(), 10, false),
-                    (b"".to_vec(), 22, false),
-                    (b"third, a little longer than the others".to_vec(), 23, false),
-                    (b"x".to_vec(), 62, false)
-                ],
-                "read size {read}"
-            );
-        }
-        // A two-byte delimiter split between reads, and lines cut at max_line_bytes.
-        for read in [1, 2, 3, 4, 9, 4096] {
-            let got = read_deferred(b"ab||cdefghij||k||", Framing::new("||", utf8, 5), utf8, read);
-            let want = [(b"ab".to_vec(), 0, false), (b"cdefg".to_vec(), 4, true), (b"k".to_vec(), 14, false)];
-            assert_eq!(got, want, "read size {read}");
-        }
-        // UTF-16: a newline byte at an odd position is not a line end.
-        let utf16 = TextEncoding::for_label("utf-16le").unwrap();
-        let text: Vec<u8> = "\u{0A41}\u{0100}\nx\n".encode_utf16().flat_map(u16::to_le_bytes).collect();
-        for read in [1, 3, 4, 64] {
-            let got = read_deferred(&text, Framing::new("\n", utf16, 100), utf16, read);
-            assert_eq!(got.iter().map(|l| l.1).collect::<Vec<_>>(), [0, 6], "read size {read}");
-            assert_eq!(utf16.decode(&got[0].0).as_str(), "\u{0A41}\u{0100}");
-        }
-    }
-
-    #[test]
-    fn a_failed_read_in_place_leaves_the_chunk_and_the_unfinished_line_as_they_were() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f.log");
-        std::fs::write(&path, "one\ntwo is unfin").unwrap();
-        let shape = shape("/p", "/o", "/h");
-        let now = Instant::now();
-        let mut t = Tracked::new(FileId { dev: 0, ino: 0 }, "k".into(), path.clone(), Arc::new(Map::new()), now);
-        t.source = Some(Source::Plain(File::open(&path).unwrap()));
-        t.tracker = Some(AckTracker::new(|_| {}));
-        let mut out = BatchBuilder { deferred: true, ..BatchBuilder::default() };
-        let mut buf = vec![0u8; 4096];
-        assert_eq!(read_turn(&mut t, &shape, &mut buf, &mut out, now, 0).unwrap(), Turn::Data(16));
-        let (text, spans) = (out.lines.text.clone(), out.lines.spans.clone());
-        // The file's handle now refuses reads (opened for writing only): the read fails.
-        std::io::Write::write_all(&mut std::fs::OpenOptions::new().append(true).open(&path).unwrap(), b"ished\n")
-            .unwrap();
-        t.source = Some(Source::Plain(std::fs::OpenOptions::new().write(true).open(&path).unwrap()));
-        assert!(read_turn(&mut t, &shape, &mut buf, &mut out, now, 0).is_err());
-        assert_eq!((&out.lines.text, &out.lines.spans, t.pos), (&text, &spans, 16), "nothing changed");
-        // Readable again: the unfinished line is completed whole, at its own offset.
-        t.source = Some(Source::Plain(File::open(&path).unwrap()));
-        assert_eq!(read_turn(&mut t, &shape, &mut buf, &mut out, now, 0).unwrap(), Turn::Data(6));
-        let last = out.lines.spans.last().unwrap();
-        assert_eq!((&out.lines.text[last.start..last.end], last.offset), (&b"two is unfinished"[..], 4));
-    }
-
-    #[test]
-    fn offsets_are_exact_across_chunks() {
-        let out = split("\n", "utf-8", 100, &[b"ab", b"c\r\nde", b"f\n\ng"]);
-        assert_eq!(
-            out,
-            [
-                (b"abc".to_vec(), 0, 5, false),
-                (b"def".to_vec(), 5, 9, false),
-                (b"".to_vec(), 9, 10, false),
-                (b"g".to_vec(), 10, 11, false)
-            ]
-        );
-    }
-
-    #[test]
-    fn long_lines_are_cut_and_offsets_skip_the_rest() {
-        let out = split("\n", "utf-8", 4, &[b"0123456789\nok\n"]);
-        assert_eq!(out, [(b"0123".to_vec(), 0, 11, true), (b"ok".to_vec(), 11, 14, false)]);
-        let out = split("\n", "utf-8", 4, &[b"01", b"2345", b"6789", b"\nok\n"]);
-        assert_eq!(out, [(b"0123".to_vec(), 0, 11, true), (b"ok".to_vec(), 11, 14, false)]);
-    }
-
-    #[test]
-    fn multibyte_delimiter_and_utf16_alignment() {
-        let out = split("||", "utf-8", 100, &[b"a|b||c|", b"|d"]);
-        assert_eq!(
-            out.iter().map(|o| o.0.clone()).collect::<Vec<_>>(),
-            [b"a|b".to_vec(), b"c".to_vec(), b"d".to_vec()]
-        );
-        // U+0A41 then U+0100 in UTF-16LE contains the bytes 0A 00 at an odd position.
-        let text: Vec<u8> = "\u{0A41}\u{0100}\nx\n".encode_utf16().flat_map(u16::to_le_bytes).collect();
-        let out = split("\n", "utf-16le", 100, &[&text[..3], &text[3..]]);
-        assert_eq!(out.len(), 2);
-        assert_eq!(TextEncoding::for_label("utf-16le").unwrap().decode(&out[0].0).as_str(), "\u{0A41}\u{0100}");
-        assert_eq!((out[1].1, out[1].2), (6, 10));
     }
 }

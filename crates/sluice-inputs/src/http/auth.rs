@@ -126,7 +126,7 @@ mod tests {
 
     fn authenticator(yaml: &str) -> Result<Option<Authenticator>, ConfigError> {
         let spec = spec(yaml);
-        let c: super::super::HttpConfig = spec.settings()?;
+        let (_, c) = super::super::config::read(&spec)?;
         Authenticator::from_config(&spec, c.auth.as_ref(), c.auth_token.as_deref())
     }
 

@@ -45,9 +45,8 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
-use sluice_config::{ByteSize, ConfigError, HumanDuration};
+use sluice_config::{ByteSize, ConfigError};
 use sluice_core::ack::AckOutcome;
 use sluice_core::figures::{Figure, Publish, Spec};
 use sluice_core::value::now_nanos;
@@ -57,70 +56,22 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use crate::limits::{Activity, ConnectionSlot, ConnectionSlots, WatchedIo, tls_handshake};
+use crate::listener::Listener;
 use crate::{Input, InputContext, InputError};
 
 mod auth;
 mod body;
+mod config;
 
-use auth::{AuthConfig, Authenticator};
+use auth::Authenticator;
+use config::HttpConfig;
 
 #[doc(hidden)]
 pub use body::parse_body_for_fuzzing;
 use body::{Admission, Refusal};
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HttpConfig {
-    address: String,
-    #[serde(default = "default_path")]
-    path: String,
-    #[serde(default = "default_max_body")]
-    max_body_bytes: ByteSize,
-    /// Shorthand for `auth: {bearer: TOKEN}`.
-    auth_token: Option<String>,
-    auth: Option<AuthConfig>,
-    #[serde(default = "default_max_connections")]
-    max_connections: usize,
-    #[serde(default = "default_max_events")]
-    max_events_per_request: usize,
-    #[serde(default = "default_header_timeout")]
-    header_timeout: HumanDuration,
-    #[serde(default = "default_body_timeout")]
-    body_timeout: HumanDuration,
-    #[serde(default = "default_idle_timeout")]
-    idle_timeout: HumanDuration,
-    #[serde(default = "default_request_timeout")]
-    request_timeout: HumanDuration,
-    /// HTTPS, with client certificates per `client_auth` (see docs/tls.md).
-    tls: Option<sluice_tls::TlsConfig>,
-}
-
-fn default_path() -> String {
-    "/".to_string()
-}
-fn default_max_body() -> ByteSize {
-    ByteSize(10 << 20)
-}
-fn default_max_connections() -> usize {
-    1024
-}
-fn default_max_events() -> usize {
-    100_000
-}
-fn default_header_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(10))
-}
-fn default_body_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(30))
-}
-fn default_idle_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(60))
-}
-fn default_request_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(30))
-}
-
 struct HttpInput {
+    listener: Listener,
     config: HttpConfig,
     auth: Option<Authenticator>,
     tls: Option<Arc<ServerTls>>,
@@ -131,36 +82,17 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError>
 }
 
 fn build_input(spec: &ComponentSpec) -> Result<HttpInput, ConfigError> {
-    let config: HttpConfig = spec.settings()?;
-    crate::tcp::check_address(&config.address).map_err(|m| spec.key_error("address", m))?;
-    if !config.path.starts_with('/') {
-        return Err(spec.key_error("path", format!("`{}` must start with `/`", config.path)));
-    }
-    if config.max_body_bytes.0 == 0 {
-        return Err(spec.key_error("max_body_bytes", "must be at least 1 byte"));
-    }
-    if config.max_connections == 0 {
-        return Err(spec.key_error("max_connections", "must be at least 1"));
-    }
-    if config.max_events_per_request == 0 {
-        return Err(spec.key_error("max_events_per_request", "must be at least 1"));
-    }
-    for (key, value) in [("body_timeout", config.body_timeout), ("request_timeout", config.request_timeout)] {
-        if value.0.is_zero() {
-            return Err(spec.key_error(key, "must be more than 0"));
-        }
-    }
+    let (listener, config) = config::read(spec)?;
     let auth = Authenticator::from_config(spec, config.auth.as_ref(), config.auth_token.as_deref())?;
-    let tls = ServerTls::for_component(spec, config.tls.as_ref())?;
-    Ok(HttpInput { config, auth, tls })
+    let tls = listener.server_tls(spec)?;
+    Ok(HttpInput { listener, config, auth, tls })
 }
 
 #[async_trait]
 impl Input for HttpInput {
     async fn run(self: Box<Self>, ctx: InputContext) -> Result<(), InputError> {
-        let address = &self.config.address;
-        let listener = ctx.listen_tcp(address).await?;
-        serve(*self, listener, ctx).await
+        let socket = ctx.listen_tcp(&self.listener.address).await?;
+        serve(*self, socket, ctx).await
     }
 
     fn listens(&self) -> bool {
@@ -211,12 +143,12 @@ const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nCont
 Connection: close\r\nContent-Length: 63\r\n\r\n{\"error\":\"too many open connections (max_connections); retry\"}";
 
 async fn serve(input: HttpInput, listener: TcpListener, ctx: InputContext) -> Result<(), InputError> {
-    let HttpInput { config, auth, tls } = input;
-    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.address.clone());
+    let HttpInput { listener: keys, config, auth, tls } = input;
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| keys.address.clone());
     tracing::info!(pipeline = %ctx.pipeline, input = %ctx.id, address = %local, path = %config.path,
-        max_connections = config.max_connections, tls = tls.is_some(), auth = auth.as_ref().map_or("none", Authenticator::kind),
+        max_connections = keys.max_connections, tls = tls.is_some(), auth = auth.as_ref().map_or("none", Authenticator::kind),
         "http input listening");
-    let slots = ConnectionSlots::new(config.max_connections);
+    let slots = ConnectionSlots::new(keys.max_connections);
     let shared = Arc::new(Shared {
         ctx: ctx.clone(),
         handshakes: Default::default(),
@@ -225,7 +157,7 @@ async fn serve(input: HttpInput, listener: TcpListener, ctx: InputContext) -> Re
         max_events: config.max_events_per_request,
         body_timeout: config.body_timeout.0,
         request_timeout: config.request_timeout.0,
-        idle_timeout: config.idle_timeout.0,
+        idle_timeout: keys.idle_timeout,
         header_timeout: config.header_timeout.0,
         auth,
         tls,

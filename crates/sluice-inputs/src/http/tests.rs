@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::tcp::tests::{context, spec};
+use sluice_config::HumanDuration;
 
 async fn start(yaml: &str) -> (SocketAddr, InputContext, mpsc::UnboundedReceiver<Batch>, tokio::task::JoinHandle<()>) {
     start_with_budget(yaml, 64 << 20).await
@@ -78,12 +79,12 @@ fn config_is_checked() {
     assert!(build(&spec("{type: http, address: '127.0.0.1:8080', path: nope}")).is_err());
     assert!(build(&spec("{type: http, address: '127.0.0.1:8080', codec: json}")).is_err());
     assert!(build(&spec("{type: http}")).is_err());
-    let c: HttpConfig = spec("{type: http, address: 'h:1'}").settings().unwrap();
+    let (l, c) = config::read(&spec("{type: http, address: 'h:1'}")).unwrap();
     assert_eq!((c.path.as_str(), c.max_body_bytes.0, c.auth_token), ("/", 10 << 20, None));
-    assert_eq!((c.max_connections, c.max_events_per_request), (1024, 100_000));
+    assert_eq!((l.max_connections, c.max_events_per_request), (1024, 100_000));
     let secs = |d: HumanDuration| d.0.as_secs();
     assert_eq!(
-        (secs(c.header_timeout), secs(c.body_timeout), secs(c.idle_timeout), secs(c.request_timeout)),
+        (secs(c.header_timeout), secs(c.body_timeout), l.idle_timeout.as_secs(), secs(c.request_timeout)),
         (10, 30, 60, 30)
     );
     for bad in ["max_connections: 0", "max_events_per_request: 0", "body_timeout: 0", "request_timeout: 0"] {

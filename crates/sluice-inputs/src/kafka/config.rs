@@ -7,7 +7,6 @@
 //! error naming it), and the keys the input owns — offsets are committed by the input itself,
 //! never automatically — refused in `librdkafka_options`.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
@@ -22,11 +21,6 @@ use crate::codec::Codec;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct KafkaInputConfig {
-    pub bootstrap_servers: String,
-    pub tls: Option<sluice_tls::TlsConfig>,
-    pub sasl: Option<sluice_kafka::Sasl>,
-    #[serde(default)]
-    pub librdkafka_options: BTreeMap<String, String>,
     /// Topic names; an entry starting with `^` is a regular expression.
     pub topics: Vec<String>,
     pub group_id: String,
@@ -129,7 +123,16 @@ const OWNED: &[&str] = &[
 /// How long librdkafka waits before fetching again a partition whose local queue was full.
 const FETCH_QUEUE_BACKOFF_MS: &str = "10";
 
-pub(super) fn consumer_config(spec: &ComponentSpec, c: &KafkaInputConfig) -> Result<ClientConfig, ConfigError> {
+/// Reads the input's connection keys and its own.
+pub(super) fn read(spec: &ComponentSpec) -> Result<(Connection, KafkaInputConfig), ConfigError> {
+    Connection::read(spec)
+}
+
+pub(super) fn consumer_config(
+    spec: &ComponentSpec,
+    connection: &Connection,
+    c: &KafkaInputConfig,
+) -> Result<ClientConfig, ConfigError> {
     if c.topics.is_empty() {
         return Err(spec.key_error("topics", "needs at least one topic name (or a `^regex` pattern)"));
     }
@@ -152,12 +155,6 @@ pub(super) fn consumer_config(spec: &ComponentSpec, c: &KafkaInputConfig) -> Res
     if c.revoke_timeout.0.is_zero() {
         return Err(spec.key_error("revoke_timeout", "must be more than 0"));
     }
-    let connection = Connection {
-        bootstrap_servers: c.bootstrap_servers.clone(),
-        tls: c.tls.clone(),
-        sasl: c.sasl.clone(),
-        librdkafka_options: c.librdkafka_options.clone(),
-    };
     let mut config = connection.client_config(spec, OWNED)?;
     // A member that does not poll for max.poll.interval.ms leaves the group; a revocation
     // waits inside the poll, so it must end well before.
@@ -184,7 +181,7 @@ pub(super) fn consumer_config(spec: &ComponentSpec, c: &KafkaInputConfig) -> Res
     // the fetcher got ahead of the pipeline, that left the input idle for most of a second
     // (bench/kafka.py: 343,000 records/s with the default, 740,000 with 10 ms). A user's value
     // wins.
-    if !c.librdkafka_options.contains_key("fetch.queue.backoff.ms") {
+    if !connection.librdkafka_options.contains_key("fetch.queue.backoff.ms") {
         config.set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS);
     }
     connection.check(spec, &config)?;

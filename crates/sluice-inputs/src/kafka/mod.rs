@@ -41,7 +41,6 @@ use tokio::sync::{mpsc, oneshot};
 use crate::admission;
 use crate::codec::{Codec, Decoded};
 use crate::{Input, InputContext, InputError};
-use config::KafkaInputConfig;
 use consumer::{Chunk, Context, Shared};
 use decode::Fields;
 use figures::Figures;
@@ -63,13 +62,13 @@ struct KafkaInput {
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
-    let c: KafkaInputConfig = spec.settings()?;
-    let client = config::consumer_config(spec, &c)?;
+    let (connection, c) = config::read(spec)?;
+    let client = config::consumer_config(spec, &connection, &c)?;
     Ok(Box::new(KafkaInput {
         client,
         topics: c.topics,
         group_id: c.group_id,
-        bootstrap: c.bootstrap_servers,
+        bootstrap: connection.bootstrap_servers,
         codec: c.codec.codec(),
         fields: Fields {
             topic: c.topic_field,

@@ -5,13 +5,13 @@
 
 use sluice_config::ConfigError;
 
-use super::config::{KafkaCodec, KafkaInputConfig, OffsetReset, consumer_config};
+use super::config::{KafkaCodec, OffsetReset, consumer_config, read};
 use crate::tcp::tests::spec;
 
 fn build(yaml: &str) -> Result<rdkafka::ClientConfig, ConfigError> {
     let spec = spec(yaml);
-    let c: KafkaInputConfig = spec.settings()?;
-    consumer_config(&spec, &c)
+    let (connection, c) = read(&spec)?;
+    consumer_config(&spec, &connection, &c)
 }
 
 fn error(yaml: &str) -> String {
@@ -24,20 +24,33 @@ fn error(yaml: &str) -> String {
 #[test]
 fn defaults() {
     let spec = spec("{type: kafka, bootstrap_servers: '127.0.0.1:9092', topics: [logs], group_id: sluice}");
-    let c: KafkaInputConfig = spec.settings().unwrap();
+    let (_, c) = read(&spec).unwrap();
     assert_eq!(c.auto_offset_reset, OffsetReset::Latest);
     assert_eq!(c.codec, KafkaCodec::Text);
     assert_eq!(c.commit_interval.0, std::time::Duration::from_secs(1));
     assert_eq!(c.revoke_timeout.0, std::time::Duration::from_secs(10));
     assert_eq!(c.topic_field.unwrap().as_str(), "/@metadata/kafka/topic");
     assert_eq!(c.headers_field.unwrap().as_str(), "/@metadata/kafka/headers");
-    let client = consumer_config(&spec, &spec.settings().unwrap()).unwrap();
+    let (connection, own) = read(&spec).unwrap();
+    let client = consumer_config(&spec, &connection, &own).unwrap();
     assert_eq!(client.get("group.id"), Some("sluice"));
     assert_eq!(client.get("enable.auto.commit"), Some("false"));
     assert_eq!(client.get("enable.auto.offset.store"), Some("false"));
     assert_eq!(client.get("auto.offset.reset"), Some("latest"));
     assert_eq!(client.get("fetch.queue.backoff.ms"), Some("10"));
     assert!(crate::build(&spec).is_ok());
+}
+
+#[test]
+fn an_unknown_key_lists_the_connection_keys_too() {
+    let e = error("{type: kafka, bootstrap_servers: 'a:9092', topics: [t], group_id: g, bootstrap_server: 'b:1'}");
+    assert!(
+        e.contains("pipelines.p.inputs[0].bootstrap_server: unknown field `bootstrap_server`, expected one of"),
+        "{e}"
+    );
+    assert!(e.contains("`group_id`") && e.contains("`bootstrap_servers`, `tls`, `sasl`, `librdkafka_options`"), "{e}");
+    let e = error("{type: kafka, bootstrap_servers: 'a:9092', topics: [t], group_id: g, sasl: {mechanism: PLAIN}}");
+    assert!(e.contains("pipelines.p.inputs[0].sasl: missing field `username`"), "{e}");
 }
 
 #[test]
@@ -57,7 +70,7 @@ fn keys_are_taken() {
     let spec = spec(
         "{type: kafka, bootstrap_servers: 'a:1', topics: [t], group_id: g, codec: json_lines, partition_field: null}",
     );
-    let c: KafkaInputConfig = spec.settings().unwrap();
+    let (_, c) = read(&spec).unwrap();
     assert_eq!(c.codec, KafkaCodec::Json);
     assert!(c.partition_field.is_none());
 }

@@ -46,7 +46,7 @@ async fn start_tcp(
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (ctx, rx) = context();
-    let (mode, settings, tls) = super::settings(&spec(yaml)).unwrap();
+    let (mode, settings, tls) = super::config::read(&spec(yaml)).unwrap();
     assert_eq!(mode, Mode::Tcp);
     let c = ctx.clone();
     let task = tokio::spawn(async move { tcp::serve(settings, tls, listener, c).await.unwrap() });
@@ -57,7 +57,7 @@ async fn start_udp(
     yaml: &str,
 ) -> (SocketAddr, InputContext, mpsc::UnboundedReceiver<Batch>, tokio::task::JoinHandle<()>) {
     let (ctx, rx) = context();
-    let (mode, settings, _) = super::settings(&spec(yaml)).unwrap();
+    let (mode, settings, _) = super::config::read(&spec(yaml)).unwrap();
     assert_eq!(mode, Mode::Udp);
     let socket = udp::bind(&settings, &ctx).await.unwrap();
     let addr = socket.local_addr().unwrap();
@@ -90,7 +90,7 @@ fn settings_are_checked() {
     assert!(e.contains(".max_connections"), "{e}");
     let e = build_err("{type: syslog, mode: tcp, address: 'h:1', colour: red}");
     assert!(e.contains("colour"), "{e}");
-    let (_, s, _) = super::settings(&spec("{type: syslog, mode: tcp, address: 'h:1'}")).unwrap();
+    let (_, s, _) = super::config::read(&spec("{type: syslog, mode: tcp, address: 'h:1'}")).unwrap();
     assert_eq!((s.max_message_bytes, s.max_connections, s.idle_timeout), (64 << 10, 1024, Duration::ZERO));
     assert!(s.peer_field.is_none() && s.receive_buffer_bytes.is_none());
 }
@@ -400,7 +400,7 @@ async fn throughput() {
         let (mut ctx, _rx) = context();
         let counter = Arc::new(CountingQueue(std::sync::atomic::AtomicU64::new(0)));
         ctx.queue = counter.clone();
-        let (_, settings, _) = super::settings(&spec("{type: syslog, mode: tcp, address: 'x:0'}")).unwrap();
+        let (_, settings, _) = super::config::read(&spec("{type: syslog, mode: tcp, address: 'x:0'}")).unwrap();
         let task = tokio::spawn(tcp::serve(settings, None, listener, ctx.clone()));
         let chunk = one.repeat(1000);
         let total = 1_000_000u64;

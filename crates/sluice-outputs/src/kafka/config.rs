@@ -1,4 +1,5 @@
-//! The `kafka` output's settings and the librdkafka producer configuration made from them.
+//! The `kafka` output's settings (the connection keys, shared with the input, through
+//! [`Connection`]) and the librdkafka producer configuration made from them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,11 +15,6 @@ use crate::retry::RetryConfig;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaOutputConfig {
-    pub bootstrap_servers: String,
-    pub tls: Option<sluice_tls::TlsConfig>,
-    pub sasl: Option<sluice_kafka::Sasl>,
-    #[serde(default)]
-    pub librdkafka_options: BTreeMap<String, String>,
     /// Topic template: `%{/field}` and date parts.
     pub topic: String,
     /// Record key template; an event without the field gets no key.
@@ -122,7 +118,16 @@ const OWNED: &[&str] = &[
     "delivery.timeout.ms",
 ];
 
-pub fn producer_config(spec: &ComponentSpec, c: &KafkaOutputConfig) -> Result<ClientConfig, ConfigError> {
+/// Reads the output's connection keys and its own.
+pub fn read(spec: &ComponentSpec) -> Result<(Connection, KafkaOutputConfig), ConfigError> {
+    Connection::read(spec)
+}
+
+pub fn producer_config(
+    spec: &ComponentSpec,
+    connection: &Connection,
+    c: &KafkaOutputConfig,
+) -> Result<ClientConfig, ConfigError> {
     if c.idempotence && c.acks != Acks::All {
         return Err(spec
             .key_error("acks", "the idempotent producer needs `acks: all`; set `idempotence: false` to use another"));
@@ -136,12 +141,6 @@ pub fn producer_config(spec: &ComponentSpec, c: &KafkaOutputConfig) -> Result<Cl
     if c.batches_in_flight < 1 || c.batches_in_flight > MAX_BATCHES_IN_FLIGHT {
         return Err(spec.key_error("batches_in_flight", format!("must be between 1 and {MAX_BATCHES_IN_FLIGHT}")));
     }
-    let connection = Connection {
-        bootstrap_servers: c.bootstrap_servers.clone(),
-        tls: c.tls.clone(),
-        sasl: c.sasl.clone(),
-        librdkafka_options: c.librdkafka_options.clone(),
-    };
     let mut config = connection.client_config(spec, OWNED)?;
     config.set(
         "acks",

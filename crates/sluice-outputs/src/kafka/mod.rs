@@ -55,7 +55,7 @@ mod config;
 #[cfg(test)]
 mod tests;
 
-use config::{Codec, KafkaOutputConfig};
+use config::Codec;
 
 pub(crate) struct KafkaOutput {
     producer: FutureProducer<ProducerLog>,
@@ -79,7 +79,7 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
 }
 
 pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<KafkaOutput, ConfigError> {
-    let c: KafkaOutputConfig = spec.settings()?;
+    let (connection, c) = config::read(spec)?;
     let template = |key: &str, src: &str| {
         Template::parse(src).map_err(|e| spec.key_error(key, format!("`{src}` is not a valid template: {e}")))
     };
@@ -92,7 +92,7 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<K
     for (name, value) in &c.headers {
         headers.push((name.clone(), template("headers", value)?));
     }
-    let client = config::producer_config(spec, &c)?;
+    let client = config::producer_config(spec, &connection, &c)?;
     let sending = Arc::new(AtomicUsize::new(0));
     let log = ProducerLog {
         pipeline: ctx.pipeline.clone(),
@@ -118,7 +118,7 @@ pub(crate) fn build_output(spec: &ComponentSpec, ctx: OutputContext) -> Result<K
         stall: StallLog::for_output(&ctx.metrics),
         refused_log: StallLog::default(),
         figures,
-        bootstrap: c.bootstrap_servers.clone(),
+        bootstrap: connection.bootstrap_servers.clone(),
         batches_in_flight: c.batches_in_flight,
         sending,
         ctx,

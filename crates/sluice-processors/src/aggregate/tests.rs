@@ -109,7 +109,7 @@ fn registered_as_a_stateful_processor() {
     assert_eq!(s.tick(), Duration::from_secs(1));
     let short = agg("type: aggregate\nidentification_keys: [/u]\naction: count\ngroup_duration: 40ms");
     assert_eq!(short.tick(), Duration::from_millis(10));
-    assert!(crate::TYPES.contains(&"aggregate"));
+    assert!(crate::KINDS.iter().any(|k| k.name == "aggregate"));
 }
 
 #[test]

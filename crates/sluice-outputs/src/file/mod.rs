@@ -47,6 +47,8 @@
 //!
 //! Blocking file system calls run on tokio's blocking pool; no lock is held across an await.
 
+mod config;
+
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
@@ -56,7 +58,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::Event;
@@ -64,40 +65,8 @@ use sluice_expr::Template;
 
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, Rejected};
-
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum FileCodec {
-    /// One JSON object per line.
-    #[default]
-    Json,
-    /// The `message` field (or the event as JSON when it has none), one per line.
-    Text,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    path: Template,
-    root: Option<PathBuf>,
-    #[serde(default)]
-    codec: FileCodec,
-    #[serde(default = "yes")]
-    create_dirs: bool,
-    #[serde(default)]
-    fsync: bool,
-    #[serde(default = "default_max_open")]
-    max_open_files: usize,
-    #[serde(default)]
-    retry: RetryConfig,
-}
-
-fn yes() -> bool {
-    true
-}
-fn default_max_open() -> usize {
-    256
-}
+pub use config::FileCodec;
+use config::FileConfig;
 
 struct FileOutput {
     path: Template,

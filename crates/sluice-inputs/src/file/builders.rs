@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 use sluice_core::{AckSet, Batch, MemoryCharge, SharedText, TextPool};
 
-use super::reader::{self, Group, Lines, Shape};
+use super::events::{self, Group, Lines, Shape};
 use crate::InputContext;
 
 /// Lines of one or more files and the acknowledgement of each file's share.
@@ -196,7 +196,7 @@ impl Worker {
             let text_bytes = lines.text.len();
             let mut failed = 0;
             let text = SharedText::pooled(std::mem::take(&mut lines.text), &self.texts);
-            let events = reader::build_events(&self.shape, &text, &lines.spans, &groups, &mut failed);
+            let events = events::build_events(&self.shape, &text, &lines.spans, &groups, &mut failed);
             drop(text);
             drop(groups);
             lines.clear();
@@ -230,7 +230,8 @@ mod tests {
     use crate::codec::Codec;
     use crate::file::acks::AckTracker;
     use crate::file::decode::TextEncoding;
-    use crate::file::reader::{Framing, Group};
+    use crate::file::events::Group;
+    use crate::file::framing::Framing;
 
     fn shape() -> Arc<Shape> {
         let utf8 = TextEncoding::for_label("utf-8").unwrap();
