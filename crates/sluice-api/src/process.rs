@@ -27,8 +27,9 @@ fn resident_bytes() -> Option<u64> {
 
 /// User and system CPU time of every thread of the process.
 fn cpu_seconds() -> Option<f64> {
-    // SAFETY: getrusage fills the struct it is given and reads nothing else.
+    // SAFETY: `rusage` is a C struct of integers, for which all zeroes is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct it is given and reads nothing else.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
         return None;
     }

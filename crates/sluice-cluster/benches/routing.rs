@@ -17,13 +17,8 @@ const BATCH: usize = 1000;
 const USERS: u64 = 10_000;
 
 fn events() -> Vec<Event> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = sluice_testkit::Rng::with_seed(0x9e37_79b9_7f4a_7c15);
+    let mut next = move || rng.next_u64();
     (0..BATCH)
         .map(|i| {
             let r = next();

@@ -8,7 +8,7 @@
 //!
 //! A batch sent again (the sender's link epoch and seq name it) is never taken twice: it is
 //! answered "taken" if it was, or gets the first one's answer if it is being taken. What
-//! records a batch as being taken is an [`InProgress`] guard that travels with the batch into
+//! records a batch as being taken is an `InProgress` guard that travels with the batch into
 //! the pipeline's acknowledgement; if the batch is dropped before it gets there (its
 //! connection ended while it waited for a taker), the guard forgets it and answers "retry" to
 //! whoever waits, so the next resend is taken — a stall can never leave a batch answered

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use sluice_core::{AckSet, Event};
+use sluice_testkit::{eventually_async, wait_until_async};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -237,11 +238,7 @@ async fn a_batch_left_waiting_for_a_taker_by_a_closed_connection_is_taken_when_s
     for seq in 0..5 {
         send_batch(&mut first, seq, 0).await;
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while blocked.taken.lock().len() < 4 {
-        assert!(tokio::time::Instant::now() < deadline, "the four takers did not start");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until_async("the four takers to start", Duration::from_secs(5), || blocked.taken.lock().len() >= 4).await;
     // Batch 4 is read and waits for a taker.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(blocked.taken.lock().len(), 4, "more than four batches of one connection taken at once");
@@ -266,11 +263,8 @@ async fn a_batch_left_waiting_for_a_taker_by_a_closed_connection_is_taken_when_s
     blocked.gate.add_permits(1000);
     // ...and, sent again, it is taken and answered.
     send_batch(&mut second, 4, 0).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while blocked.taken.lock().is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "batch 4 sent again was not taken");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until_async("batch 4 sent again to be taken", Duration::from_secs(5), || !blocked.taken.lock().is_empty())
+        .await;
     let acks: Vec<AckSet> = blocked.taken.lock().drain(..).collect();
     assert_eq!(acks.len(), 1);
     for a in acks {
@@ -326,11 +320,8 @@ async fn connections_that_never_handshake_are_capped_and_counted() {
         silent.push(TcpStream::connect(cluster.config().listen).await.unwrap());
     }
     let m = cluster.metrics();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while m.handshakes_evicted.get() < 32 {
-        assert!(tokio::time::Instant::now() < deadline, "evicted only {}", m.handshakes_evicted.get());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let evicted = eventually_async(Duration::from_secs(5), || m.handshakes_evicted.get() >= 32).await;
+    assert!(evicted, "evicted only {}", m.handshakes_evicted.get());
     assert!(cluster.shared.handshakes.len() <= 8, "{} handshaking", cluster.shared.handshakes.len());
     // A real peer gets in while they hold their places.
     let mut tcp = connect(&cluster, 1).await;
@@ -338,11 +329,8 @@ async fn connections_that_never_handshake_are_capped_and_counted() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     recording.complete_all();
     assert_eq!(answer(&mut tcp).await, (0, frame::ACK_TAKEN));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while m.handshakes_timed_out.get() < 7 {
-        assert!(tokio::time::Instant::now() < deadline, "timed out only {}", m.handshakes_timed_out.get());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let timed_out = eventually_async(Duration::from_secs(5), || m.handshakes_timed_out.get() >= 7).await;
+    assert!(timed_out, "timed out only {}", m.handshakes_timed_out.get());
     assert_eq!(cluster.shared.handshakes.len(), 0);
     assert_eq!(m.handshakes_evicted.get() + m.handshakes_timed_out.get(), 40, "every silent connection counted once");
     drop(silent);

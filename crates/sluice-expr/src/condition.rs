@@ -828,13 +828,8 @@ mod tests {
             "-", "-2", "1.5", "1e3", "e", ".", "true", "null", "exists", "exists(", "é", "💥", "\n", "\t", "%{", "}",
             "[1,2]", "(?", "*", "+",
         ];
-        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut rng = sluice_testkit::Rng::from_env();
+        let mut next = move || rng.next_u64();
         let e = ev();
         for _ in 0..3000 {
             let n = (next() % 12) as usize;

@@ -367,13 +367,8 @@ mod tests {
             "%", "{", "}", "%{", "%{/", "%{+", "/", "a", "~", "~1", "+", "%Y", "%", "YYYY", "MM", "'", "''", "S",
             "SSS", "é", "💥", " ", "\\", "%.3f", "%:z", "%-", "Q",
         ];
-        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut rng = sluice_testkit::Rng::from_env();
+        let mut next = move || rng.next_u64();
         let e = ev();
         for _ in 0..3000 {
             let n = (next() % 10) as usize;

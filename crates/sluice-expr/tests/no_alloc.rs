@@ -13,16 +13,22 @@ thread_local! {
     static ALLOCS: Cell<usize> = const { Cell::new(0) };
 }
 
+// SAFETY: every method hands its arguments to `System` unchanged and returns what it returns,
+// so `System`'s guarantees are this allocator's. The tally is a const-initialised thread local
+// that never allocates (and `try_with` skips it once the thread's locals are gone).
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller's promise about `layout` is passed on as it was made.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, which is `System`, with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: as in `dealloc`; `new_size` is the caller's, checked by the caller.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }

@@ -1082,6 +1082,7 @@ mod tests {
     /// socket's `TCP_INFO` is its maximum accept queue).
     fn backlog(listener: &tokio::net::TcpListener) -> u32 {
         use std::os::fd::AsRawFd;
+        // SAFETY: `tcp_info` is a C struct of integers, for which all zeroes is a valid value.
         let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
         let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
         // SAFETY: `info` is a writable `tcp_info` of `len` bytes and the descriptor is open for

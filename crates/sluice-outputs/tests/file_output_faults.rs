@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{build, build_err, build_with, context, event, refs};
 use serde_json::json;
 use sluice_outputs::Output;
+use sluice_testkit::wait_until_async;
 
 fn read(path: impl AsRef<Path>) -> String {
     std::fs::read_to_string(path.as_ref()).unwrap_or_else(|e| panic!("{}: {e}", path.as_ref().display()))
@@ -24,15 +25,6 @@ async fn send(out: &dyn Output, events: &[sluice_core::Event]) -> sluice_outputs
         .await
         .expect("the send came back (an event's own fault must not be retried)")
         .expect("not aborted")
-}
-
-/// Waits until `done` holds, checking every few milliseconds, for at most [`PATIENCE`].
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test]
@@ -201,7 +193,7 @@ async fn stalls_then_resumes(break_it: impl FnOnce(&Path), mend_it: impl FnOnce(
         let d = out.send(&refs(&events)).await;
         (d, out)
     });
-    eventually("the output retried three times", || metrics.retries.get() >= 3).await;
+    wait_until_async("the output retried three times", PATIENCE, || metrics.retries.get() >= 3).await;
     assert!(!sending.is_finished(), "the send waits while the directory is unusable");
     mend_it(&logs);
     let (d, _out) = tokio::time::timeout(PATIENCE, sending).await.expect("resumed").unwrap();
@@ -278,7 +270,7 @@ async fn the_directory_made_read_only_holds_the_pipeline_back_until_it_is_writab
     std::fs::create_dir(&logs).unwrap();
     let at = logs.to_str().unwrap();
     if !run("mount", &["--bind", at, at]) {
-        eprintln!("skipped: cannot bind-mount here (needs root)");
+        sluice_testkit::root::root_unavailable("a read-only bind mount", "`mount --bind` failed");
         return;
     }
     // Whatever happens below, the bind mount goes.
@@ -306,7 +298,7 @@ async fn the_directory_made_read_only_holds_the_pipeline_back_until_it_is_writab
         let d = out.send(&refs(&events)).await;
         (d, out)
     });
-    eventually("the output retried three times", || metrics.retries.get() >= 3).await;
+    wait_until_async("the output retried three times", PATIENCE, || metrics.retries.get() >= 3).await;
     assert!(!sending.is_finished(), "the send waits while the directory is read-only");
     assert!(run("mount", &["-o", "remount,bind,rw", at]), "remount writable");
     let (d, _out) = tokio::time::timeout(PATIENCE, sending).await.expect("resumed").unwrap();

@@ -138,11 +138,8 @@ async fn a_peer_down_holds_the_batch_until_it_listens_counting_retries() {
         let events = numbered(2);
         out.send(&refs(&events)).await
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while metrics.retries.get() < 3 {
-        assert!(tokio::time::Instant::now() < deadline, "the output never retried");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    sluice_testkit::wait_until_async("the output to retry", Duration::from_secs(20), || metrics.retries.get() >= 3)
+        .await;
     assert!(!sending.is_finished(), "the batch waits for the peer");
     let listener = TcpListener::bind(address).await.unwrap();
     let (mut peer, _) = bounded(listener.accept()).await.unwrap();

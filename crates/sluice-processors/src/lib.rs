@@ -180,13 +180,8 @@ mod tests {
             "type: date\nsource: /message\nformats: [ISO8601]\non_failure: dlq",
         ];
         let processors: Vec<_> = configs.iter().map(|c| build(&spec_from_yaml(c).unwrap()).unwrap()).collect();
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = sluice_testkit::Rng::from_env();
+        let mut next = move || rng.next_u64();
         for round in 0..3000 {
             let mut text = String::new();
             for _ in 0..next() % 24 {

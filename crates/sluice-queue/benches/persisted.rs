@@ -14,6 +14,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_config::{ByteSize, HumanDuration};
 use sluice_core::{AckSet, Acker, Batch, Event, Queue};
 use sluice_queue::persisted::{PersistedQueue, PersistedQueueConfig, SyncPolicy};
+use sluice_testkit::Rng;
 
 // The allocator the `sluice` binary uses.
 sluice_alloc::install!();
@@ -52,12 +53,9 @@ fn suricata(i: u64) -> String {
     )
 }
 
-/// The message of event `i`: one of seven kinds, picked by a fixed-seed xorshift.
-fn sample(i: u64, rng: &mut u64) -> String {
-    *rng ^= *rng << 13;
-    *rng ^= *rng >> 7;
-    *rng ^= *rng << 17;
-    match *rng % 7 {
+/// The message of event `i`: one of seven kinds, picked by a fixed-seed generator.
+fn sample(i: u64, rng: &mut Rng) -> String {
+    match rng.below(7) {
         0 => APACHE.to_string(),
         1 => cloudtrail(i),
         2 => cloudflare(i),
@@ -68,7 +66,7 @@ fn sample(i: u64, rng: &mut u64) -> String {
     }
 }
 
-fn events(n: usize, rng: &mut u64) -> (Vec<Event>, usize) {
+fn events(n: usize, rng: &mut Rng) -> (Vec<Event>, usize) {
     let mut bytes = 0;
     let events = (0..n as u64)
         .map(|i| {
@@ -185,7 +183,7 @@ async fn drain_two(q: &Arc<PersistedQueue>, n: usize, batch: usize) {
 
 fn write_and_read(c: &mut Criterion) {
     let rt = runtime();
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rng = Rng::with_seed(0x9E37_79B9_7F4A_7C15);
     // 64 batches of 1,000 events: ~47 MB of frames per iteration.
     let template: Vec<Vec<Event>> = (0..64).map(|_| events(1000, &mut rng).0).collect();
     let bytes: u64 = template.iter().map(|b| frame_bytes(b)).sum();
@@ -243,7 +241,7 @@ fn sync_1k(c: &mut Criterion) {
         sync_1k_phases(&rt, true);
         return;
     }
-    let mut rng = 0x1234_5678_9ABC_DEF1u64;
+    let mut rng = Rng::with_seed(0x1234_5678_9ABC_DEF1);
     let (template, _) = events(1000, &mut rng);
     let mut g = c.benchmark_group("persisted");
     g.sample_size(20);
@@ -296,7 +294,7 @@ async fn publish(q: &PersistedQueue, batches: Vec<Vec<Event>>, acked: bool) {
 /// had all come (with `acked`), when the first read returned, when the drain ended, and of the
 /// fdatasyncs per op.
 fn sync_1k_phases(rt: &tokio::runtime::Runtime, acked: bool) {
-    let mut rng = 0x1234_5678_9ABC_DEF1u64;
+    let mut rng = Rng::with_seed(0x1234_5678_9ABC_DEF1);
     let (template, _) = events(1000, &mut rng);
     let (mut pushed, mut durable, mut first, mut drained, mut fsyncs) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -353,7 +351,7 @@ fn sync_1k_phases(rt: &tokio::runtime::Runtime, acked: bool) {
 /// Start-up with 1 GiB unacknowledged: time from opening the queue to the first event popped.
 fn startup_1gib(c: &mut Criterion) {
     let rt = runtime();
-    let mut rng = 0xDEAD_BEEF_CAFE_F00Du64;
+    let mut rng = Rng::with_seed(0xDEAD_BEEF_CAFE_F00D);
     let dir = tempfile::tempdir().unwrap();
     let cfg = PersistedQueueConfig { max_bytes: ByteSize(2 << 30), ..config(2, 16 << 20) };
     // Fill once (not timed): about 1 GiB of frames, never acknowledged.
@@ -388,7 +386,7 @@ fn startup_1gib(c: &mut Criterion) {
 }
 
 fn sample_sizes(_: &mut Criterion) {
-    let mut rng = 0x1234_5678_9ABC_DEF1u64;
+    let mut rng = Rng::with_seed(0x1234_5678_9ABC_DEF1);
     let (evs, bytes) = events(1000, &mut rng);
     let min = evs.iter().map(|e| e.message().map_or(0, str::len)).min().unwrap_or(0);
     let max = evs.iter().map(|e| e.message().map_or(0, str::len)).max().unwrap_or(0);

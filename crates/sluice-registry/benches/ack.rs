@@ -13,16 +13,9 @@ fn ack(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let registry = Registry::open(dir.path(), RegistryOptions::default()).expect("open the registry");
     let cursors: Vec<_> = (0..KEYS).map(|i| registry.cursor(&format!("/var/log/app/file-{i:05}.log"))).collect();
-    // A fixed pseudo-random key order (xorshift), precomputed so the bench measures commits.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let random: Vec<u32> = (0..COMMITS)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % KEYS as u64) as u32
-        })
-        .collect();
+    // A fixed pseudo-random key order, precomputed so the bench measures commits.
+    let mut rng = sluice_testkit::Rng::with_seed(0x9e37_79b9_7f4a_7c15);
+    let random: Vec<u32> = (0..COMMITS).map(|_| rng.below(KEYS as u64) as u32).collect();
 
     let mut group = c.benchmark_group("registry_ack");
     group.throughput(Throughput::Elements(COMMITS));

@@ -46,13 +46,8 @@ fn child_writer() {
 fn sigkill_at_any_moment_keeps_every_durable_offset() {
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut random = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rng = sluice_testkit::Rng::from_env();
+    let mut random = move |n: u64| rng.below(n);
     let mut durable = 0u64;
     for cycle in 0..12 {
         let mut child = Command::new(&exe)

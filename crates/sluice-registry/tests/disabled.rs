@@ -22,6 +22,7 @@ fn commits_are_ignored_when_disabled() {
     r.close().unwrap();
     drop(r);
 
+    // SAFETY: as above; the registry closed and dropped above has no thread left to read it.
     unsafe { std::env::remove_var(DISABLED_ENV) };
     let r = Registry::open(dir.path(), opts).unwrap();
     assert!(r.entries().is_empty());

@@ -17,27 +17,24 @@ use sluice_core::{Event, Map, Value};
 use sluice_segment::{
     EventDecoder, FrameCursor, FrameResult, append_frame, decode_event_body, encode_event, try_append_frame,
 };
+use sluice_testkit::Rng;
 
-struct XorShift(u64);
+/// Log-line pieces drawn from the shared generator.
+trait Draw {
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str;
+    fn ip(&mut self) -> String;
+    fn hex(&mut self, n: usize) -> String;
+}
 
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
+impl Draw for Rng {
     fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len() as u64) as usize]
+        items[self.index(items.len())]
     }
     fn ip(&mut self) -> String {
         format!("{}.{}.{}.{}", 1 + self.below(223), self.below(256), self.below(256), 1 + self.below(254))
     }
     fn hex(&mut self, n: usize) -> String {
-        (0..n).map(|_| char::from(b"0123456789abcdef"[self.below(16) as usize])).collect()
+        (0..n).map(|_| char::from(b"0123456789abcdef"[self.index(16)])).collect()
     }
 }
 
@@ -57,7 +54,7 @@ const PATHS: &[&str] = &[
 ];
 const EVENTS: &[&str] = &["GetObject", "PutObject", "AssumeRole", "DescribeInstances", "ConsoleLogin", "CreateTags"];
 
-fn apache(r: &mut XorShift) -> String {
+fn apache(r: &mut Rng) -> String {
     format!(
         "{} - - [10/Oct/2025:13:{:02}:{:02} +0000] \"{} {} HTTP/1.1\" {} {} \"https://www.example.com{}\" \"{}\"",
         r.ip(),
@@ -72,7 +69,7 @@ fn apache(r: &mut XorShift) -> String {
     )
 }
 
-fn cloudtrail(r: &mut XorShift) -> String {
+fn cloudtrail(r: &mut Rng) -> String {
     let event = r.pick(EVENTS);
     let tags: Vec<String> =
         (0..23 + r.below(54)).map(|i| format!("{{\"key\":\"team-{i}\",\"value\":\"{}\"}}", r.hex(12))).collect();
@@ -108,7 +105,7 @@ fn cloudtrail(r: &mut XorShift) -> String {
     )
 }
 
-fn vpc_flow(r: &mut XorShift) -> String {
+fn vpc_flow(r: &mut Rng) -> String {
     let start = 1_760_000_000 + r.below(100_000);
     format!(
         "2 123456789012 eni-{} {} {} {} {} {} {} {} {} {} {} OK",
@@ -126,7 +123,7 @@ fn vpc_flow(r: &mut XorShift) -> String {
     )
 }
 
-fn cisco_asa(r: &mut XorShift) -> String {
+fn cisco_asa(r: &mut Rng) -> String {
     let (src, dst) = (r.ip(), r.ip());
     format!(
         "<166>Oct 10 2025 13:{:02}:{:02} fw-edge-01 : %ASA-6-302013: Built outbound TCP connection {} for outside:{}/{} ({}/{}) to inside:{}/{} ({}/{})",
@@ -144,7 +141,7 @@ fn cisco_asa(r: &mut XorShift) -> String {
     )
 }
 
-fn iis(r: &mut XorShift) -> String {
+fn iis(r: &mut Rng) -> String {
     format!(
         "2025-10-10 13:{:02}:{:02} W3SVC1 WEB{:02} 10.0.0.5 {} {} - 443 - {} HTTP/1.1 {} - https://www.example.com/ www.example.com {} 0 0 {} {} {}",
         r.below(60),
@@ -162,7 +159,7 @@ fn iis(r: &mut XorShift) -> String {
 }
 
 fn messages(n: usize) -> Vec<String> {
-    let mut r = XorShift(0x5EED_1234_ABCD_0001);
+    let mut r = Rng::with_seed(0x5EED_1234_ABCD_0001);
     let mut sizes = [(0usize, 0usize); 5];
     let msgs = (0..n)
         .map(|_| {

@@ -963,13 +963,8 @@ mod tests {
         for cut in 0..single.len() {
             assert!(decode_event(&mut &single[..cut]).is_err(), "prefix of {cut} bytes decoded");
         }
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut rand = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = sluice_testkit::Rng::from_env();
+        let mut rand = move || rng.next_u64();
         for _ in 0..20_000 {
             let mut bad = body.clone();
             for _ in 0..1 + rand() % 3 {

@@ -450,18 +450,7 @@ impl std::iter::FusedIterator for FrameCursor<'_> {}
 mod tests {
     use super::*;
 
-    struct XorShift(u64);
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
+    use sluice_testkit::Rng;
 
     fn header() -> SegmentHeader {
         SegmentHeader { flags: 0, codec: CODEC_BATCH, shard: 3, first_seq: 1_000, created_unix_nanos: -42 }
@@ -471,11 +460,11 @@ mod tests {
     type Written = (usize, usize, u64, Vec<u8>);
 
     /// A segment: header, then `n` frames with bodies of varied length.
-    fn segment(n: usize, rng: &mut XorShift) -> (Vec<u8>, Vec<Written>) {
+    fn segment(n: usize, rng: &mut Rng) -> (Vec<u8>, Vec<Written>) {
         let mut buf = header().encode().to_vec();
         let mut frames = Vec::new();
         for i in 0..n {
-            let body: Vec<u8> = (0..rng.below(90)).map(|_| (rng.next() % 251) as u8).collect();
+            let body: Vec<u8> = (0..rng.index(90)).map(|_| (rng.next_u64() % 251) as u8).collect();
             let offset = buf.len();
             let seq = 1_000 + i as u64;
             append_frame(&mut buf, seq, |b| b.extend_from_slice(&body)).unwrap();
@@ -544,7 +533,7 @@ mod tests {
 
     #[test]
     fn frames_round_trip_forwards_and_backwards() {
-        let mut rng = XorShift(7);
+        let mut rng = Rng::with_seed(7);
         let (buf, frames) = segment(50, &mut rng);
         let got = good_frames(&buf, SEGMENT_HEADER_LEN);
         assert_eq!(got, frames.iter().map(|(o, _, s, b)| (*o, *s, b.clone())).collect::<Vec<_>>());
@@ -569,7 +558,7 @@ mod tests {
 
     #[test]
     fn bad_checksum_skips_exactly_one_frame() {
-        let mut rng = XorShift(11);
+        let mut rng = Rng::with_seed(11);
         let (mut buf, frames) = segment(5, &mut rng);
         let (o, e, ..) = frames[2];
         buf[o + 6] ^= 1; // inside the sequence number
@@ -582,7 +571,7 @@ mod tests {
 
     #[test]
     fn torn_tail_at_every_cut() {
-        let mut rng = XorShift(3);
+        let mut rng = Rng::with_seed(3);
         let (buf, frames) = segment(4, &mut rng);
         let (last, ..) = frames[3];
         for cut in last + 1..buf.len() {
@@ -599,7 +588,7 @@ mod tests {
 
     #[test]
     fn zero_filled_preallocation_is_a_torn_tail() {
-        let mut rng = XorShift(5);
+        let mut rng = Rng::with_seed(5);
         let (mut buf, frames) = segment(3, &mut rng);
         let end = buf.len();
         buf.resize(end + (1 << 20), 0);
@@ -638,7 +627,7 @@ mod tests {
 
     #[test]
     fn oversized_and_mismatched_lengths_resync() {
-        let mut rng = XorShift(9);
+        let mut rng = Rng::with_seed(9);
         let (buf, frames) = segment(6, &mut rng);
         let (o1, e1, ..) = frames[1];
         let mut bad = buf.clone();
@@ -742,20 +731,20 @@ mod tests {
 
     #[test]
     fn random_bytes_never_panic() {
-        let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+        let mut rng = Rng::with_seed(0x9E37_79B9_7F4A_7C15);
         for round in 0..2_000 {
-            let len = rng.below(600);
-            let mut buf: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            let len = rng.index(600);
+            let mut buf: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
             if round % 3 == 0 {
                 // Plausible small lengths make the parser go further.
                 for chunk in buf.chunks_mut(37) {
                     if chunk.len() >= 4 {
-                        chunk[..4].copy_from_slice(&(rng.below(64) as u32).to_le_bytes());
+                        chunk[..4].copy_from_slice(&(rng.index(64) as u32).to_le_bytes());
                     }
                 }
             }
-            let start = rng.below(len + 2);
-            checked_scan(&buf, start, 1 + rng.below(128) as u32);
+            let start = rng.index(len + 2);
+            checked_scan(&buf, start, 1 + rng.index(128) as u32);
             checked_scan(&buf, start, DEFAULT_MAX_FRAME_LEN);
             let _ = resync(&buf, start, 64);
             let _ = frame_ending_at(&buf, start, 64);
@@ -765,11 +754,11 @@ mod tests {
 
     #[test]
     fn every_single_byte_flip_keeps_every_untouched_frame() {
-        let mut rng = XorShift(0xDEAD_BEEF);
+        let mut rng = Rng::with_seed(0xDEAD_BEEF);
         let (buf, frames) = segment(30, &mut rng);
         for at in SEGMENT_HEADER_LEN..buf.len() {
             let mut bad = buf.clone();
-            bad[at] ^= 1 + rng.below(255) as u8;
+            bad[at] ^= 1 + rng.index(255) as u8;
             let got = checked_scan(&bad, SEGMENT_HEADER_LEN, DEFAULT_MAX_FRAME_LEN);
             let want: Vec<_> = frames
                 .iter()
@@ -782,14 +771,14 @@ mod tests {
 
     #[test]
     fn scattered_flips_keep_untouched_frames() {
-        let mut rng = XorShift(12345);
+        let mut rng = Rng::with_seed(12345);
         let (buf, frames) = segment(40, &mut rng);
         for _ in 0..500 {
             let mut bad = buf.clone();
             let hits: Vec<usize> =
-                (0..1 + rng.below(4)).map(|_| SEGMENT_HEADER_LEN + rng.below(buf.len() - 64)).collect();
+                (0..1 + rng.index(4)).map(|_| SEGMENT_HEADER_LEN + rng.index(buf.len() - 64)).collect();
             for &at in &hits {
-                bad[at] ^= 1 + rng.below(255) as u8;
+                bad[at] ^= 1 + rng.index(255) as u8;
             }
             let got = checked_scan(&bad, SEGMENT_HEADER_LEN, DEFAULT_MAX_FRAME_LEN);
             for (o, e, s, b) in &frames {

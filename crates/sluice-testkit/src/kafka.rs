@@ -3,9 +3,9 @@
 //! are fetched once into `target/servers/kafka`, or `$SLUICE_SERVERS_DIR/kafka`).
 //!
 //! A test that needs the broker fails when it cannot be started: use [`Kafka::start_or_panic`].
-//! Each broker has its own directory (removed when dropped), a free port on 127.0.0.1, and is
-//! stopped when dropped, or by the `run` script's watchdog when the test process dies without
-//! dropping it.
+//! The broker is a [`crate::server::Server`]: its own directory, a free port on 127.0.0.1,
+//! stopped when dropped (or by the `run` script's watchdog when the test process dies without
+//! dropping it).
 //!
 //! Topics are administered, and records produced and read back, by a small Java client on the
 //! broker's own jars (`servers/kafka/SluiceKafkaAdmin.java`): no Kafka client in Rust here, and
@@ -25,10 +25,11 @@
 //! ```
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
+
+use crate::server::Server;
 
 /// One record read back by [`Kafka::consume_all`]: partition, offset, key (`None` when null),
 /// value (empty when null).
@@ -88,11 +89,7 @@ impl Security {
 
 /// A running (or stopped or killed, until [`Kafka::restart`]) Kafka broker.
 pub struct Kafka {
-    dir: Option<tempfile::TempDir>,
-    port: u16,
-    settings: Vec<String>,
-    security: Vec<String>,
-    running: bool,
+    server: Server,
 }
 
 impl Kafka {
@@ -119,28 +116,10 @@ impl Kafka {
     }
 
     fn start_with(security: Vec<String>, extra_settings: &[(&str, &str)]) -> Result<Kafka, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("sluice-kafka-")
-            .tempdir()
-            .map_err(|e| format!("cannot create a directory for Kafka: {e}"))?;
-        let mut kafka = Kafka {
-            dir: Some(dir),
-            port: 0,
-            settings: extra_settings.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-            security,
-            running: false,
-        };
-        // A free port may be taken between finding it and the broker binding it: try another.
-        let mut last = String::new();
-        for _ in 0..3 {
-            kafka.port = free_port()?;
-            match kafka.run_start() {
-                Ok(()) => return Ok(kafka),
-                Err(e) if e.contains("is busy") => last = e,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last)
+        let mut args: Vec<String> =
+            extra_settings.iter().flat_map(|(k, v)| ["--setting".to_string(), format!("{k}={v}")]).collect();
+        args.extend(security);
+        Ok(Kafka { server: Server::start("kafka", "logs/server.log", args)? })
     }
 
     /// [`Kafka::start`], panicking with the reason when the broker cannot be started: a test
@@ -155,12 +134,12 @@ impl Kafka {
     /// `127.0.0.1:PORT`, for `bootstrap.servers`: the client listener, secured when the broker
     /// was started by [`Kafka::start_secured`].
     pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("127.0.0.1:{}", self.port())
     }
 
     /// The client listener's port on 127.0.0.1 (PLAINTEXT unless started secured).
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     /// `127.0.0.1:PORT` of a PLAINTEXT listener: the client listener, or for a secured broker
@@ -175,33 +154,30 @@ impl Kafka {
     /// The broker's directory: `server.properties`, `data/`, `logs/server.log`, `console.log`,
     /// `pid`.
     pub fn dir(&self) -> &Path {
-        self.dir.as_ref().expect("present until dropped").path()
+        self.server.dir()
     }
 
     /// Whether the broker was started and not stopped or killed since.
     pub fn is_running(&self) -> bool {
-        self.running
+        self.server.is_running()
     }
 
     /// SIGKILL, as a crash: returns once the process is gone. The data stay for
     /// [`Kafka::restart`].
     pub fn kill(&mut self) {
-        self.run_stop("kill");
+        self.server.kill();
     }
 
     /// Stops the broker cleanly (SIGTERM, a controlled shutdown; SIGKILL after 30 s). The data
     /// stay for [`Kafka::restart`].
     pub fn stop(&mut self) {
-        self.run_stop("stop");
+        self.server.stop();
     }
 
     /// Starts the broker again on the same port with the same data and settings (stopping it
     /// cleanly first if it still runs), and waits until it is ready.
     pub fn restart(&mut self) -> Result<(), String> {
-        if self.running {
-            self.stop();
-        }
-        self.run_start()
+        self.server.restart()
     }
 
     /// [`Kafka::restart`], panicking with the reason when the broker does not come back.
@@ -283,15 +259,13 @@ impl Kafka {
 
     /// The last `lines` lines of the broker's log (for a failing test's message).
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.dir().join("logs/server.log")).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        self.server.log_tail(lines)
     }
 
     /// `run admin --dir D ARGS...`: its stdout, or its status and stderr.
     fn admin(&self, args: &[String], stdin: Option<&str>) -> Result<String, String> {
-        let mut cmd = run_script();
-        cmd.arg("admin").arg("--dir").arg(self.dir()).args(args);
+        let mut cmd = self.server.command("admin");
+        cmd.args(args);
         cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| format!("cannot run servers/kafka/run (bash is needed): {e}"))?;
@@ -310,74 +284,6 @@ impl Kafka {
             Err(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim_end()))
         }
     }
-
-    fn run_start(&mut self) -> Result<(), String> {
-        let mut cmd = run_script();
-        cmd.arg("start")
-            .arg("--dir")
-            .arg(self.dir())
-            .arg("--port")
-            .arg(self.port.to_string())
-            .arg("--owner-pid")
-            .arg(std::process::id().to_string());
-        for s in &self.settings {
-            cmd.arg("--setting").arg(s);
-        }
-        cmd.args(&self.security);
-        let out = cmd.output().map_err(|e| format!("cannot run servers/kafka/run (bash is needed): {e}"))?;
-        if out.status.success() {
-            self.running = true;
-            Ok(())
-        } else {
-            Err(format!(
-                "servers/kafka/run start failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim_end()
-            ))
-        }
-    }
-
-    fn run_stop(&mut self, how: &str) {
-        let out = run_script().arg(how).arg("--dir").arg(self.dir()).output();
-        self.running = false;
-        match out {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => eprintln!(
-                "kafka: run {how} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim_end()
-            ),
-            Err(e) => eprintln!("kafka: cannot run servers/kafka/run {how}: {e}"),
-        }
-    }
-}
-
-impl Drop for Kafka {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "kafka: the test panicked; last lines of the broker's log ({}):\n{}",
-                self.dir().join("logs/server.log").display(),
-                self.log_tail(40)
-            );
-        }
-        if self.running {
-            self.stop();
-        }
-        drop(self.dir.take());
-    }
-}
-
-fn run_script() -> Command {
-    let script: PathBuf = [env!("CARGO_MANIFEST_DIR"), "..", "..", "servers", "kafka", "run"].iter().collect();
-    let mut cmd = Command::new("bash");
-    cmd.arg(script);
-    cmd
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot find a free port: {e}"))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| format!("cannot find a free port: {e}"))
 }
 
 fn hex(bytes: &[u8]) -> String {

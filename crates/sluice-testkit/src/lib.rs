@@ -2,18 +2,29 @@
 //!
 //! [`SmallTmpfs`]: a real file system of a few megabytes that the tests fill up, so that a full
 //! disk is the kernel's ENOSPC and not a simulation. Mounting needs root; where the process may
-//! not mount, [`SmallTmpfs::mount`] says why on stderr and returns `None`, and the test returns
-//! early (it cannot check anything there).
+//! not mount, [`SmallTmpfs::mount`] fails the test with the reason (see [`root`]: under
+//! `SLUICE_SKIP_ROOT_TESTS=1` it says the test is skipped and returns `None` instead).
 //!
-//! [`opensearch::OpenSearch`]: a real single-node OpenSearch started from Maven Central jars by
-//! `servers/opensearch/run`; a test that needs it fails when it cannot be started.
+//! [`server::Server`]: the one launcher of the real servers under `servers/<name>/run`, with
+//! [`free_port`]. [`opensearch::OpenSearch`] (a real single-node OpenSearch) and
+//! [`kafka::Kafka`] (a real Apache Kafka broker, KRaft, one node, with topic administration and
+//! an independent Java client) are built on it; a test that needs one fails when it cannot be
+//! started.
 //!
-//! [`kafka::Kafka`]: a real Apache Kafka broker (KRaft, one node) started from Maven Central jars
-//! by `servers/kafka/run`, with topic administration and an independent Java client; a test
-//! that needs it fails when it cannot be started.
+//! [`Rng`]: the seeded random generator of tests and benchmarks; a test's seed is printed and
+//! replayed with `SLUICE_TEST_SEED`. [`eventually`] and [`wait_until`] (and their async twins):
+//! the bounded polling loop.
 
 pub mod kafka;
 pub mod opensearch;
+pub mod rng;
+pub mod root;
+pub mod server;
+pub mod wait;
+
+pub use rng::Rng;
+pub use server::free_port;
+pub use wait::{eventually, eventually_async, eventually_some, wait_until, wait_until_async};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -25,25 +36,28 @@ pub struct SmallTmpfs {
 }
 
 impl SmallTmpfs {
-    /// Mounts a tmpfs of `size` (`"2m"`, `"256k"`); `None`, with the reason printed, where this
-    /// process may not mount one.
+    /// Mounts a tmpfs of `size` (`"2m"`, `"256k"`). Where this process may not mount one, the
+    /// test fails saying why, or, under `SLUICE_SKIP_ROOT_TESTS=1`, is reported skipped and
+    /// gets `None` (it then returns: there is nothing it can check).
+    ///
+    /// # Panics
+    /// When the tmpfs cannot be mounted and root tests are not skipped.
     pub fn mount(size: &str) -> Option<SmallTmpfs> {
-        let dir = tempfile::tempdir().ok()?;
+        let what = format!("a {size} tmpfs");
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(e) => panic!("cannot make a mount point for {what}: {e}"),
+        };
         let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
             .arg(dir.path())
             .output();
         match out {
-            Ok(out) if out.status.success() => Some(SmallTmpfs { dir: Some(dir) }),
-            Ok(out) => {
-                eprintln!("skipped: cannot mount a tmpfs: {}", String::from_utf8_lossy(&out.stderr).trim());
-                None
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run mount: {e}");
-                None
-            }
+            Ok(out) if out.status.success() => return Some(SmallTmpfs { dir: Some(dir) }),
+            Ok(out) => root::root_unavailable(&what, String::from_utf8_lossy(&out.stderr).trim()),
+            Err(e) => root::root_unavailable(&what, &format!("cannot run mount: {e}")),
         }
+        None
     }
 
     pub fn path(&self) -> &Path {

@@ -3,9 +3,9 @@
 //! `target/servers/opensearch`, or `$SLUICE_SERVERS_DIR/opensearch`).
 //!
 //! A test that needs the server fails when it cannot be started: use
-//! [`OpenSearch::start_or_panic`]. Each node has its own home directory (removed when dropped), a
-//! free HTTP port on 127.0.0.1, and is stopped when dropped, or by the `run` script's watchdog
-//! when the test process dies without dropping it.
+//! [`OpenSearch::start_or_panic`]. The node is a [`crate::server::Server`]: its own home
+//! directory, a free HTTP port on 127.0.0.1, stopped when dropped (or by the `run` script's
+//! watchdog when the test process dies without dropping it).
 //!
 //! ```no_run
 //! use sluice_testkit::opensearch::OpenSearch;
@@ -17,20 +17,18 @@
 //! ```
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::net::TcpStream;
+use std::path::Path;
 use std::time::Duration;
+
+use crate::server::Server;
 
 /// How long one request may take before [`OpenSearch::try_request`] gives up.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A running (or killed, until [`OpenSearch::restart`]) OpenSearch node.
 pub struct OpenSearch {
-    home: Option<tempfile::TempDir>,
-    port: u16,
-    settings: Vec<String>,
-    running: bool,
+    server: Server,
 }
 
 impl OpenSearch {
@@ -39,27 +37,8 @@ impl OpenSearch {
     /// yellow or green (at most 90 s, `SLUICE_OPENSEARCH_TIMEOUT`). The error says why it could
     /// not, with the end of the node's log.
     pub fn start(extra_settings: &[(&str, &str)]) -> Result<OpenSearch, String> {
-        let home = tempfile::Builder::new()
-            .prefix("sluice-opensearch-")
-            .tempdir()
-            .map_err(|e| format!("cannot create a directory for OpenSearch: {e}"))?;
-        let mut os = OpenSearch {
-            home: Some(home),
-            port: 0,
-            settings: extra_settings.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-            running: false,
-        };
-        // A free port may be taken between finding it and the node binding it: try another.
-        let mut last = String::new();
-        for _ in 0..3 {
-            os.port = free_port()?;
-            match os.run_start() {
-                Ok(()) => return Ok(os),
-                Err(e) if e.contains("is busy") => last = e,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last)
+        let args = extra_settings.iter().flat_map(|(k, v)| ["--setting".to_string(), format!("{k}={v}")]).collect();
+        Ok(OpenSearch { server: Server::start("opensearch", "logs/opensearch.log", args)? })
     }
 
     /// [`OpenSearch::start`], panicking with the reason when the node cannot be started: a test
@@ -73,43 +52,40 @@ impl OpenSearch {
 
     /// `http://127.0.0.1:PORT`, without a trailing slash.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://127.0.0.1:{}", self.port())
     }
 
     /// The HTTP port on 127.0.0.1.
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     /// The node's home: `config/`, `data/`, `logs/opensearch.log`, `console.log`, `pid`.
     pub fn home(&self) -> &Path {
-        self.home.as_ref().expect("present until dropped").path()
+        self.server.dir()
     }
 
     /// Whether the node was started and not stopped or killed since.
     pub fn is_running(&self) -> bool {
-        self.running
+        self.server.is_running()
     }
 
     /// SIGKILL, as a crash: returns once the process is gone. The data stay for
     /// [`OpenSearch::restart`].
     pub fn kill(&mut self) {
-        self.run_stop("kill");
+        self.server.kill();
     }
 
     /// Stops the node cleanly (SIGTERM; SIGKILL after 30 s). The data stay for
     /// [`OpenSearch::restart`].
     pub fn stop(&mut self) {
-        self.run_stop("stop");
+        self.server.stop();
     }
 
     /// Starts the node again on the same port with the same data and settings (stopping it
     /// cleanly first if it still runs), and waits until it is ready.
     pub fn restart(&mut self) -> Result<(), String> {
-        if self.running {
-            self.stop();
-        }
-        self.run_start()
+        self.server.restart()
     }
 
     /// [`OpenSearch::restart`], panicking with the reason when the node does not come back.
@@ -128,7 +104,7 @@ impl OpenSearch {
 
     /// [`OpenSearch::request`], with an error instead of a panic when nothing answers.
     pub fn try_request(&self, method: &str, path: &str, body: &str) -> Result<(u16, String), String> {
-        http_request(self.port, method, path, body)
+        http_request(self.port(), method, path, body)
     }
 
     /// `POST /{index}/_refresh`, asserting that it succeeded.
@@ -146,77 +122,8 @@ impl OpenSearch {
 
     /// The last `lines` lines of the node's log (for a failing test's message).
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.home().join("logs/opensearch.log")).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        self.server.log_tail(lines)
     }
-
-    fn run_start(&mut self) -> Result<(), String> {
-        let mut cmd = run_script();
-        cmd.arg("start")
-            .arg("--dir")
-            .arg(self.home())
-            .arg("--port")
-            .arg(self.port.to_string())
-            .arg("--owner-pid")
-            .arg(std::process::id().to_string());
-        for s in &self.settings {
-            cmd.arg("--setting").arg(s);
-        }
-        let out = cmd.output().map_err(|e| format!("cannot run servers/opensearch/run (bash is needed): {e}"))?;
-        if out.status.success() {
-            self.running = true;
-            Ok(())
-        } else {
-            Err(format!(
-                "servers/opensearch/run start failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim_end()
-            ))
-        }
-    }
-
-    fn run_stop(&mut self, how: &str) {
-        let out = run_script().arg(how).arg("--dir").arg(self.home()).output();
-        self.running = false;
-        match out {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => eprintln!(
-                "opensearch: run {how} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim_end()
-            ),
-            Err(e) => eprintln!("opensearch: cannot run servers/opensearch/run {how}: {e}"),
-        }
-    }
-}
-
-impl Drop for OpenSearch {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "opensearch: the test panicked; last lines of the node's log ({}):\n{}",
-                self.home().join("logs/opensearch.log").display(),
-                self.log_tail(40)
-            );
-        }
-        if self.running {
-            self.stop();
-        }
-        drop(self.home.take());
-    }
-}
-
-fn run_script() -> Command {
-    let script: PathBuf = [env!("CARGO_MANIFEST_DIR"), "..", "..", "servers", "opensearch", "run"].iter().collect();
-    let mut cmd = Command::new("bash");
-    cmd.arg(script);
-    cmd
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot find a free port: {e}"))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| format!("cannot find a free port: {e}"))
 }
 
 /// One request on its own connection (`Connection: close`) to 127.0.0.1:`port`.

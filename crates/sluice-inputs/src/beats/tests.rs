@@ -200,13 +200,8 @@ fn mangled_streams_never_panic() {
     valid.extend(encode::window(1));
     valid.extend(nested);
     assert_eq!(decode_for_fuzzing(&valid), (41, false));
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = sluice_testkit::Rng::from_env();
+    let mut next = move || rng.next_u64();
     for _ in 0..3000 {
         let mut bytes = valid.clone();
         for _ in 0..1 + next() % 4 {
@@ -945,78 +940,4 @@ async fn tls_with_client_auth() {
     ctx.shutdown.cancel();
     drop(trusted);
     tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
-}
-
-/// Completes every batch at once, counting events: the input's own cost, ACKs included.
-struct CompletingQueue(std::sync::atomic::AtomicU64);
-
-#[async_trait::async_trait]
-impl sluice_core::Queue for CompletingQueue {
-    async fn push(&self, batch: Batch) -> Result<(), sluice_core::QueueClosed> {
-        self.0.fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        batch.complete();
-        Ok(())
-    }
-    async fn pop(&self, _max_events: usize, _delay: Duration) -> Option<Batch> {
-        None
-    }
-    fn close(&self) {}
-    fn stats(&self) -> sluice_core::QueueStats {
-        sluice_core::QueueStats::default()
-    }
-}
-
-/// One client, Filebeat-sized events (about 400 bytes of JSON) in windows of 2048, two windows
-/// in flight, plain and compressed:
-/// `cargo test --release -p sluice-inputs beats::tests::throughput -- --ignored --nocapture`
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement, not a check"]
-async fn throughput() {
-    for compressed in [false, true] {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (mut ctx, _rx) = context();
-        let counter = std::sync::Arc::new(CompletingQueue(std::sync::atomic::AtomicU64::new(0)));
-        ctx.queue = counter.clone();
-        let (keys, config) = config::read(&spec("{type: beats, address: 'x:0'}")).unwrap();
-        let task = tokio::spawn(serve(keys, config, None, listener, ctx.clone()));
-        let window = 2048u32;
-        let windows = 200u32;
-        let mut data = Vec::new();
-        for seq in 1..=window {
-            let doc = format!(
-                r#"{{"@timestamp":"2026-11-26T07:16:16.123Z","@metadata":{{"beat":"filebeat","type":"_doc","version":"8.15.0"}},"host":{{"name":"web-1"}},"agent":{{"type":"filebeat","version":"8.15.0"}},"log":{{"file":{{"path":"/var/log/app.log"}},"offset":{seq}}},"input":{{"type":"filestream"}},"message":"GET /api/v1/items/{seq} HTTP/1.1 200 512 0.004 {}"}}"#,
-                "x".repeat(100)
-            );
-            data.extend(encode::json(seq, doc.as_bytes()));
-        }
-        let mut one = encode::window(window);
-        one.extend(if compressed { encode::compressed(&data) } else { data });
-        let started = std::time::Instant::now();
-        let s = TcpStream::connect(addr).await.unwrap();
-        let (mut rd, mut wr) = s.into_split();
-        let sender = tokio::spawn(async move {
-            for _ in 0..windows {
-                wr.write_all(&one).await.unwrap();
-            }
-            wr
-        });
-        let mut acked = 0;
-        let mut frame = [0u8; 6];
-        while acked < windows {
-            rd.read_exact(&mut frame).await.unwrap();
-            if u32::from_be_bytes([frame[2], frame[3], frame[4], frame[5]]) == window {
-                acked += 1;
-            }
-        }
-        let secs = started.elapsed().as_secs_f64();
-        let events = f64::from(window * windows);
-        println!(
-            "beats input, compressed {compressed}: {events} events in {secs:.2}s = {:.0}k events/s",
-            events / secs / 1e3
-        );
-        drop(sender.await.unwrap());
-        ctx.shutdown.cancel();
-        task.await.unwrap().unwrap();
-    }
 }

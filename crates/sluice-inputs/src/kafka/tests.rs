@@ -1,7 +1,7 @@
 //! The `kafka` input's settings (defaults, what is refused, how errors name the key) and its
 //! task between the consumer thread and the queue. (The offset tracker and the decoding have
 //! their own tests; the input against a real broker is tested through the binary, in
-//! `crates/sluice/tests/kafka_input.rs`.)
+//! the `kafka_input` module of `crates/sluice/tests/integration`.)
 
 use sluice_config::ConfigError;
 

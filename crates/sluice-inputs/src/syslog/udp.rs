@@ -161,6 +161,7 @@ fn socket_inode(socket: &UdpSocket) -> Option<u64> {
     // SAFETY: a valid descriptor and room for a `stat`; it is read only when fstat succeeded.
     let ok = unsafe { libc::fstat(socket.as_raw_fd(), stat.as_mut_ptr()) } == 0;
     #[allow(clippy::unnecessary_cast)] // `ino_t` is not `u64` everywhere.
+    // SAFETY: only when fstat returned 0, that is, filled `stat` whole.
     ok.then(|| unsafe { stat.assume_init() }.st_ino as u64)
 }
 

@@ -362,56 +362,6 @@ async fn a_full_house_closes_the_connection_idle_the_longest() {
     tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
 }
 
-/// Drops what it is given, counting events: the input's own cost, without a pipeline.
-struct CountingQueue(std::sync::atomic::AtomicU64);
-
-#[async_trait]
-impl Queue for CountingQueue {
-    async fn push(&self, batch: Batch) -> Result<(), QueueClosed> {
-        self.0.fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
-    }
-    async fn pop(&self, _max_events: usize, _delay: Duration) -> Option<Batch> {
-        None
-    }
-    fn close(&self) {}
-    fn stats(&self) -> QueueStats {
-        QueueStats::default()
-    }
-}
-
-/// One client, 250-byte lines, the input alone (`READ_BUFFER=64KiB` to try another size):
-/// `cargo test --release -p sluice-inputs tcp::tests::throughput -- --ignored --nocapture`
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement, not a check"]
-async fn throughput() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (mut ctx, _rx) = context();
-    let counter = Arc::new(CountingQueue(std::sync::atomic::AtomicU64::new(0)));
-    ctx.queue = counter.clone();
-    let read_buffer = std::env::var("READ_BUFFER").unwrap_or_else(|_| "256KiB".into());
-    let (keys, cfg) = config(&format!("{{type: tcp, address: 'x:0', read_buffer: {read_buffer}}}"));
-    let task = tokio::spawn(serve(keys, cfg, None, listener, ctx.clone()));
-    let line = format!("{}\n", "a".repeat(249));
-    let chunk = line.repeat(4096);
-    let total_lines = 10_000_000usize;
-    let started = std::time::Instant::now();
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    for _ in 0..total_lines / 4096 {
-        s.write_all(chunk.as_bytes()).await.unwrap();
-    }
-    s.shutdown().await.unwrap();
-    let sent = (total_lines / 4096 * 4096) as u64;
-    while counter.0.load(std::sync::atomic::Ordering::Relaxed) < sent {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let secs = started.elapsed().as_secs_f64();
-    println!("tcp input: {sent} lines of 250 bytes in {secs:.2}s = {:.2}M events/s", sent as f64 / secs / 1e6);
-    ctx.shutdown.cancel();
-    task.await.unwrap().unwrap();
-}
-
 #[tokio::test]
 async fn shutdown_pushes_what_was_read_and_closes_connections() {
     let (addr, ctx, mut rx, task) = start("{type: tcp, address: 'x:0'}").await;

@@ -370,13 +370,8 @@ fn acks_never_come_back_before_their_events_are_emitted() {
         let a = agg(&format!(
             "type: aggregate\nidentification_keys: [/k]\naction: put_all\ngroup_duration: 200ms\nmax_groups: {max_groups}"
         ));
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ max_groups as u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = sluice_testkit::Rng::from_env();
+        let mut next = move || rng.next_u64();
         let t0 = Instant::now();
         let mut t = t0;
         let mut batches: Vec<(Acker, usize)> = Vec::new();

@@ -416,29 +416,13 @@ mod tests {
         assert!(d.write(&mut stage, at + 1).is_err());
     }
 
-    /// A writable tmpfs mount point, from `/proc/mounts`.
-    fn tmpfs_mount() -> Option<std::path::PathBuf> {
-        let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
-        mounts
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                let (_, at, kind, opts) = (f.next()?, f.next()?, f.next()?, f.next()?);
-                (kind == "tmpfs" && opts.split(',').any(|o| o == "rw")).then(|| std::path::PathBuf::from(at))
-            })
-            .find(|at| tempfile::tempdir_in(at).is_ok())
-    }
-
     /// What the docs say about tmpfs: it takes `O_DIRECT` (Linux 6.6 and later; earlier kernels
     /// refuse the open with EINVAL), and a segment there is written directly, in place. Where it
     /// is refused, `DirectFile::open` says so with `None` and the queue uses the page cache.
     #[test]
     fn tmpfs_and_o_direct() {
-        let Some(mount) = tmpfs_mount() else {
-            eprintln!("skipped: no writable tmpfs is mounted here");
-            return;
-        };
-        let dir = tempfile::tempdir_in(&mount).unwrap();
+        let Some(mount) = sluice_testkit::SmallTmpfs::mount("1m") else { return };
+        let dir = tempfile::tempdir_in(mount.path()).unwrap();
         let path = dir.path().join("seg");
         std::fs::write(&path, vec![0u8; 2 * BLOCK]).unwrap();
         let kernel_accepts = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path);
@@ -446,7 +430,7 @@ mod tests {
         let opened = DirectFile::open(&path, 1, 0, &buffered).unwrap();
         match kernel_accepts {
             Ok(_) => {
-                eprintln!("tmpfs at {} accepts O_DIRECT", mount.display());
+                eprintln!("tmpfs at {} accepts O_DIRECT", mount.path().display());
                 let d = opened.expect("the kernel accepts O_DIRECT here, so the queue writes directly");
                 let mut stage = StageBuf::with_capacity(BLOCK).unwrap();
                 stage.set_head(d.opening_head()).unwrap();
@@ -456,7 +440,7 @@ mod tests {
             }
             Err(e) => {
                 assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
-                eprintln!("tmpfs at {} refuses O_DIRECT (EINVAL)", mount.display());
+                eprintln!("tmpfs at {} refuses O_DIRECT (EINVAL)", mount.path().display());
                 assert!(opened.is_none(), "refused: the queue falls back to the page cache");
             }
         }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use sluice_core::ack::AckOutcome;
 use sluice_core::{AckSet, Acker, Batch, Event, Queue, Value};
-use sluice_testkit::SmallTmpfs;
+use sluice_testkit::{SmallTmpfs, wait_until_async};
 
 use super::*;
 
@@ -99,14 +99,8 @@ async fn assert_nothing_delivered_again(s: Settings, n: usize) {
     assert_eq!(drain_reopened(s, n).await, Vec::<i64>::new(), "nothing completed is delivered again");
 }
 
-/// Waits until `done` holds, looking every few milliseconds; fails naming `what` after 5 s.
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+/// How long a condition on the queue's threads may take to hold.
+const PATIENCE: Duration = Duration::from_secs(5);
 
 /// Where the live frames of a segment end (frames are walked by their length fields).
 fn live_end(bytes: &[u8]) -> u64 {
@@ -360,8 +354,10 @@ async fn acknowledged_segments_are_retired_without_waiting_for_the_checkpoint_in
         push_durable(&q, numbered(i * 100, 100)).await;
         assert_eq!(drain(&q, 100, true).await.len(), 100);
     }
-    eventually("acknowledged segments retired and kept", || segments(dir.path()).len() <= 2 && spares(dir.path()) > 0)
-        .await;
+    wait_until_async("acknowledged segments retired and kept", PATIENCE, || {
+        segments(dir.path()).len() <= 2 && spares(dir.path()) > 0
+    })
+    .await;
     assert!(segments(dir.path()).len() <= 2, "acknowledged segments retired: {:?}", segments(dir.path()));
     assert!(spares(dir.path()) > 0, "a retired segment is kept for reuse");
     q.shutdown().await;
@@ -389,7 +385,7 @@ async fn a_checkpoint_that_cannot_be_written_retires_nothing_and_is_tried_again(
     assert_eq!(drain(&q, 100, true).await, (2000..2100).collect::<Vec<_>>());
     // Once the checkpoint can be written, it is, and the acknowledged segments go.
     q.inner.fail_checkpoints.store(0, Ordering::Relaxed);
-    eventually("segments never retired", || segments(dir.path()).len() <= 1).await;
+    wait_until_async("segments never retired", PATIENCE, || segments(dir.path()).len() <= 1).await;
     assert!(checkpoint::read(&shard_dir).unwrap().is_some());
     q.shutdown().await;
     assert_nothing_delivered_again(settings(dir.path(), 1, 64 << 10), 2100).await;
@@ -760,7 +756,7 @@ async fn events_are_not_acknowledged_when_fdatasync_fails() {
     push_durable(&q, numbered(10, 10)).await;
     assert_eq!(drain(&q, 10, true).await, (10..20).collect::<Vec<_>>());
     let live = live_end(&fs::read(&segments(dir.path())[0]).unwrap());
-    eventually("the checkpoint never reached the end of the frames", || {
+    wait_until_async("the checkpoint never reached the end of the frames", PATIENCE, || {
         checkpoint::read(&shard_dir).unwrap().map_or(0, |c| c.offset) == live
     })
     .await;
@@ -786,7 +782,7 @@ async fn batches_nobody_waits_for_reach_the_workers_at_once_and_are_written_soon
     push_untracked(&q, numbered(0, 20)).await;
     assert_eq!(drain(&q, 20, false).await, (0..20).collect::<Vec<_>>());
     // Staged or not, the frames reach the file without anything else happening.
-    eventually("the frames were never written", || {
+    wait_until_async("the frames were never written", PATIENCE, || {
         let segment = segments(dir.path()).pop().expect("a segment");
         live_end(&fs::read(&segment).unwrap()) > sluice_segment::SEGMENT_HEADER_LEN as u64
     })
@@ -880,7 +876,7 @@ async fn staged_frames_wait_out_a_full_disk_and_are_all_written_after() {
     q.inner.fail_writes.store(3, Ordering::Relaxed);
     push_untracked(&q, numbered(0, 100)).await;
     let mut done = push_awaited(&q, numbered(100, 10)).await;
-    eventually("the stall never showed", || q.stats().stalled_nanos > 0).await;
+    wait_until_async("the stall never showed", PATIENCE, || q.stats().stalled_nanos > 0).await;
     assert!(done.try_recv().is_err(), "acknowledged while nothing could be written");
     let outcome = tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
     assert_eq!(outcome, AckOutcome::Handled);
@@ -901,7 +897,7 @@ async fn closing_on_a_full_disk_gives_up_staged_and_pending_events() {
     q.inner.fail_writes.store(u32::MAX, Ordering::Relaxed);
     push_untracked(&q, numbered(0, 50)).await;
     let done = push_awaited(&q, numbered(50, 10)).await;
-    eventually("the stall never showed", || q.stats().stalled_nanos > 0).await;
+    wait_until_async("the stall never showed", PATIENCE, || q.stats().stalled_nanos > 0).await;
     // Waits behind the stalled write: a second group, given up at shutdown too.
     push_untracked(&q, numbered(60, 30)).await;
     tokio::time::timeout(Duration::from_secs(30), q.shutdown()).await.expect("shutdown hung on a full disk");
@@ -945,7 +941,7 @@ async fn a_full_disk_still_records_progress_and_a_restart_delivers_nothing_again
     disk.fill();
     assert_eq!(drain(&q, 1000, true).await, (0..1000).collect::<Vec<_>>());
     let shard_dir = path.join("shard-0");
-    eventually("delivered events were never recorded", || q.stats().checkpoint_lag_events == 0).await;
+    wait_until_async("delivered events were never recorded", PATIENCE, || q.stats().checkpoint_lag_events == 0).await;
     q.shutdown().await;
     assert!(checkpoint::read(&shard_dir).unwrap().is_some());
     assert_nothing_delivered_again(s(), 1000).await;
@@ -959,14 +955,15 @@ async fn the_checkpoint_lag_counts_what_a_restart_would_deliver_again() {
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
     push_durable(&q, numbered(0, 100)).await;
     assert_eq!(drain(&q, 100, true).await, (0..100).collect::<Vec<_>>());
-    eventually("the lag never came back to zero", || q.stats().checkpoint_lag_events == 0).await;
+    wait_until_async("the lag never came back to zero", PATIENCE, || q.stats().checkpoint_lag_events == 0).await;
     q.inner.fail_checkpoints.store(u32::MAX, Ordering::Relaxed);
     push_durable(&q, numbered(100, 300)).await;
     assert_eq!(drain(&q, 300, true).await, (100..400).collect::<Vec<_>>());
-    eventually("no checkpoint failed", || q.metrics().checkpoint_failures.load(Ordering::Relaxed) >= 2).await;
+    wait_until_async("no checkpoint failed", PATIENCE, || q.metrics().checkpoint_failures.load(Ordering::Relaxed) >= 2)
+        .await;
     assert_eq!(q.stats().checkpoint_lag_events, 300, "delivered, not recorded");
     q.inner.fail_checkpoints.store(0, Ordering::Relaxed);
-    eventually("the lag never came back to zero", || q.stats().checkpoint_lag_events == 0).await;
+    wait_until_async("the lag never came back to zero", PATIENCE, || q.stats().checkpoint_lag_events == 0).await;
     q.shutdown().await;
     assert_nothing_delivered_again(settings(dir.path(), 1, 1 << 20), 400).await;
 }
@@ -1020,7 +1017,10 @@ async fn a_deleted_segment_is_not_held_open() {
             b.complete();
         }
         assert!(got == (0..read).collect::<Vec<_>>(), "the sealed segments, in order");
-        eventually("segments never retired", || segments(dir.path()).len() <= 1 && spares(dir.path()) == 2).await;
+        wait_until_async("segments never retired", PATIENCE, || {
+            segments(dir.path()).len() <= 1 && spares(dir.path()) == 2
+        })
+        .await;
         assert_eq!(deleted_but_open(dir.path()), Vec::<String>::new(), "direct_io {direct_io}");
         assert!(drain(&q, unread as usize, true).await == (read..6000).collect::<Vec<_>>(), "the rest");
         q.shutdown().await;
@@ -1063,7 +1063,7 @@ async fn a_group_an_input_waits_for_reaches_the_workers_only_once_written() {
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
     q.inner.fail_writes.store(3, Ordering::Relaxed);
     let done = push_awaited(&q, numbered(0, 10)).await;
-    eventually("the stall never showed", || q.stats().stalled_nanos > 0).await;
+    wait_until_async("the stall never showed", PATIENCE, || q.stats().stalled_nanos > 0).await;
     let early = tokio::time::timeout(Duration::from_millis(100), q.pop(100, Duration::ZERO)).await;
     assert!(
         early.is_err() || early.as_ref().unwrap().is_none(),
@@ -1088,7 +1088,7 @@ async fn a_checkpoint_of_the_old_format_is_read_and_migrated() {
     let first = q.pop(20, Duration::ZERO).await.unwrap();
     assert_eq!(numbers(&first), (0..20).collect::<Vec<_>>());
     first.complete();
-    eventually("the lag never came back to zero", || q.stats().checkpoint_lag_events == 0).await;
+    wait_until_async("the lag never came back to zero", PATIENCE, || q.stats().checkpoint_lag_events == 0).await;
     q.shutdown().await;
     let at = checkpoint::read(&shard_dir).unwrap().expect("a checkpoint");
     fs::remove_file(shard_dir.join(checkpoint::FILE)).unwrap();
@@ -1096,7 +1096,7 @@ async fn a_checkpoint_of_the_old_format_is_read_and_migrated() {
 
     let q = open(settings(dir.path(), 1, 1 << 20)).await;
     assert_eq!(drain(&q, 20, true).await, (20..40).collect::<Vec<_>>(), "resumed where the old checkpoint says");
-    eventually("the lag never came back to zero", || q.stats().checkpoint_lag_events == 0).await;
+    wait_until_async("the lag never came back to zero", PATIENCE, || q.stats().checkpoint_lag_events == 0).await;
     q.shutdown().await;
     let len = fs::metadata(shard_dir.join(checkpoint::FILE)).unwrap().len();
     assert_eq!(len, checkpoint::FILE_LEN as u64, "migrated to the slot format");
