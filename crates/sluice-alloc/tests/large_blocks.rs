@@ -45,7 +45,7 @@ fn contents_survive_resizes_across_the_threshold() {
     // SAFETY: a layout of non-zero size; the block is written within it and freed with it.
     unsafe {
         let p = std::alloc::alloc(layout);
-        assert!(!p.is_null() && p as usize % (1 << 16) == 0);
+        assert!(!p.is_null() && (p as usize).is_multiple_of(1 << 16));
         p.write_bytes(7, layout.size());
         std::alloc::dealloc(p, layout);
     }

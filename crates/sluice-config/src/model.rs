@@ -318,6 +318,17 @@ pub fn load_str(text: &str, file: &str) -> Result<RootConfig, ConfigErrors> {
     from_root(&root)
 }
 
+/// As [`load_str`], with `lookup` answering `${VAR}` instead of the process environment (for
+/// tests, which must not change the environment other threads read).
+pub fn load_str_with_env(
+    text: &str,
+    file: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<RootConfig, ConfigErrors> {
+    let root = crate::node::parse_yaml_with_env(text, file, lookup)?;
+    from_root(&root)
+}
+
 const ROOT_KEYS: &[&str] =
     &["data_dir", "api", "log", "shutdown_timeout", "registry", "memory", "cluster", "pipelines"];
 const PIPELINE_KEYS: &[&str] =

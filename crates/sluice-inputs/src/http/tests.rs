@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::tcp::tests::{context, spec};
+use crate::tcp::tests::{context, spec, spec_with_env};
 use sluice_config::HumanDuration;
 
 async fn start(yaml: &str) -> (SocketAddr, InputContext, mpsc::UnboundedReceiver<Batch>, tokio::task::JoinHandle<()>) {
@@ -20,11 +20,17 @@ async fn start_with_budget(
     yaml: &str,
     budget: usize,
 ) -> (SocketAddr, InputContext, mpsc::UnboundedReceiver<Batch>, tokio::task::JoinHandle<()>) {
+    start_spec(spec(yaml), budget).await
+}
+
+async fn start_spec(
+    spec: ComponentSpec,
+    budget: usize,
+) -> (SocketAddr, InputContext, mpsc::UnboundedReceiver<Batch>, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (mut ctx, rx) = context();
     ctx.memory = sluice_core::MemoryBudget::new(budget);
-    let spec = spec(yaml);
     // Built as the engine builds it, then run over a listener the test chose.
     let input = build_input(&spec).unwrap();
     let c = ctx.clone();
@@ -397,15 +403,15 @@ fn auth_failures(ctx: &InputContext) -> u64 {
 
 #[tokio::test]
 async fn basic_authentication_from_the_environment() {
-    // SAFETY: the variables are this test's own; nothing else reads them.
-    unsafe {
-        std::env::set_var("SLUICE_TEST_HTTP_USER", "shipper");
-        std::env::set_var("SLUICE_TEST_HTTP_PASSWORD", "correct horse");
-    }
-    let (addr, ctx, rx, task) = start(
-        "{type: http, address: 'x:0', auth: {basic: {user: '${SLUICE_TEST_HTTP_USER}', password: '${SLUICE_TEST_HTTP_PASSWORD}'}}}",
-    )
-    .await;
+    // The environment as the config loader sees it (changing the process's own would race
+    // with the other tests' threads reading it).
+    let env = |name: &str| match name {
+        "SLUICE_TEST_HTTP_USER" => Some("shipper".to_string()),
+        "SLUICE_TEST_HTTP_PASSWORD" => Some("correct horse".to_string()),
+        _ => None,
+    };
+    let yaml = "{type: http, address: 'x:0', auth: {basic: {user: '${SLUICE_TEST_HTTP_USER}', password: '${SLUICE_TEST_HTTP_PASSWORD}'}}}";
+    let (addr, ctx, rx, task) = start_spec(spec_with_env(yaml, &env), 64 << 20).await;
     let _batches = auto_ack(rx);
     let (status, body) = request(addr, "POST", "/", &[], b"{}").await;
     assert_eq!(status, 401, "{body}");

@@ -57,8 +57,13 @@ pub(crate) fn context() -> (InputContext, mpsc::UnboundedReceiver<Batch>) {
 
 /// The spec of an input written as a YAML flow mapping.
 pub(crate) fn spec(yaml: &str) -> ComponentSpec {
+    spec_with_env(yaml, &|name| std::env::var(name).ok())
+}
+
+/// As [`spec`], with `${VAR}` answered by `lookup` rather than the process environment.
+pub(crate) fn spec_with_env(yaml: &str, lookup: &dyn Fn(&str) -> Option<String>) -> ComponentSpec {
     let text = format!("pipelines:\n  p:\n    inputs:\n      - {yaml}\n    outputs: [{{type: stdout}}]\n");
-    let root = sluice_config::model::load_str(&text, "test.yml").unwrap();
+    let root = sluice_config::model::load_str_with_env(&text, "test.yml", lookup).unwrap();
     root.pipelines.into_iter().next().unwrap().inputs.remove(0)
 }
 
