@@ -417,7 +417,7 @@ fn a_peer_cut_off_with_local_keeps_flowing() {
 /// nodes run, every event is still taken once, by its owner. The test waits for the first
 /// node to have had every answer before it stops both: a node that stops while a peer owes it
 /// answers, and that peer stops too, processes those frames itself (at least once; see
-/// docs/cluster.md, "SIGTERM"), which is not what this test is about.
+/// docs/cluster.md, "Answers lost as nodes stop"), which is not what this test is about.
 #[test]
 fn a_lossy_link_delivers_everything() {
     let Some(net) = netns("a_lossy_link_delivers_everything") else { return };
