@@ -26,6 +26,9 @@ enum Answer {
     Hang,
     /// Reads it and never answers (the connection stays open).
     Silent,
+    /// Reads it, closes the connection without answering, and listens no more: a peer that
+    /// took a batch and stopped before its answer reached the sender.
+    Vanish,
 }
 
 /// A peer that welcomes every connection and answers batches as `script` says, one answer per
@@ -35,10 +38,14 @@ async fn scripted_peer(script: Vec<Answer>) -> (String, mpsc::UnboundedReceiver<
     let address = listener.local_addr().unwrap().to_string();
     let (seen, rx) = mpsc::unbounded_channel();
     let script = Arc::new(Mutex::new(script.into_iter().collect::<std::collections::VecDeque<_>>()));
+    let gone = CancellationToken::new();
     tokio::spawn(async move {
         loop {
-            let (mut tcp, _) = listener.accept().await.unwrap();
-            let (seen, script) = (seen.clone(), script.clone());
+            let (mut tcp, _) = tokio::select! {
+                accepted = listener.accept() => accepted.unwrap(),
+                _ = gone.cancelled() => return,
+            };
+            let (seen, script, gone) = (seen.clone(), script.clone(), gone.clone());
             tokio::spawn(async move {
                 let hello = frame::read_frame(&mut tcp).await.unwrap().unwrap();
                 assert_eq!(hello.kind, Kind::Hello);
@@ -59,6 +66,10 @@ async fn scripted_peer(script: Vec<Answer>) -> (String, mpsc::UnboundedReceiver<
                         Answer::Retry => frame::ACK_RETRY,
                         Answer::Hang => return,
                         Answer::Silent => continue,
+                        Answer::Vanish => {
+                            gone.cancel();
+                            return;
+                        }
                     };
                     let mut out = Vec::new();
                     frame::put_frame(&mut out, Kind::Ack, 0, &frame::ack_payload(b.seq, status, "scripted"));
@@ -227,4 +238,32 @@ async fn with_hold_a_full_window_makes_the_worker_wait_until_the_peer_answers() 
     link.close();
     let (third, _) = piece(50);
     assert!(link.submit(third, &abort).await.is_err());
+}
+
+/// The window at-least-once leaves: the peer took a batch and is gone before the sender heard
+/// so. The sender cannot tell "taken" from "lost", so the frame is kept — never dropped — and
+/// the link counts as stuck: a stopping node then processes it itself (`Cluster::drain`), a
+/// second time. The lossy-link test waits for every answer before it stops its nodes.
+#[tokio::test]
+async fn a_batch_taken_by_a_peer_gone_before_its_answer_is_kept_and_handed_back() {
+    let (address, mut seen) = scripted_peer(vec![Answer::Vanish]).await;
+    let link = PeerLink::new(address, settings(PeerFailurePolicy::Hold, 5_000, 1 << 20));
+    let fallback = Arc::new(Collect::default());
+    tokio::spawn(link.clone().run(fallback.clone()));
+    let (p, mut done) = piece(6);
+    link.submit(p, &CancellationToken::new()).await.unwrap();
+    assert_eq!(within("the batch", seen.recv()).await.unwrap().1, 6);
+    within("the peer marked down", async {
+        while !link.stuck() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(done.try_recv().is_err(), "acknowledged without an answer");
+    assert!(fallback.0.lock().is_empty(), "with `hold` nothing is handed back while the node runs");
+    let back = link.take_all();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].events.len(), 6, "the frame the peer took is still held, every event");
+    assert_eq!(back[0].acks.covered(), 6);
+    link.close();
 }

@@ -145,6 +145,37 @@ async fn a_batch_not_taken_is_taken_when_sent_again() {
     cluster.shutdown().await;
 }
 
+/// Over a lossy network: a batch is taken, and its answer is lost with its connection (the
+/// sender gave up on it after `request_timeout`). The resend comes on a new connection, maybe
+/// once this node is stopping: it is answered "taken", not taken again, and not refused as
+/// "stopping" (the sender would then process it itself: a duplicate).
+#[tokio::test]
+async fn a_batch_whose_answer_was_lost_with_its_connection_is_answered_taken_on_the_next() {
+    let (cluster, recording) = node().await;
+    let mut first = connect(&cluster, 3).await;
+    send_batch(&mut first, 0, 0).await;
+    send_batch(&mut first, 1, 0).await;
+    wait_until_async("both batches taken", Duration::from_secs(5), || recording.count() == 2).await;
+    recording.complete_all();
+    // The answers are written; the sender never reads them.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(first);
+    let mut second = connect(&cluster, 3).await;
+    send_batch(&mut second, 0, 0).await;
+    assert_eq!(answer(&mut second).await, (0, frame::ACK_TAKEN));
+    cluster.begin_stopping();
+    cluster.unregister_inbound("web");
+    drop(second);
+    let mut third = connect(&cluster, 3).await;
+    send_batch(&mut third, 1, 0).await;
+    assert_eq!(answer(&mut third).await, (1, frame::ACK_TAKEN), "a batch taken before the stop, refused");
+    send_batch(&mut third, 2, 0).await;
+    assert_eq!(answer(&mut third).await, (2, frame::ACK_STOPPING), "a new batch is refused while stopping");
+    assert_eq!(recording.count(), 0, "a batch was taken twice");
+    assert_eq!(cluster.metrics().events_received.get(), 4, "two batches of two events, each taken once");
+    cluster.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_pipeline_that_does_not_run_here_is_answered_retry_and_a_stopping_node_says_so() {
     let (cluster, _recording) = node().await;

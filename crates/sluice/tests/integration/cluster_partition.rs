@@ -8,7 +8,7 @@
 //!   the link returns;
 //! - with `local`, it marks the peer down and keeps processing the peer's keys itself;
 //! - over a lossy link (the kernel's netem, or nftables where it has no netem) everything is
-//!   still delivered.
+//!   still delivered, each event taken once by its owner.
 //!
 //! The tests need root and the `ip` command (and `tc` or `nft`); without them they fail saying
 //! why (unless `SLUICE_SKIP_ROOT_TESTS=1` skips them, see `sluice_testkit::root`).
@@ -247,6 +247,10 @@ fn stop_both(a: &mut Node, b: &mut Node) {
     for n in [a, b] {
         let (status, log) = n.s.wait(Duration::from_secs(90));
         eprintln!("{}: {status} {:?}", n.cluster, summary(&log, "web"));
+        // What the links and the cluster port said: the first thing to read when a test fails.
+        for line in log.lines().filter(|l| l.contains("WARN sluice_cluster")).take(20) {
+            eprintln!("  {line}");
+        }
     }
 }
 
@@ -408,13 +412,13 @@ fn a_peer_cut_off_with_local_keeps_flowing() {
     assert!(sum >= sent, "events were lost: sent {sent}, counted {sum}");
 }
 
-// Until now this test never ran here: this kernel has no netem, and it returned early. Over
-// nftables' 20% loss it fails about one run in three: the first node also aggregates users the
-// second owns (its own cluster server counts events "received" that the second never
-// forwarded), so users show on both nodes. Ignored, visibly, until the cluster code is fixed:
-// `cargo test -p sluice --test integration -- --ignored cluster_partition::a_lossy_link`.
+/// Over a lossy link frames time out, their connections are given up on and they are sent
+/// again, some after the peer took them (their answers lost with the connection): while both
+/// nodes run, every event is still taken once, by its owner. The test waits for the first
+/// node to have had every answer before it stops both: a node that stops while a peer owes it
+/// answers, and that peer stops too, processes those frames itself (at least once; see
+/// docs/cluster.md, "Answers lost as nodes stop"), which is not what this test is about.
 #[test]
-#[ignore = "fails about one run in three: users aggregated on both nodes over a lossy link"]
 fn a_lossy_link_delivers_everything() {
     let Some(net) = netns("a_lossy_link_delivers_everything") else { return };
     // 20% of the packets lost, each way: by netem on both ends of the pair where the kernel
@@ -473,14 +477,17 @@ fn a_lossy_link_delivers_everything() {
     conn.write_all(text.as_bytes()).unwrap();
     conn.shutdown(std::net::Shutdown::Write).unwrap();
     let both = [&a, &b];
-    let settled = eventually(Duration::from_secs(60), || total(&both) >= SENT);
-    let c = a.cluster_stats();
-    eprintln!("over the lossy link: peer {}", c["peers"][&b.cluster]);
+    // Every event aggregated, and every frame answered (nothing left for a stop to decide).
+    let answered = || a.cluster_stats()["peers"][&b.cluster]["bytes_in_flight"].as_u64() == Some(0);
+    let settled = eventually(Duration::from_secs(60), || total(&both) >= SENT && answered());
+    let (c, received) = (a.cluster_stats(), b.cluster_stats()["events"]["received"].as_u64().unwrap());
+    let peer = &c["peers"][&b.cluster];
+    eprintln!("over the lossy link: peer {peer}; it took {received} events");
+    assert!(settled, "not everything was aggregated and answered within 60 s: {peer}");
+    // Frames sent again after the peer took them are answered, not taken twice.
+    assert_eq!(peer["events_forwarded"].as_u64(), Some(received), "the peer took a frame twice: {peer}");
     stop_both(&mut a, &mut b);
     let sum = assert_each_user_on_one_node(&[&a, &b]);
-    eprintln!(
-        "sent {SENT}, counts summed {sum}, duplicates {} (settled before shutdown: {settled})",
-        sum as i64 - SENT as i64
-    );
+    eprintln!("sent {SENT}, counts summed {sum}, duplicates {}", sum as i64 - SENT as i64);
     assert_eq!(sum, SENT, "with `hold` every event is counted once");
 }
