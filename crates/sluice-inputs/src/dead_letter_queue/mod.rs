@@ -19,13 +19,13 @@
 //!   and offset; its neighbours are delivered.
 //! - The input's `bytes_in` counts the entries' frames as stored in the segments.
 
+mod config;
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ConfigError, Link};
 use sluice_core::ack::AckOutcome;
@@ -34,6 +34,7 @@ use sluice_dlq::{DeadLetter, DlqReader, Position, ReadFrom};
 use tokio::sync::watch;
 
 use crate::{Input, InputContext, InputError};
+use config::{Settings, Source};
 
 /// How long the input waits, with nothing to read or acknowledge, before it tries to delete
 /// consumed segments again (`clean_consumed`).
@@ -41,40 +42,6 @@ const CLEAN_IDLE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Where the queue's own facts about an event go, under `@metadata`.
 pub const METADATA_KEY: &str = "dead_letter_queue";
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DeadLetterQueueInputConfig {
-    /// Reads this pipeline's queue at `<data_dir>/dlq/<pipeline>`.
-    pipeline: Option<String>,
-    /// Reads the queue in this directory.
-    path: Option<PathBuf>,
-    #[serde(default = "default_start")]
-    start_from: String,
-    #[serde(default = "yes")]
-    commit_offsets: bool,
-    #[serde(default)]
-    clean_consumed: bool,
-    #[serde(default = "yes")]
-    follow: bool,
-    #[serde(default = "default_batch")]
-    batch_size: usize,
-}
-
-fn yes() -> bool {
-    true
-}
-fn default_start() -> String {
-    "beginning".to_string()
-}
-fn default_batch() -> usize {
-    250
-}
-
-enum Source {
-    Pipeline(String),
-    Path(PathBuf),
-}
 
 struct DeadLetterQueueInput {
     source: Source,
@@ -87,8 +54,8 @@ struct DeadLetterQueueInput {
 
 /// The pipeline whose queue it reads from that pipeline's default directory, when it names one.
 pub(crate) fn links(spec: &ComponentSpec) -> Vec<Link> {
-    match spec.settings::<DeadLetterQueueInputConfig>() {
-        Ok(DeadLetterQueueInputConfig { pipeline: Some(pipeline), path: None, .. }) => {
+    match spec.settings::<config::DeadLetterQueueInputConfig>() {
+        Ok(config::DeadLetterQueueInputConfig { pipeline: Some(pipeline), path: None, .. }) => {
             vec![Link::ReadsDeadLetterQueueOf { pipeline, key: "pipeline" }]
         }
         _ => Vec::new(),
@@ -96,39 +63,8 @@ pub(crate) fn links(spec: &ComponentSpec) -> Vec<Link> {
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
-    let c: DeadLetterQueueInputConfig = spec.settings()?;
-    let source = match (c.pipeline, c.path) {
-        (Some(p), None) if !p.is_empty() => Source::Pipeline(p),
-        (None, Some(p)) if !p.as_os_str().is_empty() => Source::Path(p),
-        (Some(_), Some(_)) => return Err(spec.error("give `pipeline` or `path`, not both")),
-        (Some(_), None) => return Err(spec.key_error("pipeline", "must not be empty")),
-        (None, Some(_)) => return Err(spec.key_error("path", "must not be empty")),
-        (None, None) => {
-            return Err(spec.error("give `pipeline` (whose dead letter queue to read) or `path` (its directory)"));
-        }
-    };
-    let start = parse_start(&c.start_from).map_err(|e| spec.key_error("start_from", e))?;
-    if c.batch_size == 0 {
-        return Err(spec.key_error("batch_size", "must be at least 1"));
-    }
-    Ok(Box::new(DeadLetterQueueInput {
-        source,
-        start,
-        commit_offsets: c.commit_offsets,
-        clean_consumed: c.clean_consumed,
-        follow: c.follow,
-        batch_size: c.batch_size,
-    }))
-}
-
-/// `beginning`, or an RFC 3339 time such as `2026-11-21T08:00:00Z`.
-fn parse_start(text: &str) -> Result<ReadFrom, String> {
-    if text == "beginning" {
-        return Ok(ReadFrom::Beginning);
-    }
-    let t = chrono::DateTime::parse_from_rfc3339(text)
-        .map_err(|e| format!("`{text}` is neither `beginning` nor an RFC 3339 time like 2026-11-21T08:00:00Z ({e})"))?;
-    t.timestamp_nanos_opt().map(ReadFrom::Time).ok_or_else(|| format!("`{text}` is out of range"))
+    let Settings { source, start, commit_offsets, clean_consumed, follow, batch_size } = config::read(spec)?;
+    Ok(Box::new(DeadLetterQueueInput { source, start, commit_offsets, clean_consumed, follow, batch_size }))
 }
 
 /// The registry key of a DLQ reader of `dir` (canonical, so two spellings share one position).

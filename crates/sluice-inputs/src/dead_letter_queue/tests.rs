@@ -1,5 +1,6 @@
 //! Unit tests of the `dead_letter_queue` input.
 
+use super::config::parse_start;
 use super::*;
 
 fn pos(segment: u64, offset: u64) -> Position {

@@ -25,7 +25,8 @@
 //! The output's `bytes_out` counts the bodies of requests answered 2xx, as sent (compressed
 //! with `compression: gzip`); failed and refused attempts count nothing.
 
-use std::collections::BTreeMap;
+mod config;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,88 +34,15 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use reqwest::header::{self, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
-use serde::Deserialize;
+use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
-use sluice_config::{ConfigError, HumanDuration};
 use sluice_core::Event;
 use sluice_tls::ClientTls;
 
 use crate::http_client::{HttpClient, configured_headers};
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, Rejected, encode_json_lines};
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-enum HttpMethod {
-    #[default]
-    Post,
-    Put,
-}
-
-/// `post` or `put`, in any case: HTTP spells methods in capitals, and so do many configs.
-impl<'de> Deserialize<'de> for HttpMethod {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        match text.to_ascii_lowercase().as_str() {
-            "post" => Ok(HttpMethod::Post),
-            "put" => Ok(HttpMethod::Put),
-            _ => Err(serde::de::Error::unknown_variant(&text, &["post", "put"])),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-enum Format {
-    /// One JSON object per line (`application/x-ndjson`).
-    #[default]
-    Ndjson,
-    /// One JSON array of objects (`application/json`).
-    JsonArray,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-enum Compression {
-    #[default]
-    None,
-    Gzip,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HttpConfig {
-    url: String,
-    #[serde(default)]
-    method: HttpMethod,
-    #[serde(default)]
-    format: Format,
-    #[serde(default)]
-    compression: Compression,
-    #[serde(default)]
-    headers: BTreeMap<String, String>,
-    auth_token: Option<String>,
-    #[serde(default = "default_timeout")]
-    timeout: HumanDuration,
-    #[serde(default = "default_batch_max")]
-    batch_max_events: usize,
-    #[serde(default)]
-    retry: RetryConfig,
-    #[serde(default = "yes")]
-    isolate_refused: bool,
-    /// TLS for `https://` URLs: `ca`, a client `cert`/`key`, `server_name`, `verify`.
-    tls: Option<sluice_tls::TlsConfig>,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn default_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(30))
-}
-fn default_batch_max() -> usize {
-    1000
-}
+use config::{Compression, Format, HttpMethod};
 
 struct HttpOutput {
     client: HttpClient,
@@ -130,17 +58,7 @@ struct HttpOutput {
 }
 
 pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
-    let c: HttpConfig = spec.settings()?;
-    let url = Url::parse(&c.url).map_err(|e| spec.key_error("url", format!("`{}` is not a URL: {e}", c.url)))?;
-    if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
-        return Err(spec.key_error("url", format!("`{}` must be an http:// or https:// URL with a host", c.url)));
-    }
-    if c.batch_max_events == 0 {
-        return Err(spec.key_error("batch_max_events", "must be at least 1"));
-    }
-    if c.timeout.0.is_zero() {
-        return Err(spec.key_error("timeout", "must be more than 0"));
-    }
+    let (url, c) = config::read(spec)?;
     let mut headers = configured_headers(spec, &c.headers)?;
     if let Some(token) = &c.auth_token {
         let mut v = HeaderValue::from_str(&format!("Bearer {token}"))

@@ -1,5 +1,6 @@
 //! Unit tests of the `http` output.
 
+use super::config::HttpConfig;
 use super::*;
 use crate::test_support::{context, spec};
 

@@ -7,11 +7,12 @@
 //! `retries`; a warn line is logged at most once per interval, and an info line when sending
 //! resumes.
 
+mod config;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ConfigError, Link};
 use sluice_core::ack::AckOutcome;
@@ -19,19 +20,7 @@ use sluice_core::{AckSet, Acker, Batch, Event};
 
 use crate::retry::StallLog;
 use crate::{Aborted, Delivery, Output, OutputContext};
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PipelineOutputConfig {
-    send_to: OneOrMany,
-}
+use config::{OneOrMany, PipelineOutputConfig};
 
 struct PipelineOutput {
     send_to: Vec<String>,
@@ -49,14 +38,7 @@ pub(crate) fn links(spec: &ComponentSpec) -> Vec<Link> {
 }
 
 pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
-    let c: PipelineOutputConfig = spec.settings()?;
-    let send_to = match c.send_to {
-        OneOrMany::One(s) => vec![s],
-        OneOrMany::Many(v) => v,
-    };
-    if send_to.is_empty() || send_to.iter().any(String::is_empty) {
-        return Err(spec.key_error("send_to", "needs at least one address, and no empty ones"));
-    }
+    let send_to = config::read(spec)?;
     Ok(Arc::new(PipelineOutput { send_to, stall: StallLog::for_output(&ctx.metrics), ctx }))
 }
 

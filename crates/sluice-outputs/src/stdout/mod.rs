@@ -13,10 +13,11 @@
 //! (at-least-once), as with the `tcp` output. The output's `bytes_out` counts each batch once,
 //! when its write and flush succeed.
 
+mod config;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::Event;
@@ -24,25 +25,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext, encode_json_lines};
-
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum StdoutCodec {
-    /// One JSON object per line.
-    #[default]
-    Json,
-    /// The `message` field (or the event as JSON when it has none), one per line.
-    Text,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StdoutConfig {
-    #[serde(default)]
-    codec: StdoutCodec,
-    #[serde(default)]
-    retry: RetryConfig,
-}
+use config::StdoutCodec;
 
 type Sink = Box<dyn AsyncWrite + Send + Unpin>;
 
@@ -59,7 +42,7 @@ pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn 
 }
 
 fn build_with(spec: &ComponentSpec, ctx: OutputContext, sink: Sink) -> Result<Stdout, ConfigError> {
-    let c: StdoutConfig = spec.settings()?;
+    let c = config::read(spec)?;
     Ok(Stdout {
         codec: c.codec,
         retry: c.retry,

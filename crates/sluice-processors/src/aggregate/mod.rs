@@ -29,47 +29,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use sluice_config::ConfigError;
-use sluice_config::HumanDuration;
 use sluice_config::model::ComponentSpec;
 use sluice_core::value::now_nanos;
-use sluice_core::{AckSet, Event, FieldPath, KeySpec};
+use sluice_core::{AckSet, Event, KeySpec};
 use sluice_expr::Condition;
 
 use crate::{Consumed, Emitted, Processor, Stateful, StatefulStats, Verdict};
 
 mod actions;
+mod config;
 mod state;
 #[cfg(test)]
 mod tests;
 
-use actions::{Action, ActionConfig, Fate};
+use actions::{Action, Fate};
 use state::{Group, Shard, Table};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AggregateConfig {
-    identification_keys: Vec<FieldPath>,
-    #[serde(default = "default_duration")]
-    group_duration: HumanDuration,
-    #[serde(default)]
-    aggregate_when: Option<Condition>,
-    #[serde(default = "default_max_groups")]
-    max_groups: usize,
-    action: ActionConfig,
-}
-
-/// Groups live in memory: a year is far beyond any use, and keeps instants from overflowing.
-const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
-
-fn default_duration() -> HumanDuration {
-    HumanDuration(Duration::from_secs(180))
-}
-
-fn default_max_groups() -> usize {
-    100_000
-}
 
 pub(crate) struct Aggregate {
     keys: KeySpec,
@@ -93,17 +68,8 @@ pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigEr
 
 impl Aggregate {
     fn from_spec(spec: &ComponentSpec) -> Result<Aggregate, ConfigError> {
-        let c: AggregateConfig = spec.settings()?;
-        if c.identification_keys.is_empty() {
-            return Err(spec.key_error("identification_keys", "give at least one field, like [/user, /host]"));
-        }
+        let c = config::read(spec)?;
         let duration = c.group_duration.0;
-        if duration.is_zero() || duration > MAX_DURATION {
-            return Err(spec.key_error("group_duration", "must be more than 0 and at most 365 days"));
-        }
-        if c.max_groups == 0 {
-            return Err(spec.key_error("max_groups", "must be at least 1"));
-        }
         let action = Action::from_config(c.action).map_err(|e| spec.key_error("action", e))?;
         if matches!(action, Action::RateLimiter { .. }) && duration < Duration::from_secs(1) {
             // A group's bucket starts full: groups renewed faster than every second would let

@@ -38,47 +38,19 @@ use std::sync::Arc;
 
 use chrono::format::{Item, Parsed, StrftimeItems};
 use chrono::{DateTime, Datelike, NaiveDateTime, Timelike, Utc};
-use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::{Event, FieldPath, Value};
 
-use crate::common::{OnFailure, OneOrMany, add_tags, float_to_int, text_to_float};
+use crate::common::{OnFailure, add_tags, float_to_int, text_to_float};
 use crate::{Processor, Verdict};
 
+mod config;
 mod zone;
 
 use zone::Zone;
 
 const NANOS_PER_SEC: i64 = 1_000_000_000;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DateConfig {
-    #[serde(default = "default_source")]
-    source: FieldPath,
-    formats: OneOrMany,
-    #[serde(default)]
-    timezone: Option<String>,
-    #[serde(default = "default_target")]
-    target: FieldPath,
-    #[serde(default = "default_tags")]
-    tag_on_failure: Vec<String>,
-    #[serde(default)]
-    on_failure: OnFailure,
-}
-
-fn default_source() -> FieldPath {
-    FieldPath::field("timestamp")
-}
-
-fn default_target() -> FieldPath {
-    FieldPath::field("@timestamp")
-}
-
-fn default_tags() -> Vec<String> {
-    vec!["_dateparsefailure".to_string()]
-}
 
 #[derive(Debug)]
 enum Format {
@@ -104,10 +76,7 @@ struct DateProcessor {
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
-    let config: DateConfig = spec.settings()?;
-    if config.formats.0.is_empty() {
-        return Err(spec.key_error("formats", "give at least one format, like ISO8601, UNIX or `%d/%b/%Y:%H:%M:%S %z`"));
-    }
+    let config = config::read(spec)?;
     let formats = config
         .formats
         .0

@@ -24,41 +24,20 @@
 //! converts a field after a match; a value that does not convert stays text and the event is
 //! tagged `_dissectconversionfailure` (and counted as failed).
 
+mod config;
+
 use std::sync::Arc;
 
 use memchr::memmem::Finder;
-use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::{Event, FieldPath, Str, Value};
 use smallvec::SmallVec;
 
-use crate::common::{NumType, OnFailure, OrderedMap, add_tags, capture_target, str_value};
+use crate::common::{NumType, OnFailure, add_tags, capture_target, str_value};
 use crate::{Processor, Verdict};
 
 const CONVERSION_FAILURE: &str = "_dissectconversionfailure";
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DissectConfig {
-    mapping: OrderedMap<FieldPath, String>,
-    #[serde(default)]
-    convert_datatype: OrderedMap<String, String>,
-    #[serde(default = "default_separator")]
-    append_separator: String,
-    #[serde(default = "default_tags")]
-    tag_on_failure: Vec<String>,
-    #[serde(default)]
-    on_failure: OnFailure,
-}
-
-fn default_separator() -> String {
-    " ".to_string()
-}
-
-fn default_tags() -> Vec<String> {
-    vec!["_dissectfailure".to_string()]
-}
 
 /// What one `%{...}` does with the text it spans.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,10 +83,7 @@ struct Dissect {
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
-    let c: DissectConfig = spec.settings()?;
-    if c.mapping.0.is_empty() {
-        return Err(spec.key_error("mapping", "give at least one `field: pattern`"));
-    }
+    let c = config::read(spec)?;
     let mut conversions = Vec::new();
     for (name, ty) in &c.convert_datatype.0 {
         let target = capture_target(name).map_err(|e| spec.key_error("convert_datatype", e))?;

@@ -23,51 +23,23 @@
 //! nothing matches (or no source field is a string or scalar), the event is tagged with
 //! `tag_on_failure` (default `_grokparsefailure`) and counted as [`Verdict::Failed`].
 
+mod config;
+
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 
-use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::{Event, FieldPath, Value};
 use smallvec::SmallVec;
 
-use crate::common::{NumType, OnFailure, OneOrMany, OrderedMap, add_tags, capture_target, str_value};
+use crate::common::{NumType, OnFailure, add_tags, capture_target, str_value};
 use crate::{Processor, Verdict};
 
 /// Capture groups this processor names itself are `_sl0`, `_sl1`, ...
 const GROUP_PREFIX: &str = "_sl";
 const MAX_DEPTH: usize = 64;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GrokConfig {
-    #[serde(rename = "match")]
-    matches: OrderedMap<FieldPath, OneOrMany>,
-    #[serde(default)]
-    pattern_definitions: OrderedMap<String, String>,
-    #[serde(default = "yes")]
-    break_on_match: bool,
-    #[serde(default = "yes")]
-    named_captures_only: bool,
-    #[serde(default)]
-    keep_empty_captures: bool,
-    #[serde(default)]
-    overwrite: Vec<String>,
-    #[serde(default = "default_tags")]
-    tag_on_failure: Vec<String>,
-    #[serde(default)]
-    on_failure: OnFailure,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn default_tags() -> Vec<String> {
-    vec!["_grokparsefailure".to_string()]
-}
 
 #[derive(Debug)]
 struct Capture {
@@ -106,10 +78,7 @@ fn is_pattern_name(name: &str) -> bool {
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
-    let c: GrokConfig = spec.settings()?;
-    if c.matches.0.is_empty() {
-        return Err(spec.key_error("match", "give at least one `field: pattern`"));
-    }
+    let c = config::read(spec)?;
     let mut definitions = HashMap::new();
     for (name, regex) in c.pattern_definitions.0 {
         if !is_pattern_name(&name) {

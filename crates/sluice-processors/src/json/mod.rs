@@ -17,10 +17,11 @@
 //! fields go straight into the event (no intermediate map); a parse that fails half-way is rolled
 //! back so the event is exactly as it was.
 
+mod config;
+
 use std::fmt;
 use std::sync::Arc;
 
-use serde::Deserialize;
 use serde::de::{MapAccess, Visitor};
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
@@ -33,29 +34,6 @@ use crate::{Processor, Verdict};
 
 const TIMESTAMP_FAILURE: &str = "_timestampparsefailure";
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonConfig {
-    #[serde(default = "default_source")]
-    source: FieldPath,
-    #[serde(default)]
-    target: Option<FieldPath>,
-    #[serde(default)]
-    remove_source: bool,
-    #[serde(default = "default_tags")]
-    tag_on_failure: Vec<String>,
-    #[serde(default)]
-    on_failure: OnFailure,
-}
-
-fn default_source() -> FieldPath {
-    FieldPath::field("message")
-}
-
-fn default_tags() -> Vec<String> {
-    vec!["_jsonparsefailure".to_string()]
-}
-
 struct Json {
     source: FieldPath,
     target: Option<FieldPath>,
@@ -65,7 +43,7 @@ struct Json {
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
-    let c: JsonConfig = spec.settings()?;
+    let c = config::read(spec)?;
     Ok(Arc::new(Json {
         source: c.source,
         target: c.target,

@@ -24,61 +24,19 @@
 //! is tagged with `tag_on_failure` (default `_mutate_error`) and counted as
 //! [`Verdict::Failed`].
 
+mod config;
+
 use std::sync::Arc;
 
-use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::event::TAGS;
 use sluice_core::{Event, FieldPath, Str, Value};
 use sluice_expr::Template;
 
-use crate::common::{OrderedMap, add_tags, float_to_int, str_value, text_to_float, text_to_int};
+use crate::common::{add_tags, float_to_int, str_value, text_to_float, text_to_int};
 use crate::{Processor, Verdict};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MutateConfig {
-    #[serde(default)]
-    rename: OrderedMap<FieldPath, FieldPath>,
-    #[serde(default)]
-    copy: OrderedMap<FieldPath, FieldPath>,
-    #[serde(default)]
-    add: OrderedMap<FieldPath, Template>,
-    #[serde(default)]
-    remove: Vec<FieldPath>,
-    #[serde(default)]
-    convert: OrderedMap<FieldPath, Conversion>,
-    #[serde(default)]
-    lowercase: Vec<FieldPath>,
-    #[serde(default)]
-    uppercase: Vec<FieldPath>,
-    #[serde(default)]
-    split: OrderedMap<FieldPath, String>,
-    #[serde(default)]
-    merge: OrderedMap<FieldPath, FieldPath>,
-    #[serde(default)]
-    add_tag: Vec<Template>,
-    #[serde(default)]
-    remove_tag: Vec<String>,
-    #[serde(default = "default_tags")]
-    tag_on_failure: Vec<String>,
-}
-
-fn default_tags() -> Vec<String> {
-    vec!["_mutate_error".to_string()]
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum Conversion {
-    #[serde(alias = "integer")]
-    Int,
-    Float,
-    #[serde(alias = "boolean")]
-    Bool,
-    String,
-}
+use config::Conversion;
 
 /// A tag to add: text known at build time, or a template rendered per event.
 enum TagTemplate {
@@ -102,10 +60,7 @@ struct Mutate {
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
-    let c: MutateConfig = spec.settings()?;
-    if let Some((field, _)) = c.split.0.iter().find(|(_, sep)| sep.is_empty()) {
-        return Err(spec.key_error("split", format!("the separator for {field} is empty")));
-    }
+    let c = config::read(spec)?;
     Ok(Arc::new(Mutate {
         rename: c.rename.0,
         copy: c.copy.0,

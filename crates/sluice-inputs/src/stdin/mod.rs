@@ -5,32 +5,21 @@
 //! from it is finished. Everything from one read is one batch; each read counts in the input's
 //! `bytes_in`.
 
+mod config;
+
 use async_trait::async_trait;
 use bytes::BufMut;
-use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
-use sluice_config::{ByteSize, ConfigError, Link};
+use sluice_config::{ConfigError, Link};
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, SharedText, TextPool};
 use tokio::io::AsyncReadExt;
 
 use crate::admission;
-use crate::codec::{Codec, Decoded};
+use crate::codec::Decoded;
 use crate::framing::LineFramer;
 use crate::{Input, InputContext, InputError};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StdinConfig {
-    #[serde(default)]
-    codec: Codec,
-    #[serde(default = "default_max_line")]
-    max_line_bytes: ByteSize,
-}
-
-fn default_max_line() -> ByteSize {
-    ByteSize(1 << 20)
-}
+use config::StdinConfig;
 
 /// Bytes asked of standard input at once.
 const READ_BYTES: usize = 64 << 10;
@@ -45,7 +34,7 @@ pub(crate) fn links(_: &ComponentSpec) -> Vec<Link> {
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
-    Ok(Box::new(Stdin { config: spec.settings()? }))
+    Ok(Box::new(Stdin { config: config::read(spec)? }))
 }
 
 #[async_trait]
@@ -102,3 +91,6 @@ impl Input for Stdin {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

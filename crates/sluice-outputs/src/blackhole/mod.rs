@@ -1,24 +1,18 @@
 //! `blackhole`: accepts and discards everything, counting it; optionally logs the rate.
 
+mod config;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use serde::Deserialize;
+use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
-use sluice_config::{ConfigError, HumanDuration};
 use sluice_core::Event;
 
 use crate::{Aborted, Delivery, Output, OutputContext};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BlackholeConfig {
-    /// Logs the event rate this often; absent means never.
-    print_interval: Option<HumanDuration>,
-}
 
 struct Blackhole {
     ctx: OutputContext,
@@ -28,7 +22,7 @@ struct Blackhole {
 }
 
 pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
-    let c: BlackholeConfig = spec.settings()?;
+    let c = config::read(spec)?;
     Ok(Arc::new(Blackhole {
         ctx,
         print_interval: c.print_interval.map(|d| d.0).filter(|d| !d.is_zero()),
@@ -58,3 +52,6 @@ impl Output for Blackhole {
         tracing::info!(pipeline = %self.ctx.pipeline, output = %self.ctx.id, total = self.total.load(Ordering::Relaxed), "blackhole closed");
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -19,15 +19,16 @@
 //! The output's `bytes_out` counts a batch's bytes once its whole write succeeded (before TLS);
 //! a write that failed part-way counts nothing, and the batch counts once when sent again.
 
+mod config;
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Deserialize;
+use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
-use sluice_config::{ConfigError, HumanDuration};
 use sluice_core::Event;
 use sluice_tls::ClientTls;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
@@ -35,38 +36,11 @@ use tokio::net::TcpStream;
 
 use crate::retry::{Backoff, RetryConfig, StallLog};
 use crate::{Aborted, Delivery, Output, OutputContext};
-
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-enum TcpCodec {
-    /// One JSON object per line.
-    #[default]
-    Json,
-    /// The `message` field (or the event as JSON when it has none), one per line.
-    Text,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TcpConfig {
-    address: String,
-    #[serde(default)]
-    codec: TcpCodec,
-    #[serde(default = "default_connect_timeout")]
-    connect_timeout: HumanDuration,
-    #[serde(default)]
-    retry: RetryConfig,
-    /// TLS to the server: `ca`, a client `cert`/`key`, `server_name`, `verify`.
-    tls: Option<sluice_tls::TlsConfig>,
-}
+use config::TcpCodec;
 
 /// The longest a TLS 1.3 connection watches for the server's verdict on our certificate (see
 /// [`sluice_tls::confirm_accepted`]); it is a few handshake times, from 250 ms.
 const SERVER_VERDICT_WAIT: Duration = Duration::from_secs(1);
-
-fn default_connect_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(10))
-}
 
 struct TcpOutput {
     address: String,
@@ -80,16 +54,7 @@ struct TcpOutput {
 }
 
 pub(crate) fn build(spec: &ComponentSpec, ctx: OutputContext) -> Result<Arc<dyn Output>, ConfigError> {
-    let c: TcpConfig = spec.settings()?;
-    match c.address.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => {}
-        _ => {
-            return Err(spec.key_error("address", format!("`{}` is not a `host:port` address", c.address)));
-        }
-    }
-    if c.connect_timeout.0.is_zero() {
-        return Err(spec.key_error("connect_timeout", "must be more than 0"));
-    }
+    let c = config::read(spec)?;
     let tls = ClientTls::for_component(spec, c.tls.as_ref())?;
     Ok(Arc::new(TcpOutput {
         address: c.address,
@@ -279,3 +244,6 @@ impl Output for TcpOutput {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

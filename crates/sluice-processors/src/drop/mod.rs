@@ -1,18 +1,15 @@
 //! `drop`: drops every event it sees. With `if:` it drops the matching ones; dropped events
 //! count as handled, so their inputs are acknowledged.
 
+mod config;
+
 use std::sync::Arc;
 
-use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::Event;
 
 use crate::{Processor, Verdict};
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct DropConfig {}
 
 struct Drop;
 
@@ -23,6 +20,9 @@ impl Processor for Drop {
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Arc<dyn Processor>, ConfigError> {
-    let _: DropConfig = spec.settings()?;
+    config::read(spec)?;
     Ok(Arc::new(Drop))
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,70 +2,27 @@
 //! as fast as the pipeline takes them, from one message, a list of lines, or a file's lines,
 //! cycled.
 
-use std::path::PathBuf;
+mod config;
+
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use serde::Deserialize;
 use sluice_config::ConfigError;
 use sluice_config::model::ComponentSpec;
 use sluice_core::value::now_nanos;
 use sluice_core::{Batch, Value};
 
 use crate::admission;
-use crate::codec::{Codec, Decoded};
+use crate::codec::Decoded;
 use crate::{Input, InputContext, InputError};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GeneratorConfig {
-    /// Events to make; 0 means forever.
-    #[serde(default)]
-    count: u64,
-    /// Events per second; 0 means as fast as the queue accepts them.
-    #[serde(default)]
-    rate: u64,
-    message: Option<String>,
-    lines: Option<Vec<String>>,
-    file: Option<PathBuf>,
-    #[serde(default)]
-    codec: Codec,
-    /// Adds a `sequence` field numbering the events from 0.
-    #[serde(default = "yes")]
-    sequence: bool,
-    #[serde(default = "default_batch")]
-    batch_size: usize,
-}
-
-fn yes() -> bool {
-    true
-}
-fn default_batch() -> usize {
-    1000
-}
+use config::GeneratorConfig;
 
 struct Generator {
     config: GeneratorConfig,
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
-    let config: GeneratorConfig = spec.settings()?;
-    let sources = [config.message.is_some(), config.lines.is_some(), config.file.is_some()];
-    if sources.iter().filter(|s| **s).count() > 1 {
-        return Err(spec.error("give one of `message`, `lines` or `file`, not several"));
-    }
-    if config.lines.as_ref().is_some_and(|l| l.is_empty()) {
-        return Err(spec.key_error("lines", "needs at least one line"));
-    }
-    if let Some(f) = &config.file
-        && let Err(e) = std::fs::metadata(f)
-    {
-        return Err(spec.key_error("file", format!("cannot read {}: {e}", f.display())));
-    }
-    if config.batch_size == 0 {
-        return Err(spec.key_error("batch_size", "must be at least 1"));
-    }
-    Ok(Box::new(Generator { config }))
+    Ok(Box::new(Generator { config: config::read(spec)? }))
 }
 
 #[async_trait]
@@ -136,3 +93,6 @@ impl Input for Generator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

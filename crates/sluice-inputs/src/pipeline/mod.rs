@@ -2,19 +2,14 @@
 //! The sending output waits until this pipeline has handled each batch, so acknowledgements
 //! cross the link.
 
+mod config;
+
 use async_trait::async_trait;
-use serde::Deserialize;
 use sluice_config::model::ComponentSpec;
 use sluice_config::{ConfigError, Link};
 use sluice_core::bus::BusTarget;
 
 use crate::{Input, InputContext, InputError};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PipelineInputConfig {
-    address: String,
-}
 
 struct PipelineInput {
     address: String,
@@ -22,18 +17,14 @@ struct PipelineInput {
 
 /// The address it serves (an unreadable section links nothing; building it reports why).
 pub(crate) fn links(spec: &ComponentSpec) -> Vec<Link> {
-    match spec.settings::<PipelineInputConfig>() {
+    match spec.settings::<config::PipelineInputConfig>() {
         Ok(c) => vec![Link::Serves { address: c.address, key: "address" }],
         Err(_) => Vec::new(),
     }
 }
 
 pub(crate) fn build(spec: &ComponentSpec) -> Result<Box<dyn Input>, ConfigError> {
-    let c: PipelineInputConfig = spec.settings()?;
-    if c.address.is_empty() {
-        return Err(spec.key_error("address", "must not be empty"));
-    }
-    Ok(Box::new(PipelineInput { address: c.address }))
+    Ok(Box::new(PipelineInput { address: config::read(spec)?.address }))
 }
 
 #[async_trait]
@@ -56,3 +47,6 @@ impl Input for PipelineInput {
         true
     }
 }
+
+#[cfg(test)]
+mod tests;
