@@ -11,6 +11,7 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::ffi::c_long;
 
@@ -161,15 +162,17 @@ pub extern "C" fn tune() {
     // SAFETY: sets plain integer options; mimalloc needs no initialisation for this (an
     // option set before its own start-up keeps the value set).
     unsafe { mi_option_set(ARENA_EAGER_COMMIT, 0) };
-    if !purge_delay_set_by_operator() {
+    let set_by_operator = std::env::var_os("MIMALLOC_PURGE_DELAY").is_some();
+    OPERATOR_SET_PURGE_DELAY.store(set_by_operator, Ordering::Relaxed);
+    if !set_by_operator {
         // SAFETY: as above.
         unsafe { mi_option_set(PURGE_DELAY, PURGE_DELAY_MS) };
     }
 }
 
-fn purge_delay_set_by_operator() -> bool {
-    std::env::var_os("MIMALLOC_PURGE_DELAY").is_some()
-}
+/// `MIMALLOC_PURGE_DELAY` was in the environment at start-up (read once, by [`tune`], so that
+/// [`pressure`] reads no environment from inside the memory budget's bookkeeping).
+static OPERATOR_SET_PURGE_DELAY: AtomicBool = AtomicBool::new(false);
 
 /// The memory budget's pressure hook (`sluice_core::memory::on_pressure`): while the budget is
 /// nearly spent, freed memory goes back to the kernel at once, and what already waits out the
@@ -178,7 +181,7 @@ fn purge_delay_set_by_operator() -> bool {
 /// with the delay, 1.16 x without), at the cost of faulting pages in again while it lasts,
 /// which is when the inputs are waiting for memory anyway.
 pub fn pressure(pressed: bool) {
-    if purge_delay_set_by_operator() {
+    if OPERATOR_SET_PURGE_DELAY.load(Ordering::Relaxed) {
         return;
     }
     let delay = if pressed { 0 } else { PURGE_DELAY_MS };

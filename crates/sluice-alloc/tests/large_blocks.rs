@@ -73,3 +73,22 @@ fn a_freed_large_block_is_given_back_at_once() {
     let after = resident_bytes();
     assert!(after + SIZE * 3 / 4 <= held, "freed, it is no longer resident: {held} → {after}");
 }
+
+#[test]
+fn pressure_gives_freed_memory_back_at_once_until_it_ends() {
+    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: reads a plain integer option.
+    let delay = || unsafe { libmimalloc_sys::mi_option_get(PURGE_DELAY) };
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        let before = delay();
+        sluice_alloc::pressure(true);
+        assert_eq!(delay(), before, "a delay the operator set is left alone");
+        return;
+    }
+    assert_eq!(delay(), 1, "1 ms normally");
+    sluice_alloc::pressure(true);
+    assert_eq!(delay(), 0, "at once under pressure");
+    sluice_alloc::pressure(false);
+    assert_eq!(delay(), 1, "and back when it ends");
+}
